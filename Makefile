@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= out/demo
+
+.PHONY: demo test venv lint typecheck unit bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch is pinned: 2.13.0 is a CPU build on local disk; unpinned pulls gigabytes.
+	$(BIN)/pip install --quiet -e '.[dev,parquet,torch,gurobi]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/bftrainer allocate examples/problem.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy bftrainer milp idle_monitor trainers
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/allocator.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from bftrainer.cli import main
+
+main()

@@ -1,0 +1,150 @@
+"""Per-trainer objective terms: the only place an objective metric enters the model.
+
+Every formulation maximises Eq. 16 of the BFTrainer paper,
+
+    T_fwd * sum_j O_j(N_j)  -  sum_j O_j(C_j) * R_j,
+
+where O_j is a per-trainer value table (breakpoints, linear between them). A metric
+(throughput, speedup, goodput) or a fairness transform changes only O_j, here; the
+constraints never change. That is why a new objective is one function in this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from bftrainer.milp.problem import Problem, TrainerSpec
+
+
+@dataclass(frozen=True)
+class TrainerTerms:
+    """One admitted trainer reduced to plain numbers for the models.
+
+    ``bp_nodes``/``bp_value``: breakpoints of O_j from (0, 0) to ``n_max``, the trainer's
+    limit capped at the pool size. ``runnable`` is false when the pool cannot reach
+    ``n_min``: the trainer then gets 0 nodes.
+    """
+
+    id: str
+    n_min: int
+    n_max: int
+    current: tuple[str, ...]
+    bp_nodes: np.ndarray
+    bp_value: np.ndarray
+    rescale_up_s: float
+    rescale_down_s: float
+    runnable: bool
+    current_value: float  # O_j(C_j), from the full curve: the rate a rescale interrupts
+
+    @property
+    def c(self) -> int:
+        """C_j: current nodes still in the pool."""
+        return len(self.current)
+
+    def value(self, n: float | np.ndarray) -> np.ndarray:
+        """O_j(n), linear between breakpoints."""
+        return np.interp(n, self.bp_nodes, self.bp_value)
+
+    def scores(self, t_fwd_s: float) -> np.ndarray:
+        """Eq. 16's term for every count 0..n_max; -inf where 0 < n < n_min.
+
+        Exact at integer counts, which is all a node allocation can take: this is the
+        table the dynamic program maximises and the tests' oracle.
+        """
+        n = np.arange(self.n_max + 1)
+        s = t_fwd_s * self.value(n)
+        s[n > self.c] -= self.current_value * self.rescale_up_s
+        s[n < self.c] -= self.current_value * self.rescale_down_s
+        s[(n > 0) & (n < self.n_min)] = -np.inf
+        if not self.runnable:
+            s[1:] = -np.inf
+        return s
+
+
+ValueCurve = Callable[[TrainerSpec], tuple[tuple[float, float], ...]]
+
+
+def _as_given(t: TrainerSpec) -> tuple[tuple[float, float], ...]:
+    return t.curve
+
+
+def _speedup(t: TrainerSpec) -> tuple[tuple[float, float], ...]:
+    # The paper's "scaling efficiency": the curve over its 1-node value, so a model
+    # that is slow per sample weighs as much as a fast one.
+    one = t.value_at(1.0)
+    if one <= 0:
+        return tuple((n, 0.0) for n, _ in t.curve)
+    return tuple((n, v / one) for n, v in t.curve)
+
+
+# A goodput curve arrives already computed by the trainer's Pollux model (the trainer
+# reports it), so the allocator takes it as given.
+VALUE_CURVES: dict[str, ValueCurve] = {
+    "throughput": _as_given,
+    "speedup": _speedup,
+    "goodput": _as_given,
+}
+
+
+def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSpec, ...]]:
+    """First come, first served: the first ``max_trainers`` take part, the rest wait."""
+    k = problem.max_trainers
+    return problem.trainers[:k], problem.trainers[k:]
+
+
+def build_terms(problem: Problem) -> list[TrainerTerms]:
+    """The objective terms of the admitted trainers, in arrival order."""
+    curve_of = VALUE_CURVES[problem.objective]
+    pool_size = len(problem.pool)
+    terms = []
+    for t in admitted(problem)[0]:
+        n_max = min(t.n_max, pool_size)
+        runnable = t.n_min <= n_max
+        if not runnable:
+            n_max = 0
+        curve = curve_of(t)
+        bp_n, bp_v = _clip_breakpoints(curve, n_max)
+        current = problem.current_nodes(t)
+        full_n, full_v = _clip_breakpoints(curve, int(max(curve[-1][0], 1)))
+        terms.append(
+            TrainerTerms(
+                id=t.id,
+                n_min=t.n_min,
+                n_max=n_max,
+                current=current,
+                bp_nodes=bp_n,
+                bp_value=bp_v,
+                rescale_up_s=float(t.rescale_up_s),
+                rescale_down_s=float(t.rescale_down_s),
+                runnable=runnable,
+                current_value=float(np.interp(len(current), full_n, full_v)),
+            )
+        )
+    return terms
+
+
+def _clip_breakpoints(
+    curve: tuple[tuple[float, float], ...], n_max: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Breakpoints from (0, 0) to ``n_max`` (interpolated there); one segment at least."""
+    xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
+    ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
+    if n_max == 0:
+        return np.array([0.0, 1.0]), np.array([0.0, 0.0])
+    if n_max >= xs[-1]:
+        return xs, ys
+    keep = xs < n_max
+    bx = np.append(xs[keep], float(n_max))
+    by = np.append(ys[keep], np.interp(n_max, xs, ys))
+    return bx, by
+
+
+def objective_of_counts(terms: list[TrainerTerms], counts: dict[str, int], t_fwd_s: float) -> float:
+    """Eq. 16 for a count per trainer (missing trainers count as 0 nodes)."""
+    total = 0.0
+    for t in terms:
+        n = counts.get(t.id, 0)
+        total += float(t.scores(t_fwd_s)[n])
+    return total

@@ -1,0 +1,222 @@
+"""The allocation problem as plain data, and its validation.
+
+A :class:`Problem` is what the allocator sees at one event: the pool of idle nodes and
+the trainers in arrival order, each with its limits, costs, current nodes and curve.
+Everything is validated on construction, so the models never see bad input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+OBJECTIVES = ("throughput", "speedup", "goodput")
+DEFAULT_T_FWD_S = 120.0
+DEFAULT_MAX_TRAINERS = 10
+
+
+class ProblemError(ValueError):
+    """An allocation problem is malformed; the message names the field and trainer."""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """One trainer as the allocator sees it.
+
+    ``curve`` holds breakpoints ``(nodes, value_per_s)`` with strictly increasing node
+    counts; the value is linear between breakpoints and 0 at 0 nodes. ``nodes`` are
+    the nodes the trainer holds now (some may have left the pool).
+    """
+
+    id: str
+    n_min: int
+    n_max: int
+    rescale_up_s: float
+    rescale_down_s: float
+    curve: tuple[tuple[float, float], ...]
+    nodes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"trainer {self.id!r}"
+        _check_int(self.n_min, f"{where}: n_min", minimum=1)
+        _check_int(self.n_max, f"{where}: n_max", minimum=1)
+        if self.n_min > self.n_max:
+            raise ProblemError(f"{where}: n_min {self.n_min} > n_max {self.n_max}")
+        for name, value in (
+            ("rescale_up", self.rescale_up_s),
+            ("rescale_down", self.rescale_down_s),
+        ):
+            _check_number(value, f"{where}: {name}", minimum=0.0)
+        if not self.curve:
+            raise ProblemError(f"{where}: curve is empty")
+        previous = 0.0
+        for i, point in enumerate(self.curve):
+            if len(point) != 2:
+                raise ProblemError(f"{where}: curve[{i}] is {point!r}, expected [nodes, value]")
+            n, v = point
+            _check_number(n, f"{where}: curve[{i}] nodes", minimum=0.0)
+            _check_number(v, f"{where}: curve[{i}] value", minimum=0.0)
+            if i and n <= previous:
+                raise ProblemError(
+                    f"{where}: curve node counts must increase, got {n} after {previous}"
+                )
+            if n == 0 and v != 0:
+                raise ProblemError(f"{where}: curve value at 0 nodes must be 0, got {v}")
+            previous = n
+        if self.curve[-1][0] < self.n_max:
+            raise ProblemError(
+                f"{where}: curve ends at {self.curve[-1][0]} nodes, below n_max {self.n_max}"
+            )
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ProblemError(f"{where}: nodes lists a node twice")
+        if len(self.nodes) > self.n_max:
+            raise ProblemError(
+                f"{where}: holds {len(self.nodes)} nodes, more than n_max {self.n_max}"
+            )
+
+    def value_at(self, n: float) -> float:
+        """The curve's value at ``n`` nodes (linear between breakpoints, 0 at 0)."""
+        if n <= 0:
+            return 0.0
+        x0, y0 = 0.0, 0.0
+        for x1, y1 in self.curve:
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+            x0, y0 = x1, y1
+        return y0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The pool and the trainers (in arrival order) at one event."""
+
+    pool: tuple[str, ...]
+    trainers: tuple[TrainerSpec, ...]
+    t_fwd_s: float = DEFAULT_T_FWD_S
+    objective: str = "throughput"
+    max_trainers: int = DEFAULT_MAX_TRAINERS
+    pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(set(self.pool)) != len(self.pool):
+            seen: set[str] = set()
+            dup = next(n for n in self.pool if n in seen or seen.add(n))  # type: ignore[func-returns-value]
+            raise ProblemError(f"pool lists node {dup!r} twice")
+        _check_number(self.t_fwd_s, "t_fwd", minimum=0.0)
+        if self.objective not in OBJECTIVES:
+            raise ProblemError(
+                f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}"
+            )
+        _check_int(self.max_trainers, "max_trainers", minimum=1)
+        ids: set[str] = set()
+        holder: dict[str, str] = {}
+        for t in self.trainers:
+            if t.id in ids:
+                raise ProblemError(f"trainer id {t.id!r} appears twice")
+            ids.add(t.id)
+            for node in t.nodes:
+                if node in holder:
+                    raise ProblemError(
+                        f"node {node!r} is held by two trainers: {holder[node]!r} and {t.id!r}"
+                    )
+                holder[node] = t.id
+        object.__setattr__(self, "pool_set", frozenset(self.pool))
+
+    def current_nodes(self, trainer: TrainerSpec) -> tuple[str, ...]:
+        """The trainer's nodes still in the pool (nodes that left are dropped)."""
+        return tuple(n for n in trainer.nodes if n in self.pool_set)
+
+
+_TOP_FIELDS = {"pool", "t_fwd", "objective", "trainers", "max_trainers"}
+_TRAINER_FIELDS = {"id", "n_min", "n_max", "rescale_up", "rescale_down", "nodes", "curve"}
+_TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes"}
+
+
+def problem_from_dict(data: Any) -> Problem:
+    """Build a :class:`Problem` from the JSON document of ``bftrainer allocate``."""
+    if not isinstance(data, Mapping):
+        raise ProblemError("the problem must be a JSON object")
+    unknown = set(data) - _TOP_FIELDS
+    if unknown:
+        raise ProblemError(
+            f"unknown field {sorted(unknown)[0]!r} (known: {', '.join(sorted(_TOP_FIELDS))})"
+        )
+    for name in ("pool", "trainers"):
+        if name not in data:
+            raise ProblemError(f"missing field {name!r}")
+    pool = _string_list(data["pool"], "pool")
+    raw_trainers = data["trainers"]
+    if not isinstance(raw_trainers, Sequence) or isinstance(raw_trainers, str):
+        raise ProblemError("trainers must be a list")
+    trainers = tuple(_trainer_from_dict(i, t) for i, t in enumerate(raw_trainers))
+    return Problem(
+        pool=pool,
+        trainers=trainers,
+        t_fwd_s=data.get("t_fwd", DEFAULT_T_FWD_S),
+        objective=data.get("objective", "throughput"),
+        max_trainers=data.get("max_trainers", DEFAULT_MAX_TRAINERS),
+    )
+
+
+def _trainer_from_dict(index: int, raw: Any) -> TrainerSpec:
+    where = f"trainers[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ProblemError(f"{where} must be an object")
+    if "id" in raw:
+        where = f"{where} (id {raw['id']!r})"
+    unknown = set(raw) - _TRAINER_FIELDS
+    if unknown:
+        raise ProblemError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+    missing = _TRAINER_REQUIRED - set(raw)
+    if missing:
+        raise ProblemError(f"{where}: missing field {sorted(missing)[0]!r}")
+    if not isinstance(raw["id"], str) or not raw["id"]:
+        raise ProblemError(f"{where}: id must be a non-empty string")
+    curve = raw["curve"]
+    if not isinstance(curve, Sequence) or isinstance(curve, str):
+        raise ProblemError(f"{where}: curve must be a list of [nodes, value] pairs")
+    points = []
+    for i, p in enumerate(curve):
+        if not isinstance(p, Sequence) or isinstance(p, str) or len(p) != 2:
+            raise ProblemError(f"{where}: curve[{i}] is {p!r}, expected [nodes, value]")
+        points.append((p[0], p[1]))
+    try:
+        return TrainerSpec(
+            id=raw["id"],
+            n_min=raw["n_min"],
+            n_max=raw["n_max"],
+            rescale_up_s=raw["rescale_up"],
+            rescale_down_s=raw["rescale_down"],
+            curve=tuple(points),
+            nodes=_string_list(raw.get("nodes", []), f"{where}: nodes"),
+        )
+    except ProblemError as e:
+        # Name the position too: ids are user text and may be unhelpful.
+        raise ProblemError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def _string_list(value: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ProblemError(f"{what} must be a list of node names")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise ProblemError(f"{what}[{i}] is {item!r}, expected a node name")
+    return tuple(value)
+
+
+def _check_number(value: Any, what: str, *, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProblemError(f"{what} is {value!r}, expected a number")
+    if not math.isfinite(value):
+        raise ProblemError(f"{what} is {value!r}, expected a finite number")
+    if value < minimum:
+        raise ProblemError(f"{what} is {value!r}, expected >= {minimum:g}")
+
+
+def _check_int(value: Any, what: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProblemError(f"{what} is {value!r}, expected an integer")
+    if value < minimum:
+        raise ProblemError(f"{what} is {value!r}, expected >= {minimum}")
