@@ -105,7 +105,8 @@ def allocate(
     else:
         backend = MILP_SOLVERS[solver]()
         if formulation == "count":
-            cm = build_count_model(terms, len(problem.pool), t_fwd)
+            encoding = "sos2" if backend.native_sos2 else "per_count"
+            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
             outcome = backend.solve(cm.milp, time_limit_s=time_limit_s, mip_gap=mip_gap)
             decoded = cm.counts(outcome.x, terms) if outcome.x is not None else None
             nodes = map_counts(terms, decoded, problem.pool) if decoded is not None else {}

@@ -10,6 +10,7 @@ rescale. It is the default solver's fast path and the tests' oracle.
 from __future__ import annotations
 
 import numpy as np
+
 from bftrainer.milp.objective import TrainerTerms
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from bftrainer.milp.model import Milp, MilpBuilder
 from bftrainer.milp.objective import TrainerTerms
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from bftrainer.milp.problem import Problem, TrainerSpec
 
 

@@ -18,7 +18,9 @@ FOLDERS = {"bftrainer": "bftrainer", "milp": "bftrainer.milp",
 
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
     found = set()
     for folder, name in FOLDERS.items():
         for init in (ROOT / folder).rglob("__init__.py"):

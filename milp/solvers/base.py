@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
+
 from bftrainer.milp.model import Milp
 
 # Default MIP gaps (1e-4) are looser than the rescale-cost terms of Eq. 16.
@@ -42,6 +43,7 @@ class SolverLicenseError(SolverError):
 
 class MilpSolver(Protocol):
     name: str
+    native_sos2: bool  # honours SOS2 sets itself; otherwise models pick binary encodings
 
     def solve(
         self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP

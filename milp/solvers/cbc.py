@@ -12,12 +12,14 @@ import time
 import warnings
 
 import numpy as np
+
 from bftrainer.milp.model import Milp, sos2_as_segments
 from bftrainer.milp.solvers.base import DEFAULT_MIP_GAP, SolveOutcome, SolverError, SolveStatus
 
 
 class CbcSolver:
     name = "cbc"
+    native_sos2 = False
 
     def solve(
         self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
@@ -57,7 +59,11 @@ class CbcSolver:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(
-                msg=False, timeLimit=max(float(time_limit_s), 1.0), gapRel=mip_gap, threads=1
+                msg=False,
+                timeLimit=max(float(time_limit_s), 1.0),
+                gapRel=mip_gap,
+                gapAbs=0.0,
+                threads=1,
             )
         prob.solve(solver)
         elapsed = time.perf_counter() - start

@@ -11,6 +11,7 @@ import math
 import time
 
 import numpy as np
+
 from bftrainer.milp.model import Milp
 from bftrainer.milp.solvers.base import (
     DEFAULT_MIP_GAP,
@@ -26,6 +27,7 @@ SIZE_LIMIT_EXCEEDED = 10010
 
 class GurobiSolver:
     name = "gurobi"
+    native_sos2 = True
 
     def solve(
         self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
@@ -45,6 +47,7 @@ class GurobiSolver:
             model = gp.Model(env=env)
             model.Params.TimeLimit = float(time_limit_s)
             model.Params.MIPGap = float(mip_gap)
+            model.Params.MIPGapAbs = 0.0
             model.Params.Threads = 1
             vtype = np.where(milp.integral, GRB.INTEGER, GRB.CONTINUOUS)
             x = model.addMVar(

@@ -63,7 +63,10 @@ def _mutate(path: list[Any], value: Any) -> dict[str, Any]:
     ("doc", "message"),
     [
         (_mutate(["colour"], "red"), "unknown field 'colour'"),
-        (_mutate(["trainers", 0, "speed"], 3), "trainers[0] (id 'resnet18'): unknown field 'speed'"),
+        (
+            _mutate(["trainers", 0, "speed"], 3),
+            "(id 'resnet18'): unknown field 'speed'",
+        ),
         (_mutate(["trainers", 1, "n_min"], 9), "trainers[1] (id 'vgg16'): n_min 9 > n_max 8"),
         (_mutate(["trainers", 2, "n_max"], 6), "curve ends at 4"),
         (_mutate(["trainers", 0, "rescale_up"], -1), "rescale_up is -1"),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from bftrainer.milp import Problem, TrainerSpec
 from hypothesis import strategies as st
+
+from bftrainer.milp import Problem, TrainerSpec
 
 
 @st.composite
@@ -34,8 +35,8 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
                 id=f"t{j}",
                 n_min=n_min,
                 n_max=n_max,
-                rescale_up_s=draw(st.floats(0, 60)),
-                rescale_down_s=draw(st.floats(0, 60)),
+                rescale_up_s=draw(st.integers(0, 600)) / 10,
+                rescale_down_s=draw(st.integers(0, 600)) / 10,
                 curve=draw(curves(n_max)),
                 nodes=tuple(held),
             )
@@ -43,7 +44,7 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
     return Problem(
         pool=tuple(pool),
         trainers=tuple(trainers),
-        t_fwd_s=draw(st.floats(0, 300)),
+        t_fwd_s=float(draw(st.integers(1, 300))),
         objective=draw(st.sampled_from(["throughput", "speedup"])),
         max_trainers=draw(st.integers(1, 4)),
     )
