@@ -36,8 +36,12 @@ COMBOS = [
     ("node", "gurobi"),
 ]
 NODE_MAX_VARS = 30 * 800
-GOALS_MS = {("30x800", "count", "highs"): 50, ("30x800", "count", "dp"): 10,
-            ("100x4608", "count", "highs"): 500, ("100x4608", "count", "dp"): 100}  # fmt: skip
+GOALS_MS = {
+    ("30x800", "count", "highs"): 50,
+    ("30x800", "count", "dp"): 10,
+    ("100x4608", "count", "highs"): 500,
+    ("100x4608", "count", "dp"): 100,
+}
 
 
 def instance(trainers: int, nodes: int, seed: int) -> Problem:
@@ -78,8 +82,12 @@ def measure(
             return {"error": str(e).split(":")[0]}
         times.append(time.perf_counter() - start)
         objective, status = result.objective, result.status
-    return {"median_s": statistics.median(times), "runs": repeats, "objective": objective,
-            "status": status}  # fmt: skip
+    return {
+        "median_s": statistics.median(times),
+        "runs": repeats,
+        "objective": objective,
+        "status": status,
+    }
 
 
 def main() -> None:
@@ -90,8 +98,11 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/allocator.json"))
     args = ap.parse_args()
-    results: dict[str, Any] = {"machine": platform.platform(), "time_limit_s": args.time_limit,
-                               "sizes": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        "machine": platform.platform(),
+        "time_limit_s": args.time_limit,
+        "sizes": {},
+    }
     for size in args.sizes.split(","):
         trainers, nodes = map(int, size.split("x"))
         problem = instance(trainers, nodes, seed=1)
@@ -112,10 +123,15 @@ def main() -> None:
             got = row.get(f"{formulation}/{solver}", {})
             if gsize == size and "median_s" in got:
                 row[f"goal_{formulation}_{solver}_ms"] = {
-                    "goal": goal_ms, "measured": got["median_s"] * 1000,
-                    "met": got["median_s"] * 1000 <= goal_ms}  # fmt: skip
-        objectives = {round(v["objective"], 3) for v in row.values()
-                      if isinstance(v, dict) and v.get("status") == "optimal"}  # fmt: skip
+                    "goal": goal_ms,
+                    "measured": got["median_s"] * 1000,
+                    "met": got["median_s"] * 1000 <= goal_ms,
+                }
+        objectives = {
+            round(v["objective"], 3)
+            for v in row.values()
+            if isinstance(v, dict) and v.get("status") == "optimal"
+        }
         row["optimal_objectives_agree"] = len(objectives) <= 1
         results["sizes"][size] = row
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -95,13 +95,14 @@ def allocate(
     waiting = tuple(t.id for t in admitted(problem)[1])
     t_fwd = float(problem.t_fwd_s)
     current = current_counts(terms)
+    current_nodes = {t.id: t.current for t in terms}
     status, bound = "optimal", None
     if not terms:  # nothing to decide; solvers reject empty models
         nodes: dict[str, tuple[str, ...]] = {}
         bound = 0.0
     elif solver == "dp":
         counts, bound = solve_counts(terms, len(problem.pool), t_fwd)
-        nodes = map_counts(terms, counts, problem.pool)
+        nodes = map_counts(current_nodes, counts, problem.pool)
     else:
         backend = MILP_SOLVERS[solver]()
         if formulation == "count":
@@ -109,7 +110,7 @@ def allocate(
             cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
             outcome = backend.solve(cm.milp, time_limit_s=time_limit_s, mip_gap=mip_gap)
             decoded = cm.counts(outcome.x, terms) if outcome.x is not None else None
-            nodes = map_counts(terms, decoded, problem.pool) if decoded is not None else {}
+            nodes = map_counts(current_nodes, decoded, problem.pool) if decoded is not None else {}
         else:
             nm = build_node_model(terms, problem.pool, t_fwd)
             outcome = backend.solve(nm.milp, time_limit_s=time_limit_s, mip_gap=mip_gap)
@@ -124,12 +125,14 @@ def allocate(
             ) <= objective_of_counts(terms, current, t_fwd)
             status = "kept_current" if keep_current else "time_limit"
             if keep_current:
-                nodes = map_counts(terms, current, problem.pool)
+                nodes = map_counts(current_nodes, current, problem.pool)
             log.warning(
                 "%s hit its %.1f s limit on the %s model: %s",
-                solver, time_limit_s, formulation,
+                solver,
+                time_limit_s,
+                formulation,
                 "keeping the current map" if keep_current else "using its incumbent",
-            )  # fmt: skip
+            )
     all_nodes = {t.id: nodes.get(t.id, ()) for t in problem.trainers}
     broken = violations(problem, all_nodes)
     if broken:

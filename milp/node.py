@@ -82,14 +82,20 @@ def build_node_model(terms: list[TrainerTerms], pool: tuple[str, ...], t_fwd_s: 
     # (no migration) grow mode keeps all current nodes; shrink mode takes no new one.
     jj, pp = np.nonzero(cur)
     b.add_rows(
-        J, np.concatenate([jj, np.arange(J)]), np.concatenate([xjn[jj, pp], g]),
-        np.concatenate([np.ones(len(jj)), -c]), lb=0.0,
-    )  # fmt: skip
+        J,
+        np.concatenate([jj, np.arange(J)]),
+        np.concatenate([xjn[jj, pp], g]),
+        np.concatenate([np.ones(len(jj)), -c]),
+        lb=0.0,
+    )
     jj, pp = np.nonzero(~cur)
     b.add_rows(
-        J, np.concatenate([jj, np.arange(J)]), np.concatenate([xjn[jj, pp], g]),
-        np.concatenate([np.ones(len(jj)), -n_max]), ub=0.0,
-    )  # fmt: skip
+        J,
+        np.concatenate([jj, np.arange(J)]),
+        np.concatenate([xjn[jj, pp], g]),
+        np.concatenate([np.ones(len(jj)), -n_max]),
+        ub=0.0,
+    )
     # (indicators)
     b.add_rows(J, *n_j_plus(up, -np.maximum(n_max - c, 0.0)), ub=c)
     b.add_rows(J, *n_j_plus(dw, c), lb=c)
@@ -98,9 +104,13 @@ def build_node_model(terms: list[TrainerTerms], pool: tuple[str, ...], t_fwd_s: 
         lam = b.add_vars(len(t.bp_nodes), ub=1.0, cost=t_fwd_s * t.bp_value)
         k = len(lam)
         b.add_rows(
-            1, np.zeros(P + k), np.concatenate([xjn[j], lam]),
-            np.concatenate([np.ones(P), -t.bp_nodes]), lb=0.0, ub=0.0,
-        )  # fmt: skip
+            1,
+            np.zeros(P + k),
+            np.concatenate([xjn[j], lam]),
+            np.concatenate([np.ones(P), -t.bp_nodes]),
+            lb=0.0,
+            ub=0.0,
+        )
         b.add_rows(1, np.zeros(k), lam, 1.0, lb=1.0, ub=1.0)
         b.add_sos2(lam)
     return NodeModel(milp=b.build(), x_start=int(x[0]) if J * P else 0, pool=pool)

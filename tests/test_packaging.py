@@ -13,8 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"bftrainer": "bftrainer", "milp": "bftrainer.milp",
-           "idle_monitor": "bftrainer.idle_monitor", "trainers": "bftrainer.trainers"}  # fmt: skip
+FOLDERS = {
+    "bftrainer": "bftrainer",
+    "milp": "bftrainer.milp",
+    "idle_monitor": "bftrainer.idle_monitor",
+    "trainers": "bftrainer.trainers",
+}
 
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:
@@ -33,8 +37,10 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
-        cwd=ROOT, check=True, capture_output=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     (wheel,) = tmp_path.glob("bftrainer-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"bftrainer", wheel.name.split("-py3")[0] + ".dist-info"}
@@ -47,14 +53,25 @@ def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> N
     # finder for bftrainer is a .pth file, which PYTHONPATH does not process.
     deps = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
     out = subprocess.run(
-        [py, "-c", "import bftrainer.milp, bftrainer.idle_monitor, bftrainer.trainers;"
-                   "print(bftrainer.milp.__file__)"],
-        cwd=tmp_path, env=deps, check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            py,
+            "-c",
+            "import bftrainer.milp, bftrainer.idle_monitor, bftrainer.trainers;"
+            "print(bftrainer.milp.__file__)",
+        ],
+        cwd=tmp_path,
+        env=deps,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert out.stdout.startswith(str(env_dir))
     run = subprocess.run(
         [env_dir / "bin" / "bftrainer", "allocate", str(ROOT / "examples" / "problem.json")],
-        cwd=tmp_path, env=deps, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=deps,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     assert "status optimal" in run.stdout

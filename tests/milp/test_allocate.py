@@ -63,9 +63,13 @@ def test_every_solver_reaches_the_same_optimum(
 
 def _trainer(tid: str, nodes: tuple[str, ...] = (), **kw: object) -> TrainerSpec:
     args: dict[str, object] = dict(
-        n_min=1, n_max=4, rescale_up_s=20.0, rescale_down_s=10.0,
-        curve=((1.0, 100.0), (2.0, 190.0), (4.0, 360.0)), nodes=nodes,
-    )  # fmt: skip
+        n_min=1,
+        n_max=4,
+        rescale_up_s=20.0,
+        rescale_down_s=10.0,
+        curve=((1.0, 100.0), (2.0, 190.0), (4.0, 360.0)),
+        nodes=nodes,
+    )
     args.update(kw)
     return TrainerSpec(id=tid, **args)  # type: ignore[arg-type]
 
@@ -121,10 +125,14 @@ def test_speedup_weighs_slow_and_fast_models_alike() -> None:
 def test_time_limit_keeps_the_better_of_incumbent_and_current_map() -> None:
     pool = tuple(f"n{i}" for i in range(400))
     trainers = tuple(
-        _trainer(f"t{j}", tuple(pool[j * 10 : j * 10 + 5]), n_max=64,
-                 curve=((1.0, 100.0), (8.0, 700.0), (16.0, 1500.0), (64.0, 4000.0)))
+        _trainer(
+            f"t{j}",
+            tuple(pool[j * 10 : j * 10 + 5]),
+            n_max=64,
+            curve=((1.0, 100.0), (8.0, 700.0), (16.0, 1500.0), (64.0, 4000.0)),
+        )
         for j in range(20)
-    )  # fmt: skip
+    )
     p = Problem(pool=pool, trainers=trainers, max_trainers=20)
     current = eq16(p, {t.id: len(t.nodes) for t in trainers})
     result = allocate(p, formulation="node", solver="highs", time_limit_s=0.05)
