@@ -7,6 +7,18 @@ Every formulation maximises Eq. 16 of the BFTrainer paper,
 where O_j is a per-trainer value table (breakpoints, linear between them). A metric
 (throughput, speedup, goodput) or a fairness transform changes only O_j, here; the
 constraints never change. That is why a new objective is one function in this file.
+
+The table is built in three steps (``docs/allocator.md``, "Objectives"):
+1. the metric's curve: throughput as given, speedup over the 1-node value, or the goodput
+   curve the trainer's Pollux model reported;
+2. optionally, speedup over the trainer's fair share (Pollux): divided by its value at
+   an equal share of the pool;
+3. Pollux's fairness knob p: maximising the power mean (1/J sum_j s_j^p)^(1/p) is
+   maximising sum_j f_p(s_j) with f_p(s) = ((s + e)^p - e^p) / p (log((s + e) / e) at
+   p = 0), a per-trainer transform. p = 1 is the plain sum (f is the identity); p < 1
+   favours the trainers that have least. The floor e (``SPEEDUP_FLOOR``) keeps a trainer
+   with no nodes finite for p <= 0: it waits rather than making the model infeasible.
+   Tabulated at every whole count, which is all an allocation can take.
 """
 
 from __future__ import annotations
@@ -89,6 +101,33 @@ VALUE_CURVES: dict[str, ValueCurve] = {
 }
 
 
+SPEEDUP_FLOOR = 0.05
+
+
+def fairness_transform(values: np.ndarray, p: float) -> np.ndarray:
+    """f_p above: increasing, 0 at 0, the identity at p = 1."""
+    if p == 1.0:
+        return values
+    e = SPEEDUP_FLOOR
+    if p == 0.0:
+        return np.log((values + e) / e)
+    return ((values + e) ** p - e**p) / p
+
+
+def _value_table(problem: Problem, t: TrainerSpec, share: float) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-3 of the module docstring: breakpoints of O_j over 0..curve end."""
+    curve = VALUE_CURVES[problem.objective](t)
+    xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
+    ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
+    if problem.fair_share_speedup:
+        at_share = float(np.interp(min(max(share, t.n_min), t.n_max), xs, ys))
+        ys = ys / at_share if at_share > 0 else ys
+    if problem.fairness_p != 1.0:
+        grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
+        xs, ys = grid, fairness_transform(np.interp(grid, xs, ys), problem.fairness_p)
+    return xs, ys
+
+
 def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSpec, ...]]:
     """First come, first served: the first ``max_trainers`` take part, the rest wait."""
     k = problem.max_trainers
@@ -97,18 +136,18 @@ def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSp
 
 def build_terms(problem: Problem) -> list[TrainerTerms]:
     """The objective terms of the admitted trainers, in arrival order."""
-    curve_of = VALUE_CURVES[problem.objective]
     pool_size = len(problem.pool)
+    taking_part = admitted(problem)[0]
+    share = pool_size / max(len(taking_part), 1)
     terms = []
-    for t in admitted(problem)[0]:
+    for t in taking_part:
         n_max = min(t.n_max, pool_size)
         runnable = t.n_min <= n_max
         if not runnable:
             n_max = 0
-        curve = curve_of(t)
-        bp_n, bp_v = _clip_breakpoints(curve, n_max)
+        full_n, full_v = _value_table(problem, t, share)
+        bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
         current = problem.current_nodes(t)
-        full_n, full_v = _clip_breakpoints(curve, int(max(curve[-1][0], 1)))
         terms.append(
             TrainerTerms(
                 id=t.id,
@@ -126,12 +165,8 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     return terms
 
 
-def _clip_breakpoints(
-    curve: tuple[tuple[float, float], ...], n_max: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:
     """Breakpoints from (0, 0) to ``n_max`` (interpolated there); one segment at least."""
-    xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
-    ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
     if n_max == 0:
         return np.array([0.0, 1.0]), np.array([0.0, 0.0])
     if n_max >= xs[-1]:

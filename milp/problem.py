@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OBJECTIVES = ("throughput", "speedup", "goodput")
+FAIRNESS_P_RANGE = (-10.0, 1.0)
 DEFAULT_T_FWD_S = 120.0
 DEFAULT_MAX_TRAINERS = 10
 
@@ -97,6 +98,8 @@ class Problem:
     t_fwd_s: float = DEFAULT_T_FWD_S
     objective: str = "throughput"
     max_trainers: int = DEFAULT_MAX_TRAINERS
+    fairness_p: float = 1.0
+    fair_share_speedup: bool = False
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +113,15 @@ class Problem:
                 f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}"
             )
         _check_int(self.max_trainers, "max_trainers", minimum=1)
+        _check_number(self.fairness_p, "fairness_p", minimum=FAIRNESS_P_RANGE[0])
+        if self.fairness_p > FAIRNESS_P_RANGE[1]:
+            raise ProblemError(
+                f"fairness_p is {self.fairness_p!r}, expected <= 1 (1: plain sum; lower: fairer)"
+            )
+        if not isinstance(self.fair_share_speedup, bool):
+            raise ProblemError(
+                f"fair_share_speedup is {self.fair_share_speedup!r}, expected true/false"
+            )
         ids: set[str] = set()
         holder: dict[str, str] = {}
         for t in self.trainers:
@@ -129,7 +141,15 @@ class Problem:
         return tuple(n for n in trainer.nodes if n in self.pool_set)
 
 
-_TOP_FIELDS = {"pool", "t_fwd", "objective", "trainers", "max_trainers"}
+_TOP_FIELDS = {
+    "pool",
+    "t_fwd",
+    "objective",
+    "trainers",
+    "max_trainers",
+    "fairness_p",
+    "fair_share_speedup",
+}
 _TRAINER_FIELDS = {"id", "n_min", "n_max", "rescale_up", "rescale_down", "nodes", "curve"}
 _TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes"}
 
@@ -157,6 +177,8 @@ def problem_from_dict(data: Any) -> Problem:
         t_fwd_s=data.get("t_fwd", DEFAULT_T_FWD_S),
         objective=data.get("objective", "throughput"),
         max_trainers=data.get("max_trainers", DEFAULT_MAX_TRAINERS),
+        fairness_p=data.get("fairness_p", 1.0),
+        fair_share_speedup=data.get("fair_share_speedup", False),
     )
 
 

@@ -4,15 +4,37 @@ objective tables: enumerate every node-to-trainer map of a tiny problem."""
 from __future__ import annotations
 
 import itertools
+import math
 
 from bftrainer.milp import Problem, TrainerSpec
 from bftrainer.milp.check import violations
 
+FLOOR = 0.05  # the speedup floor of the fairness transform, as documented
+
 
 def metric(problem: Problem, t: TrainerSpec, n: int) -> float:
-    one = t.value_at(1.0)
+    """O_j(n): the metric, then speedup over the fair share, then Pollux's power mean."""
     v = t.value_at(float(n))
     if problem.objective == "speedup":
+        one = t.value_at(1.0)
+        v = v / one if one > 0 else 0.0
+    if problem.fair_share_speedup:
+        admitted = len(problem.trainers[: problem.max_trainers])
+        share = min(max(len(problem.pool) / max(admitted, 1), t.n_min), t.n_max)
+        ref = metric_at(problem, t, share)
+        v = v / ref if ref > 0 else v
+    p = problem.fairness_p
+    if p == 1:
+        return v
+    if p == 0:
+        return math.log((v + FLOOR) / FLOOR)
+    return ((v + FLOOR) ** p - FLOOR**p) / p
+
+
+def metric_at(problem: Problem, t: TrainerSpec, n: float) -> float:
+    v = t.value_at(n)
+    if problem.objective == "speedup":
+        one = t.value_at(1.0)
         return v / one if one > 0 else 0.0
     return v
 

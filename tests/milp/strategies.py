@@ -45,6 +45,8 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
         pool=tuple(pool),
         trainers=tuple(trainers),
         t_fwd_s=float(draw(st.integers(1, 300))),
-        objective=draw(st.sampled_from(["throughput", "speedup"])),
+        objective=draw(st.sampled_from(["throughput", "speedup", "goodput"])),
+        fairness_p=draw(st.sampled_from([1.0, 1.0, 0.5, 0.0, -1.0, -3.0])),
+        fair_share_speedup=draw(st.booleans()),
         max_trainers=draw(st.integers(1, 4)),
     )

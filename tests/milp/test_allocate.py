@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
 from bftrainer.milp.objective import build_terms, objective_of_counts
@@ -167,3 +167,33 @@ def test_both_count_encodings_reach_the_dp_optimum(encoding: str, problem: Probl
     assert abs(outcome.objective - expected) <= tol
     assert abs(objective_of_counts(terms, counts, problem.t_fwd_s) - expected) <= tol
     assert sum(counts.values()) <= len(problem.pool)
+
+
+def test_fairness_p_trades_total_for_equality() -> None:
+    # Two fast trainers and one slow: by plain throughput the slow one waits.
+    fast = ((1.0, 1000.0), (8.0, 8000.0))
+    slow = ((1.0, 100.0), (8.0, 800.0))
+    trainers = (
+        _trainer("fast1", n_max=8, curve=fast),
+        _trainer("fast2", n_max=8, curve=fast),
+        _trainer("slow", n_max=8, curve=slow),
+    )
+    pool = tuple(f"n{i}" for i in range(12))
+    counts = {}
+    for p in (1.0, -1.0):
+        problem = Problem(
+            pool=pool, trainers=trainers, objective="goodput", fairness_p=p, fair_share_speedup=True
+        )
+        counts[p] = allocate(problem, solver="dp").counts
+        assert allocate(problem, solver="highs").objective == pytest.approx(
+            allocate(problem, solver="dp").objective, rel=1e-6
+        )
+    # fair-share speedup alone makes them comparable; p = -1 then equalises
+    assert counts[-1.0] == {"fast1": 4, "fast2": 4, "slow": 4}
+    by_rate = allocate(Problem(pool=pool, trainers=trainers, objective="throughput")).counts
+    assert by_rate["slow"] == 0
+
+
+def test_fairness_p_out_of_range_is_refused() -> None:
+    with pytest.raises(ProblemError, match="fairness_p is 2"):
+        Problem(pool=("a",), trainers=(), fairness_p=2.0)
