@@ -2,14 +2,15 @@
 
 Each trainer picks one count n in {0} U [n_min, n_max] worth ``scores[n]`` (Eq. 16's
 term, exact at integers); the counts share the pool's capacity. ``best[c]`` is the best
-total of the trainers so far using at most ``c`` nodes; one numpy pass per (trainer,
-count). Ties keep the trainer's current count, so equal-valued moves never cost a
-rescale. It is the default solver's fast path and the tests' oracle.
+total of the trainers so far using at most ``c`` nodes; one vectorised pass per
+trainer over every (capacity, count) pair. Ties keep the trainer's current count, so
+equal-valued moves never cost a rescale. Exact and the fastest solver; the tests' oracle.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from bftrainer.milp.objective import TrainerTerms
 
@@ -20,20 +21,18 @@ def knapsack(
     """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table."""
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
+    rows = np.arange(capacity + 1)
     for j, t in enumerate(terms):
-        scores = t.scores(t_fwd_s)
-        options = [n for n in range(len(scores)) if np.isfinite(scores[n]) and n <= capacity]
-        # Current count first: strict improvement is needed to move away from it.
-        options.sort(key=lambda n: n != t.c)
-        new = np.full(capacity + 1, -np.inf)
-        pick = choices[j]
-        for n in options:
-            cand = np.full(capacity + 1, -np.inf)
-            cand[n:] = best[: capacity + 1 - n] + scores[n]
-            better = cand > new
-            new[better] = cand[better]
-            pick[better] = n
-        best = new
+        scores = t.scores(t_fwd_s)[: capacity + 1]
+        k = len(scores)
+        # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.
+        padded = np.concatenate([np.full(k - 1, -np.inf), best])
+        value = sliding_window_view(padded, k)[:, ::-1] + scores
+        pick = np.argmax(value, axis=1)  # the smallest count among equals
+        best = value[rows, pick]
+        if t.c < k:  # ...but the current count first: moving must strictly pay
+            pick[value[:, t.c] == best] = t.c
+        choices[j] = pick
     return best, choices
 
 
