@@ -1,0 +1,1 @@
+"""Tests of bftrainer.trainers: the Pollux agent library."""

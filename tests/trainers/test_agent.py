@@ -1,0 +1,216 @@
+"""The per-step agent: observe steps and gradients, fit, choose batches, report metrics."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from bftrainer.trainers.agent import ConfigError, PolluxAgent
+from bftrainer.trainers.efficiency import gain
+from bftrainer.trainers.gns import GradientNoiseScale, adam_preconditioner, from_consecutive
+from bftrainer.trainers.goodput import BatchLimits, GoodputModel
+from bftrainer.trainers.metrics import MetricsRecord
+from bftrainer.trainers.throughput import ThroughputParams, predict_step_time
+
+TRUE = ThroughputParams(0.04, 0.001, 0.0, 0.0, 0.08, 0.004, 2.0)
+LIMITS = BatchLimits(base_batch_size=32, max_batch_size=8192, max_local_bsz=512)
+DIM = 50
+
+
+def test_agent_learns_the_model_and_reports_it() -> None:
+    rng = np.random.default_rng(0)
+    g = rng.normal(size=DIM)
+    var = rng.uniform(0.5, 1.5, size=DIM)
+    var *= 400.0 * (g @ g) / var.sum()  # true PGNS 400 samples
+    agent = PolluxAgent("job-1", LIMITS, clock=lambda: 123.0)
+    for nodes, bsz in itertools.product([1, 2, 4], [32, 64, 128]):
+        agent.set_config(nodes, bsz)
+        for _ in range(40):
+            t = float(predict_step_time(TRUE, nodes, nodes, bsz)) * float(
+                np.exp(rng.normal(0, 0.02))
+            )
+            grads = g + rng.normal(size=(nodes, DIM)) * np.sqrt(var / bsz)
+            agent.observe_gradients(list(grads))
+            agent.observe_step(t)
+    assert agent.pgns == pytest.approx(400.0, rel=0.15)
+    record = agent.metrics()
+    assert record.throughput is not None and record.throughput.rmsle < 0.05
+    assert record.steps == 9 * 40 and record.configs_seen == 9
+    assert (record.nodes, record.local_bsz, record.time_s) == (4, 128, 123.0)
+    assert MetricsRecord.from_json(record.to_json()) == record
+    # The learned model's choice is nearly as good as the true model's best.
+    truth = GoodputModel(TRUE, 400.0, LIMITS)
+    for n in (1, 4, 8):
+        chosen = agent.best_config(n)
+        assert chosen is not None
+        true_value = truth.goodput(n, chosen.local_bsz, chosen.accum_steps)
+        assert true_value >= 0.95 * truth.best_config(n).goodput_sps
+    assert agent.lr_factor == pytest.approx(float(gain(4 * 128, 32, agent.pgns or 0.0)))
+
+
+def test_warmup_steps_are_not_timed() -> None:
+    agent = PolluxAgent("j", LIMITS, warmup_steps=2)
+    agent.set_config(2, 64)
+    for t in (9.0, 9.0, 1.0, 3.0):
+        agent.observe_step(t)
+    [obs] = agent.observations()
+    assert obs.step_time_s == pytest.approx(2.0)
+    assert agent.steps == 4
+    agent.set_config(2, 64)  # a restart at the same configuration warms up again
+    agent.observe_step(50.0)
+    assert agent.observations()[0].step_time_s == pytest.approx(2.0)
+
+
+def test_progress_counts_base_batch_steps() -> None:
+    agent = PolluxAgent("j", LIMITS, warmup_steps=0)
+    agent.set_config(1, 128)
+    agent.observe_step(0.1)
+    assert agent.progress == 1.0  # noise unknown: a step counts as one base step
+    agent.gns.update_from_norms(local_sqr_mean=3.0, total_sqr=2.0, groups=2, group_bsz=16)
+    phi = agent.pgns
+    assert phi is not None
+    agent.observe_step(0.1)
+    assert agent.progress == pytest.approx(1.0 + float(gain(128, 32, phi)))
+
+
+def test_no_model_before_timed_steps() -> None:
+    agent = PolluxAgent("j", LIMITS)
+    with pytest.raises(ConfigError, match="set_config"):
+        agent.observe_step(0.1)
+    agent.set_config(1, 32)
+    agent.observe_step(0.1)  # warm-up only
+    assert agent.fit() is None and agent.best_config(2) is None
+    assert agent.metrics().throughput is None
+
+
+@pytest.mark.parametrize(
+    ("args", "match"), [((0, 32), "nodes"), ((1, 0), "local_bsz"), ((1, 32, -1), "accum_steps")]
+)
+def test_bad_configs_are_named(args: tuple[int, ...], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        PolluxAgent("j", LIMITS).set_config(*args)
+
+
+def test_bad_step_time_is_named() -> None:
+    agent = PolluxAgent("j", LIMITS)
+    agent.set_config(1, 32)
+    with pytest.raises(ConfigError, match="step_time_s"):
+        agent.observe_step(float("nan"))
+
+
+# -- torch probe ---------------------------------------------------------------
+
+
+def _set_grads(model: object, flat: np.ndarray) -> None:
+    import torch
+
+    offset = 0
+    for p in model.parameters():  # type: ignore[attr-defined]
+        n = p.numel()
+        p.grad = torch.tensor(flat[offset : offset + n], dtype=p.dtype).reshape(p.shape)
+        offset += n
+
+
+def test_torch_probe_matches_the_numpy_estimator() -> None:
+    torch = pytest.importorskip("torch")
+    from bftrainer.trainers.agent import TorchGradientProbe
+
+    model = torch.nn.Linear(6, 3).double()
+    agent = PolluxAgent("j", LIMITS)
+    agent.set_config(1, 16)
+    probe = TorchGradientProbe(agent, model, every=1)
+    reference = GradientNoiseScale(LIMITS.base_batch_size)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        flat = rng.normal(size=21) + 0.5
+        _set_grads(model, flat)
+        probe.after_backward()
+        reference.observe([flat], 16)
+    assert agent.gns.samples == reference.samples == 29
+    assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)
+    assert agent.gns.grad_var == pytest.approx(reference.grad_var)
+
+
+def test_torch_probe_measures_one_pair_every_k_steps() -> None:
+    torch = pytest.importorskip("torch")
+    from bftrainer.trainers.agent import TorchGradientProbe
+
+    model = torch.nn.Linear(3, 2).double()
+    agent = PolluxAgent("j", LIMITS)
+    agent.set_config(1, 16)
+    probe = TorchGradientProbe(agent, model, every=4)
+    reference = GradientNoiseScale(LIMITS.base_batch_size)
+    rng = np.random.default_rng(2)
+    flats = [rng.normal(size=8) + 1.0 for _ in range(12)]
+    for i, flat in enumerate(flats):
+        _set_grads(model, flat)
+        probe.after_backward()
+        if i % 4 == 1:  # steps 0-1, 4-5, 8-9 form the pairs; each stands for 4 steps
+            a, b = flats[i - 1], flat
+            reference.update(from_consecutive(a @ a, b @ b, a @ b, 16, 16), 4 * 16)
+    assert agent.gns.samples == reference.samples == 3
+    assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)
+    assert agent.gns.grad_var == pytest.approx(reference.grad_var)
+    # a rescale between the two steps of a pair drops that pair
+    _set_grads(model, flats[0])
+    probe.after_backward()
+    agent.set_config(2, 16)
+    probe.after_backward()
+    assert agent.gns.samples == 3
+
+
+def test_torch_probe_preconditions_with_adam_state() -> None:
+    torch = pytest.importorskip("torch")
+    from bftrainer.trainers.agent import TorchGradientProbe
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2).double()
+    opt = torch.optim.Adam(model.parameters(), betas=(0.9, 0.99), eps=1e-6)
+    agent = PolluxAgent("j", LIMITS)
+    agent.set_config(1, 8)
+    probe = TorchGradientProbe(agent, model, opt, every=1)
+    _set_grads(model, np.ones(10))
+    probe.after_backward()  # before Adam's first step: no pre-conditioner yet, skipped
+    assert agent.gns.samples == 0
+    x, y = torch.randn(8, 4, dtype=torch.double), torch.randn(8, 2, dtype=torch.double)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    v = np.concatenate([opt.state[p]["exp_avg_sq"].numpy().ravel() for p in model.parameters()])
+    pre = adam_preconditioner(v, step=3, beta2=0.99, eps=1e-6)
+    reference = GradientNoiseScale(LIMITS.base_batch_size)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        flat = rng.normal(size=10)
+        _set_grads(model, flat)
+        probe.after_backward()
+        reference.observe([flat], 8, pre)
+    assert agent.gns.samples == reference.samples == 4
+    assert agent.gns.grad_var == pytest.approx(reference.grad_var)
+    assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)
+
+
+def test_state_survives_a_restart_through_json() -> None:
+    import json
+
+    rng = np.random.default_rng(3)
+    agent = PolluxAgent("job-2", LIMITS, clock=lambda: 1.0)
+    for nodes, bsz in [(1, 32), (2, 64), (2, 128)]:
+        agent.set_config(nodes, bsz)
+        for _ in range(5):
+            agent.observe_gradients(list(rng.normal(size=(nodes, 8)) + 1.0))
+            agent.observe_step(float(predict_step_time(TRUE, nodes, nodes, bsz)))
+    saved = json.loads(json.dumps(agent.state()))
+
+    restarted = PolluxAgent("job-2", LIMITS, clock=lambda: 1.0)
+    restarted.restore(saved)
+    with pytest.raises(ConfigError, match="set_config"):
+        restarted.observe_step(0.1)  # the configuration is the new process's to set
+    restarted.set_config(2, 128)
+    agent.set_config(2, 128)
+    assert restarted.metrics() == agent.metrics()
+    with pytest.raises(ConfigError, match="'job-2' given to 'other'"):
+        PolluxAgent("other", LIMITS).restore(saved)

@@ -1,0 +1,72 @@
+"""`bftrainer goodput fit`: parameters, RMSLE and predictions; one-line errors, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bftrainer.cli import cli
+from bftrainer.trainers.throughput import ThroughputParams, predict_step_time
+
+TRUE = ThroughputParams(0.05, 0.002, 0.0, 0.0, 0.1, 0.01, 1.5)
+
+
+def write_obs(path: Path) -> list[tuple[int, int, int, float]]:
+    rows = []
+    for nodes in (1, 2, 4, 8):
+        for bsz in (16, 64):
+            for accum in (0, 1):
+                rows.append(
+                    (nodes, bsz, accum, float(predict_step_time(TRUE, nodes, nodes, bsz, accum)))
+                )
+    path.write_text(
+        "nodes,local_bsz,accum_steps,step_time_s\n"
+        + "".join(f"{n},{m},{s},{t!r}\n" for n, m, s, t in rows)
+    )
+    return rows
+
+
+def test_json_output_has_params_rmsle_and_one_prediction_per_row(tmp_path: Path) -> None:
+    rows = write_obs(tmp_path / "obs.csv")
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "obs.csv"), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert set(out) == {"params", "rmsle", "predicted_step_time_s"}
+    assert set(out["params"]) == set(TRUE.to_dict())
+    assert out["rmsle"] < 0.01
+    assert len(out["predicted_step_time_s"]) == len(rows)
+    for (_, _, _, t), p in zip(rows, out["predicted_step_time_s"], strict=True):
+        assert p == pytest.approx(t, rel=0.02)
+
+
+def test_text_output_shows_a_table(tmp_path: Path) -> None:
+    rows = write_obs(tmp_path / "obs.csv")
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "obs.csv")])
+    assert result.exit_code == 0, result.output
+    assert "RMSLE" in result.output and "alpha_grad_s" in result.output
+    table = [ln for ln in result.output.splitlines() if ln.endswith("%") and ln[:5].strip()]
+    assert [int(ln.split()[0]) for ln in table if ln.split()[0].isdigit()] == [r[0] for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("nodes,local_bsz,step_time_s\n1,2,3\n", "obs.csv:1: missing column(s) accum_steps"),
+        ("nodes,local_bsz,accum_steps,step_time_s\n1,8,0,slow\n", "obs.csv:2: step_time_s"),
+        ("nodes,local_bsz,accum_steps,step_time_s\n0,8,0,0.1\n", "obs.csv:2: nodes must be >= 1"),
+    ],
+)
+def test_bad_input_exits_2_naming_file_and_line(tmp_path: Path, text: str, match: str) -> None:
+    (tmp_path / "obs.csv").write_text(text)
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "obs.csv")])
+    assert result.exit_code == 2
+    assert match in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "none.csv")])
+    assert result.exit_code == 2

@@ -1,0 +1,470 @@
+"""The per-step bookkeeping a training script calls: the Pollux agent of one trainer.
+
+The agent keeps what Pollux's goodput model needs and nothing framework-specific:
+
+* step times per configuration (nodes, replicas, local batch, accumulation), as running
+  means, so memory stays bounded however long the job runs;
+* the gradient noise estimators (:mod:`bftrainer.trainers.gns`), fed with gradients or
+  with their squared norms;
+* the statistical progress in base-batch steps (the sum of the AdaScale gains);
+
+and on demand fits the step-time model, builds the goodput model (best configuration per
+node count, curve for the allocator), and produces the :class:`MetricsRecord` the
+trainer reports. The core is numpy; :class:`TorchGradientProbe` reads a torch model's
+gradients, and torch is imported only when a probe is made.
+
+Typical loop (one replica per node; Horovod averages ``.grad`` before the step)::
+
+    agent = PolluxAgent("t1", BatchLimits(base_batch_size=64, max_batch_size=4096,
+                                          max_local_bsz=512))
+    agent.set_config(nodes=hvd.size(), local_bsz=64)
+    probe = TorchGradientProbe(agent, model, optimizer)
+    for x, y in loader:
+        t0 = time.perf_counter()
+        loss_fn(model(x), y).backward()
+        optimizer.synchronize()  # Horovod: .grad is now the average over replicas
+        probe.after_backward()
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        optimizer.zero_grad()
+        agent.observe_step(time.perf_counter() - t0)
+        for g in optimizer.param_groups: g["lr"] = lr0 * agent.lr_factor
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bftrainer.trainers.efficiency import step_gain
+from bftrainer.trainers.gns import (
+    DEFAULT_SMOOTHING,
+    GradientNoiseScale,
+    Preconditioner,
+    Vector,
+    from_consecutive,
+    identity,
+)
+from bftrainer.trainers.goodput import BatchLimits, GoodputConfig, GoodputModel
+from bftrainer.trainers.lr_scaling import LRScalingRule, lr_rule
+from bftrainer.trainers.metrics import MetricsRecord
+from bftrainer.trainers.throughput import StepObservation, ThroughputModel, fit_throughput
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WARMUP_STEPS = 1
+# TorchGradientProbe: share of the step time its gradient reads may take, and the
+# longest interval between two measurements that this may stretch to.
+DEFAULT_PROBE_BUDGET = 0.005
+MAX_PROBE_EVERY = 128
+
+
+class ConfigError(ValueError):
+    """A trainer configuration the agent cannot use (names the value)."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """What the trainer runs now: n nodes, K = n r replicas, local batch m, s accumulations."""
+
+    nodes: int
+    replicas: int
+    local_bsz: int
+    accum_steps: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.replicas * self.local_bsz * (self.accum_steps + 1)
+
+
+class _RunningMean:
+    """Count and mean of step times, O(1) memory; updated inline by ``observe_step``."""
+
+    __slots__ = ("count", "mean")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean = 0.0
+
+
+class PolluxAgent:
+    """Per-trainer bookkeeping for goodput-driven batch sizes (Pollux's agent).
+
+    ``limits`` are the user's batch limits and memory bound; ``replicas_per_node`` is
+    how many data-parallel replicas run on each node (1 for one process per node).
+    ``warmup_steps`` steps after every :meth:`set_config` are not timed (first steps are
+    slow: allocation, caches). ``lr_rule_name`` names a rule of
+    :mod:`bftrainer.trainers.lr_scaling` or is one. ``clock`` stamps the metrics records.
+    """
+
+    def __init__(
+        self,
+        trainer_id: str,
+        limits: BatchLimits,
+        *,
+        replicas_per_node: int = 1,
+        smoothing: float = DEFAULT_SMOOTHING,
+        lr_rule_name: str | LRScalingRule = "adascale",
+        warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if replicas_per_node < 1:
+            raise ConfigError(f"replicas_per_node must be >= 1, got {replicas_per_node}")
+        if warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.trainer_id = trainer_id
+        self.limits = limits
+        self.replicas_per_node = replicas_per_node
+        self.warmup_steps = warmup_steps
+        self.lr_rule = lr_rule(lr_rule_name) if isinstance(lr_rule_name, str) else lr_rule_name
+        self.gns = GradientNoiseScale(limits.base_batch_size, smoothing)
+        self._clock = clock
+        self._config: TrainerConfig | None = None
+        self._times: dict[TrainerConfig, _RunningMean] = {}
+        self._stats: _RunningMean | None = None  # the current configuration's entry
+        self._batch_size = 0
+        self._gain = 0.0  # base-batch steps per step at the current batch and PGNS
+        self._gain_pgns: float | None = None
+        self._lr_key: tuple[int, float | None] | None = None
+        self._lr_factor = 1.0
+        self._skip = 0
+        self._dirty = False
+        self._model: ThroughputModel | None = None
+        self.steps = 0
+        self.progress = 0.0
+        self.last_step_time_s: float | None = None
+
+    # -- configuration ---------------------------------------------------------
+    def set_config(self, nodes: int, local_bsz: int, accum_steps: int = 0) -> TrainerConfig:
+        """Declare the configuration the next steps run (after every rescale)."""
+        for name, value, low in (("nodes", nodes, 1), ("local_bsz", local_bsz, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not isinstance(accum_steps, int) or accum_steps < 0:
+            raise ConfigError(f"accum_steps must be an integer >= 0, got {accum_steps!r}")
+        config = TrainerConfig(nodes, nodes * self.replicas_per_node, local_bsz, accum_steps)
+        if config != self._config:
+            self.gns.reset_pairing()  # a differenced pair must not straddle a rescale
+        self._config = config
+        self._stats = self._times.setdefault(config, _RunningMean())
+        self._batch_size = config.batch_size
+        self._gain = step_gain(self._batch_size, self.limits.base_batch_size, self.gns.pgns)
+        self._gain_pgns = self.gns.pgns
+        self._skip = self.warmup_steps
+        return config
+
+    @property
+    def config(self) -> TrainerConfig:
+        if self._config is None:
+            raise ConfigError(f"trainer {self.trainer_id!r}: call set_config() before stepping")
+        return self._config
+
+    # -- per step --------------------------------------------------------------
+    def observe_step(self, step_time_s: float) -> None:
+        """Count one optimizer step of the current configuration and its wall time.
+
+        Called every step, so it is kept to a few attribute updates: the step's gain is
+        recomputed only when the PGNS changed, and the running mean is inlined.
+        """
+        stats = self._stats
+        if stats is None:
+            raise ConfigError(f"trainer {self.trainer_id!r}: call set_config() before stepping")
+        if not 0.0 < step_time_s < math.inf:
+            raise ConfigError(f"step_time_s must be finite > 0, got {step_time_s!r}")
+        self.steps += 1
+        self.last_step_time_s = step_time_s
+        pgns = self.gns.pgns
+        if pgns != self._gain_pgns:
+            self._gain = step_gain(self._batch_size, self.limits.base_batch_size, pgns)
+            self._gain_pgns = pgns
+        self.progress += self._gain
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        stats.count += 1
+        stats.mean += (step_time_s - stats.mean) / stats.count
+        self._dirty = True
+
+    def observe_gradients(
+        self, groups: Sequence[Vector], preconditioner: Preconditioner = identity
+    ) -> None:
+        """This step's flat gradients, one per group of ``local_bsz`` samples.
+
+        Groups are replicas or accumulation micro-batches; one group uses the
+        differenced estimator against the previous step.
+        """
+        self.gns.observe(groups, self.config.local_bsz, preconditioner)
+
+    def observe_gradient_norms(self, local_sqr_mean: float, total_sqr: float, groups: int) -> None:
+        """Squared norms from K >= 2 groups (mean of local |g_k|^2, and |mean g_k|^2)."""
+        self.gns.update_from_norms(local_sqr_mean, total_sqr, groups, self.config.local_bsz)
+
+    def observe_consecutive_norms(self, sqr: float, dot_prev: float) -> None:
+        """|g_t|^2 and g_t . g_{t-1} of whole steps' gradients (differenced estimator).
+
+        The gradients are the ones the optimizer applies: averaged over all replicas and
+        accumulation micro-steps, i.e. over the step's total batch M.
+        """
+        self.gns.update_from_consecutive(sqr, dot_prev, self.config.batch_size)
+
+    # -- models ----------------------------------------------------------------
+    @property
+    def pgns(self) -> float | None:
+        return self.gns.pgns
+
+    @property
+    def lr_factor(self) -> float:
+        """Learning-rate factor for the current total batch (lr = lr0 * factor).
+
+        Read every step: recomputed only when the PGNS or the configuration changed.
+        """
+        pgns = self.gns.pgns
+        if self._lr_key != (self._batch_size, pgns):
+            config = self.config
+            self._lr_factor = self.lr_rule.factor(
+                config.batch_size, self.limits.base_batch_size, pgns
+            )
+            self._lr_key = (config.batch_size, pgns)
+        return self._lr_factor
+
+    @property
+    def mean_step_time_s(self) -> float | None:
+        """Mean timed step of the current configuration (None before the first)."""
+        stats = self._stats
+        return stats.mean if stats is not None and stats.count else None
+
+    def observations(self) -> list[StepObservation]:
+        """Mean step time of every configuration timed so far."""
+        return [
+            StepObservation(c.nodes, c.replicas, c.local_bsz, c.accum_steps, s.mean)
+            for c, s in self._times.items()
+            if s.count
+        ]
+
+    def fit(self) -> ThroughputModel | None:
+        """Refit the step-time model if new steps were timed; None before any."""
+        if self._dirty:
+            self._model = fit_throughput(self.observations())
+            self._dirty = False
+        return self._model
+
+    def goodput_model(self) -> GoodputModel | None:
+        """The goodput model from the latest fit and PGNS; None before any timed step."""
+        model = self.fit()
+        if model is None:
+            return None
+        return GoodputModel(
+            model, self.gns.pgns, self.limits, replicas_per_node=self.replicas_per_node
+        )
+
+    def best_config(self, nodes: int) -> GoodputConfig | None:
+        """The local batch and accumulation to run on ``nodes`` nodes (None: no model yet)."""
+        model = self.goodput_model()
+        return None if model is None else model.best_config(nodes)
+
+    def state(self) -> dict[str, Any]:
+        """What a restarted process needs to continue (JSON-able): the step-time means,
+        the noise averages, and the step and progress counts.
+
+        torchrun restarts every worker on a rescale; save this with the checkpoint and
+        pass it to :meth:`restore` in the new process (built with the same limits).
+        """
+        return {
+            "trainer_id": self.trainer_id,
+            "steps": self.steps,
+            "progress": self.progress,
+            "times": [
+                [c.nodes, c.replicas, c.local_bsz, c.accum_steps, st.count, st.mean]
+                for c, st in self._times.items()
+                if st.count
+            ],
+            "gns": self.gns.state(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state`; the configuration must be set again."""
+        if state.get("trainer_id") != self.trainer_id:
+            raise ConfigError(
+                f"state of trainer {state.get('trainer_id')!r} given to {self.trainer_id!r}"
+            )
+        self.steps = int(state["steps"])
+        self.progress = float(state["progress"])
+        self._times = {}
+        for n, k, m, s, count, mean in state["times"]:
+            stats = self._times[TrainerConfig(int(n), int(k), int(m), int(s))] = _RunningMean()
+            stats.count, stats.mean = int(count), float(mean)
+        self.gns.restore(state["gns"])
+        self._config = self._stats = None
+        self._dirty = bool(self._times)
+        self._model = None
+
+    def metrics(self) -> MetricsRecord:
+        """The record the trainer reports (refits the step-time model first)."""
+        config = self.config
+        return MetricsRecord(
+            trainer_id=self.trainer_id,
+            time_s=float(self._clock()),
+            limits=self.limits,
+            replicas_per_node=self.replicas_per_node,
+            nodes=config.nodes,
+            local_bsz=config.local_bsz,
+            accum_steps=config.accum_steps,
+            steps=self.steps,
+            mean_step_time_s=self.mean_step_time_s,
+            configs_seen=sum(1 for s in self._times.values() if s.count),
+            progress=self.progress,
+            grad_sqr=self.gns.grad_sqr,
+            grad_var=self.gns.grad_var,
+            throughput=self.fit(),
+            lr_rule=self.lr_rule.name,
+            lr_factor=self.lr_factor,
+        )
+
+
+class TorchGradientProbe:
+    """Feeds an agent's noise estimator from a torch model's ``.grad`` after ``backward()``.
+
+    It reads the gradient the optimizer is about to apply, which is the average over
+    the step's total batch M (all replicas after the all-reduce, all accumulation
+    micro-steps when the loss is divided by their number), and uses the differenced
+    estimator over whole steps, valid for any replicas and accumulation. At the start of a
+    cycle of ``every`` steps it keeps a copy of the (pre-conditioned) gradient, pairs it
+    with the next step's, and skips the rest of the cycle; the estimate is weighted as
+    ``every`` steps of data (``every=1``: every two consecutive steps form a pair).
+    Reading and copying the gradient costs about a few optimizer updates, which is a
+    large share of a small model's step; so by default ``every`` adapts after each
+    cycle to keep the probe's measured cost within ``budget`` of the agent's last step
+    time (up to ``MAX_PROBE_EVERY``). A large model gets ``every=1`` (as in Pollux).
+
+    With an Adam or AdamW optimizer, P is Adam's ``1 / (sqrt(v_hat) + eps)`` from the
+    optimizer's state (steps before its first update are skipped). With several
+    replicas, the group estimator uses more of each step's information: call
+    :meth:`squared_norm` on the local gradient before the all-reduce and on the
+    averaged one after, all-reduce the local value, and pass both to
+    ``agent.observe_gradient_norms`` instead.
+    """
+
+    def __init__(
+        self,
+        agent: PolluxAgent,
+        model: Any,
+        optimizer: Any | None = None,
+        every: int | None = None,
+        budget: float = DEFAULT_PROBE_BUDGET,
+    ) -> None:
+        import torch
+
+        if every is not None and every < 1:
+            raise ConfigError(f"probe interval every must be >= 1, got {every}")
+        if not 0 < budget <= 1:
+            raise ConfigError(f"probe budget must be in (0, 1], got {budget!r}")
+        self._torch = torch
+        self.agent = agent
+        self.adaptive = every is None
+        self.every = 1 if every is None else every
+        self.budget = budget
+        self.params: list[torch.nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = optimizer
+        self._adam = optimizer is not None and isinstance(
+            optimizer, torch.optim.Adam | torch.optim.AdamW
+        )
+        self._skip = 0
+        self._cycle_cost_s = 0.0
+        self._cost_s: float | None = None  # smoothed cost of one measurement cycle
+        self._prev: torch.Tensor | None = None
+        self._prev_sqr = 0.0
+        self._prev_config: TrainerConfig | None = None
+
+    def _flat(self) -> torch.Tensor | None:
+        """The (pre-conditioned) gradient as one new flat tensor; None if not formed yet.
+
+        One ``cat`` per parameter group: per-tensor torch calls cost more than the
+        arithmetic for a small model, and the fresh tensor doubles as the kept copy.
+        """
+        torch = self._torch
+        with torch.no_grad():
+            if not self._adam:
+                grads = [p.grad.reshape(-1) for p in self.params if p.grad is not None]
+                return torch.cat(grads) if grads else None
+            assert self.optimizer is not None
+            parts = []
+            for group in self.optimizer.param_groups:
+                beta2, eps = group["betas"][1], group["eps"]
+                grads, second, steps = [], [], set()
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.optimizer.state.get(p)
+                    if not state or "exp_avg_sq" not in state:
+                        return None
+                    grads.append(p.grad.reshape(-1))
+                    second.append(state["exp_avg_sq"].reshape(-1))
+                    steps.add(float(state["step"]))
+                if not grads:
+                    continue
+                if len(steps) == 1:
+                    correction = 1.0 - beta2 ** steps.pop()
+                    v_hat = torch.cat(second).div_(correction)
+                else:  # parameters updated a different number of times: correct each
+                    v_hat = torch.cat(
+                        [
+                            v / (1.0 - beta2 ** float(self.optimizer.state[p]["step"]))
+                            for v, p in zip(
+                                second,
+                                [q for q in group["params"] if q.grad is not None],
+                                strict=True,
+                            )
+                        ]
+                    )
+                parts.append(torch.cat(grads).div_(v_hat.sqrt_().add_(eps)))
+            return torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else None)
+
+    def squared_norm(self) -> float | None:
+        """|P g|^2 of the gradients now in ``.grad`` (None before Adam's first step)."""
+        flat = self._flat()
+        return None if flat is None else float(flat.dot(flat))
+
+    def after_backward(self) -> None:
+        """Call once per step after ``backward()`` and before ``zero_grad()``."""
+        if self._prev is None and self._skip > 0:
+            self._skip -= 1
+            return
+        t0 = time.perf_counter()
+        flat = self._flat()
+        if flat is None:
+            self._prev = None
+            return
+        config = self.agent.config
+        sqr = float(flat.dot(flat))
+        closing = self._prev is not None
+        if self._prev is not None and self._prev_config == config:
+            dot = float(flat.dot(self._prev))
+            b = config.batch_size  # .grad is averaged over the whole step
+            sample = from_consecutive(self._prev_sqr, sqr, dot, b, b)
+            self.agent.gns.update(sample, self.every * b)
+        self._prev = None
+        if not closing or self.every == 1:  # open a pair; flat is a fresh tensor
+            self._prev = flat
+            self._prev_sqr = sqr
+            self._prev_config = config
+        self._cycle_cost_s += time.perf_counter() - t0
+        if closing:
+            self._end_cycle()
+
+    def _end_cycle(self) -> None:
+        """Choose the next interval from the measured cost and the mean step time."""
+        cost = self._cycle_cost_s
+        self._cost_s = cost if self._cost_s is None else 0.8 * self._cost_s + 0.2 * cost
+        step_s = self.agent.mean_step_time_s or self.agent.last_step_time_s
+        if self.adaptive and step_s:
+            wanted = math.ceil(self._cost_s / (self.budget * step_s))
+            self.every = max(1, min(MAX_PROBE_EVERY, wanted))
+        self._cycle_cost_s = 0.0
+        self._skip = max(self.every - 2, 0)
