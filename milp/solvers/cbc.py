@@ -63,7 +63,9 @@ class CbcSolver:
                 timeLimit=max(float(time_limit_s), 1.0),
                 gapRel=mip_gap,
                 gapAbs=0.0,
-                threads=1,
+                # No ``threads``: any -threads value enters CBC 2.10's threaded code, which
+                # hung here until the time limit on a 5-variable model, once in ~400
+                # solves (coin-or/Cbc#640). CBC's default is serial.
             )
         prob.solve(solver)
         elapsed = time.perf_counter() - start
