@@ -1,0 +1,165 @@
+"""``bftrainer trace``: pool traces — statistics, synthetic traces (and ``record``, elsewhere)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from pathlib import Path
+
+import click
+
+from bftrainer.cli import UsageError
+from bftrainer.cli.trace_record import record
+from bftrainer.idle_monitor.synthetic import (
+    DEFAULT_NODES,
+    SyntheticConfig,
+    SyntheticConfigError,
+    synthetic_trace,
+)
+from bftrainer.idle_monitor.trace import (
+    TraceFormatError,
+    TraceRangeError,
+    load_trace,
+    parse_time_s,
+    write_trace,
+)
+from bftrainer.idle_monitor.trace_stats import format_summary, summarize, write_plots
+
+log = logging.getLogger(__name__)
+
+_NODE_RANGE = re.compile(r"^\s*(\d*)\s*:\s*(\d*)\s*$")
+
+
+def parse_node_range(text: str | None) -> slice | None:
+    """``A:B`` (either end may be omitted) as a slice of the first-seen node order."""
+    if text is None:
+        return None
+    match = _NODE_RANGE.match(text)
+    if not match:
+        raise UsageError(f"--nodes {text!r} must be A:B, a range of node positions (e.g. 0:1024)")
+    start, stop = (int(g) if g else None for g in match.groups())
+    if start is not None and stop is not None and stop <= start:
+        raise UsageError(f"--nodes {text!r} is empty: B must be greater than A")
+    return slice(start, stop)
+
+
+def parse_time_option(option: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time_s(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
+@click.group("trace")
+def trace() -> None:
+    """Pool traces: the idle-node event logs that `bftrainer replay` plays back.
+
+    A trace is CSV (.csv, .csv.gz) or Parquet with columns time,node,idle[,window_s]: a
+    first snapshot of every node, then only changes. See docs/traces.md.
+    """
+
+
+@trace.command("stats")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--nodes", "node_range", metavar="A:B", help="Nodes A..B-1 in first-seen order.")
+@click.option("--start", help="Start here; the state then is the snapshot (time or epoch s).")
+@click.option("--end", help="End here (time or epoch s).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "--plots",
+    "plots_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write fragments_cdf.png (paper Fig. 1) and events_12h.png (Fig. 6) here.",
+)
+def stats(
+    trace_path: Path,
+    node_range: str | None,
+    start: str | None,
+    end: str | None,
+    as_json: bool,
+    plots_dir: Path | None,
+) -> None:
+    """The BFTrainer paper's Table 1 row for TRACE, and the idle-fragment figures.
+
+    INC/h and DEC/h count events (timestamps) with joins and with leaves per hour; the
+    idle ratio is the mean share of idle nodes; eq-nodes is idle node-time / duration.
+    """
+    nodes = parse_node_range(node_range)
+    start_s = parse_time_option("--start", start)
+    end_s = parse_time_option("--end", end)
+    began = time.perf_counter()
+    try:
+        loaded = load_trace(trace_path, nodes=nodes, start_s=start_s, end_s=end_s)
+    except (TraceFormatError, TraceRangeError) as exc:
+        raise UsageError(str(exc)) from None
+    load_s = time.perf_counter() - began
+    log.info("loaded %s in %.2f s", trace_path, load_s)
+    summary = summarize(loaded)
+    plots = [str(p) for p in write_plots(loaded, plots_dir)] if plots_dir else []
+    if as_json:
+        click.echo(json.dumps({**summary.as_json(), "load_s": round(load_s, 3), "plots": plots}))
+        return
+    for line in format_summary(summary, load_s=load_s):
+        click.echo(line)
+    for path in plots:
+        click.echo(f"plot        {path}")
+
+
+@trace.command("synth")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_NODES,
+    show_default=True,
+    help="Nodes; fewer than Summit's 4,608 are a slice of a Summit-sized machine.",
+)
+@click.option(
+    "--hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same trace.")
+@click.option(
+    "--poll-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=SyntheticConfig().poll_s,
+    show_default=True,
+    help="Event times fall on this grid, as a monitor polling this often would see them.",
+)
+@click.option(
+    "--start",
+    help="Time of the first snapshot (time or epoch s) [default: 2021-02-10 00:00:00].",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Trace file to write: .csv, .csv.gz or .parquet.",
+)
+def synth(nodes: int, hours: float, seed: int, poll_s: float, start: str | None, out: Path) -> None:
+    """Write a synthetic trace calibrated to the Summit statistics of the BFTrainer paper."""
+    start_s = parse_time_option("--start", start)
+    try:
+        config = SyntheticConfig(
+            nodes=nodes,
+            duration_s=hours * 3600.0,
+            seed=seed,
+            poll_s=poll_s,
+            **({} if start_s is None else {"start_s": start_s}),
+        )
+    except SyntheticConfigError as exc:
+        raise UsageError(str(exc)) from None
+    generated = synthetic_trace(config)
+    try:
+        rows = write_trace(generated, out)
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
+    click.echo(
+        f"wrote {out}: {len(generated.nodes):,} nodes, {hours:g} h, "
+        f"{len(generated.events):,} events, {rows:,} rows"
+    )
+
+
+trace.add_command(record)

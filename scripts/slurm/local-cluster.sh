@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# A real multi-node Slurm on one machine, for bftrainer's integration tests.
+#
+#   scripts/slurm/local-cluster.sh start    # install (root), start, print SLURM_CONF=...
+#   scripts/slurm/local-cluster.sh status   # exit 0 when running and answering
+#   scripts/slurm/local-cluster.sh stop     # cancel jobs, stop daemons by PID
+#
+#   eval "export $(scripts/slurm/local-cluster.sh start)"   # then sinfo, squeue, sbatch
+#
+# Settings (environment): NNODES (8), SLURM_LOCAL_DIR (/var/tmp/bftrainer-slurm),
+# SLURM_LOCAL_CTLD_PORT (16817), SLURM_LOCAL_SLURMD_PORT (16818),
+# SLURM_LOCAL_NODE_PORT (17000: node i listens on NODE_PORT+i), SLURM_LOCAL_INSTALL (1:
+# apt-get install missing packages when root).
+# Only the SLURM_CONF line goes to stdout; progress and errors go to stderr.
+# Exit codes: 0 ok, 1 failure, 3 Slurm absent and cannot be installed (not root).
+set -euo pipefail
+
+NNODES=${NNODES:-8}
+STATE_DIR=${SLURM_LOCAL_DIR:-/var/tmp/bftrainer-slurm}
+CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-16817}
+SLURMD_PORT=${SLURM_LOCAL_SLURMD_PORT:-16818}
+NODE_PORT=${SLURM_LOCAL_NODE_PORT:-17000}
+INSTALL=${SLURM_LOCAL_INSTALL:-1}
+HERE=$(cd "$(dirname "$0")" && pwd)
+CONF="$STATE_DIR/slurm.conf"
+PACKAGES=(slurmctld slurmd slurm-client)
+
+log() { echo "local-cluster: $*" >&2; }
+
+have_slurm() { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null; }
+
+install_slurm() {
+  have_slurm && return 0
+  if [ "$(id -u)" != 0 ]; then
+    log "Slurm is not installed and installing it needs root (apt-get install ${PACKAGES[*]})"
+    exit 3
+  fi
+  if [ "$INSTALL" != 1 ]; then
+    log "Slurm is not installed and SLURM_LOCAL_INSTALL=$INSTALL forbids installing it"
+    exit 3
+  fi
+  log "installing ${PACKAGES[*]} (Debian packages)"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } >&2; then
+    log "apt-get install ${PACKAGES[*]} failed"
+    exit 3
+  fi
+}
+
+node_names() { local i; for i in $(seq 1 "$NNODES"); do echo "node$i"; done; }
+
+write_conf() {
+  local lines="" i
+  for i in $(seq 1 "$NNODES"); do
+    lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + i))"$'\n'
+  done
+  mkdir -p "$STATE_DIR"/{ctld,run,log} "$STATE_DIR"/spool
+  for i in $(seq 1 "$NNODES"); do mkdir -p "$STATE_DIR/spool/node$i"; done
+  local tmp="$CONF.tmp"
+  # Fill the placeholders; node lines go in through a file to keep their newlines.
+  printf '%s' "$lines" >"$STATE_DIR/node-lines"
+  sed -e "s|@CTLD_HOST@|$(hostname -s)|" -e "s|@CTLD_PORT@|$CTLD_PORT|" \
+      -e "s|@SLURMD_PORT@|$SLURMD_PORT|" -e "s|@STATE_DIR@|$STATE_DIR|g" \
+      -e "s|@NODE_LIST@|node[1-$NNODES]|g" \
+      -e "/@NODE_LINES@/{r $STATE_DIR/node-lines" -e "d}" \
+      "$HERE/slurm.conf.in" >"$tmp"
+  mv "$tmp" "$CONF"
+}
+
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+running() {
+  [ -f "$CONF" ] && pid_alive "$STATE_DIR/run/slurmctld.pid" || return 1
+  local n
+  for n in $(node_names); do pid_alive "$STATE_DIR/run/slurmd-$n.pid" || return 1; done
+  SLURM_CONF=$CONF timeout 10 sinfo -h -o %D >/dev/null 2>&1
+}
+
+wait_idle() {
+  # All nodes answering (idle, or busy from an earlier run's jobs) within 30 s.
+  local deadline=$((SECONDS + 30)) up
+  while [ $SECONDS -lt $deadline ]; do
+    up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail)' || true)
+    [ "$up" = "$NNODES" ] && return 0
+    sleep 0.5
+  done
+  log "nodes not up after 30 s: $(SLURM_CONF=$CONF sinfo -N -h -o '%N %T' 2>&1 | tr '\n' ' ')"
+  return 1
+}
+
+start() {
+  install_slurm
+  if running; then
+    log "already running ($CONF)"
+    echo "SLURM_CONF=$CONF"
+    return 0
+  fi
+  stop_daemons
+  write_conf
+  log "starting slurmctld and $NNODES slurmd under $STATE_DIR"
+  # -c: start clean, without jobs left by an earlier run.
+  slurmctld -f "$CONF" -c
+  local n
+  for n in $(node_names); do slurmd -f "$CONF" -N "$n"; done
+  if ! wait_idle; then
+    log "start failed; logs in $STATE_DIR/log"
+    exit 1
+  fi
+  log "running: $NNODES nodes"
+  echo "SLURM_CONF=$CONF"
+}
+
+stop_daemons() {
+  # TERM every daemon at once, wait up to 10 s for all, then KILL what is left.
+  local f pid pids=() i
+  for f in "$STATE_DIR"/run/slurmd-*.pid "$STATE_DIR/run/slurmctld.pid"; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid")
+    fi
+    rm -f "$f"
+  done
+  for i in $(seq 1 100); do
+    local alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+}
+
+stop() {
+  if [ -f "$CONF" ] && pid_alive "$STATE_DIR/run/slurmctld.pid"; then
+    # Cancel jobs first: a job step's slurmstepd outlives a stopped slurmd.
+    SLURM_CONF=$CONF scancel --full --user "$(id -un)" 2>/dev/null || true
+    local deadline=$((SECONDS + 20))
+    while [ $SECONDS -lt $deadline ] && [ -n "$(SLURM_CONF=$CONF squeue -h -o %i 2>/dev/null)" ]; do
+      sleep 0.5
+    done
+  fi
+  stop_daemons
+  log "stopped"
+}
+
+status() {
+  if running; then
+    echo "SLURM_CONF=$CONF"
+    SLURM_CONF=$CONF sinfo -N -o '%N %P %T' >&2
+    return 0
+  fi
+  log "not running ($STATE_DIR)"
+  return 1
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) status ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,229 @@
+"""Shared fixtures: a real local Slurm cluster and a real sshd, started or reused.
+
+Both skip (with the reason) where they cannot run: Slurm needs its Debian packages, which
+``scripts/slurm/local-cluster.sh`` installs only as root; sshd needs ``/usr/sbin/sshd``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CLUSTER_SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+# ---------------------------------------------------------------------- Slurm
+
+
+@dataclass
+class SlurmCluster:
+    """A running local cluster: ``env`` has SLURM_CONF; helpers run Slurm's commands."""
+
+    conf: Path
+    nodes: tuple[str, ...]
+    started_here: bool
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def run(self, argv: Sequence[str], check: bool = True) -> str:
+        done = subprocess.run(
+            list(argv),
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr}")
+        return done.stdout
+
+    def sbatch(self, *args: str) -> str:
+        """Submit ``sleep`` work; returns the job id."""
+        out = self.run(["sbatch", "--parsable", "-o", "/dev/null", *args])
+        return out.strip().split(";")[0]
+
+    def states(self) -> dict[str, str]:
+        out = self.run(["sinfo", "-N", "-h", "-o", "%N|%T"])
+        return dict(line.split("|") for line in out.split())
+
+    def reset(self) -> None:
+        """Cancel every job, drop reservations, resume nodes; wait for all idle."""
+        self.run(["scancel", "--full", "--user", os.environ.get("USER", "root")], check=False)
+        self.run(["scancel", "--full", "-u", "root"], check=False)
+        for line in self.run(["scontrol", "show", "res", "-o"], check=False).splitlines():
+            if line.startswith("ReservationName="):
+                name = line.split()[0].split("=", 1)[1]
+                self.run(["scontrol", "delete", f"reservation={name}"], check=False)
+        for node, state in self.states().items():
+            if state.startswith(("drain", "down")):
+                self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        wait_until(
+            lambda: (
+                not self.run(["squeue", "-h", "-o", "%i"]).strip()
+                and all(s == "idle" for s in self.states().values())
+            ),
+            40,
+            "all jobs gone and all nodes idle",
+        )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """Start the local cluster (or reuse a running one); stop it only if started here."""
+    if not CLUSTER_SCRIPT.exists():
+        pytest.skip(f"{CLUSTER_SCRIPT} is missing")
+    status = subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), "status"], capture_output=True, text=True, check=False
+    )
+    started_here = status.returncode != 0
+    if started_here:
+        if os.geteuid() != 0 and not shutil.which("slurmctld"):
+            pytest.skip("Slurm is not installed and installing it needs root")
+        done = subprocess.run(
+            ["bash", str(CLUSTER_SCRIPT), "start"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if done.returncode == 3:
+            pytest.skip(f"no local Slurm: {done.stderr.strip().splitlines()[-1]}")
+        if done.returncode != 0:
+            pytest.fail(f"local-cluster.sh start failed ({done.returncode}): {done.stderr}")
+        out = done.stdout
+    else:
+        out = status.stdout
+    conf = Path(out.strip().splitlines()[-1].split("=", 1)[1])
+    nnodes = int(os.environ.get("NNODES", "8"))
+    cluster = SlurmCluster(conf, tuple(f"node{i}" for i in range(1, nnodes + 1)), started_here)
+    try:
+        yield cluster
+    finally:
+        if started_here:
+            subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, check=False)
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster, clean (no jobs, no reservations, all idle) before and after the test."""
+    slurm_cluster.reset()
+    yield slurm_cluster
+    slurm_cluster.reset()
+
+
+# ---------------------------------------------------------------------- sshd
+
+
+@dataclass(frozen=True)
+class SshServer:
+    """A real sshd on 127.0.0.1: log in as ``user`` with ``key``, checked by ``known_hosts``."""
+
+    host: str
+    port: int
+    user: str
+    key: Path
+    known_hosts: Path
+    host_public_key: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """sshd on a free high port with its own config and keys under a temp dir."""
+    sshd_bin = shutil.which("sshd") or "/usr/sbin/sshd"
+    keygen = shutil.which("ssh-keygen")
+    if not Path(sshd_bin).exists() or keygen is None:
+        pytest.skip("sshd or ssh-keygen is not installed (apt-get install openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(
+            [keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
+            check=True,
+            capture_output=True,
+        )
+    (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
+    (d / "authorized_keys").chmod(0o600)
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+    port = _free_port()
+    config = d / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {d / 'host_key'}",
+                f"PidFile {d / 'sshd.pid'}",
+                f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "PermitRootLogin prohibit-password",
+                "LogLevel ERROR",
+                "",
+            ]
+        )
+    )
+    log = (d / "sshd.log").open("w")
+    proc = subprocess.Popen(
+        [sshd_bin, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
+    )
+
+    def accepting() -> bool:
+        if proc.poll() is not None:
+            return True
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until(accepting, 10, f"sshd on port {port}")
+        if proc.poll() is not None:
+            pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text().strip()[:300]}")
+        host_pub = (d / "host_key.pub").read_text().split()
+        known = d / "known_hosts"
+        known.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+        user = (
+            os.environ.get("USER")
+            or subprocess.run(
+                ["id", "-un"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+        yield SshServer("127.0.0.1", port, user, d / "client_key", known, " ".join(host_pub[:2]))
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        log.close()

@@ -1,0 +1,121 @@
+"""``bftrainer trace stats`` and ``bftrainer trace synth`` through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bftrainer.cli import cli
+from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
+from bftrainer.idle_monitor.trace import load_trace
+
+SHARED = Path(
+    os.environ.get("BFTRAINER_SHARED_DATA")
+    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+)
+SUMMIT_WEEK = SHARED / "bftrainer-traces" / "summit_week1_node_events.csv.gz"
+
+SMALL = """time,node,idle
+2021-02-10 00:00:00,a,1
+2021-02-10 00:00:00,b,0
+2021-02-10 00:30:00,b,1
+2021-02-10 00:40:00,a,0
+2021-02-10 01:00:00,b,0
+"""
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_stats_json(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(SMALL)
+    code, out = run("trace", "stats", str(path), "--json")
+    assert code == 0, out
+    stats = json.loads(out)
+    assert stats["nodes"] == 2
+    assert stats["duration_h"] == 1.0
+    assert stats["events"] == 3
+    assert stats["inc_per_h"] == 1.0 and stats["dec_per_h"] == 2.0
+    # idle: a for 40 min + b for 30 min over 2 nodes x 60 min
+    assert stats["idle_ratio"] == pytest.approx(70 / 120)
+    assert stats["fragments"] == 1 and stats["fragment_median_s"] == 1800.0
+
+
+def test_stats_text_slices_and_plots(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(SMALL)
+    code, out = run(
+        "trace", "stats", str(path), "--nodes", "1:2", "--start", "2021-02-10T00:15:00Z",
+        "--plots", str(tmp_path / "plots"),
+    )  # fmt: skip
+    assert code == 0, out
+    assert "(1 nodes)" in out and "duration    0.8 h, 2 events" in out
+    assert (tmp_path / "plots" / "fragments_cdf.png").exists()
+    assert (tmp_path / "plots" / "events_12h.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nodes", "1024"], "--nodes '1024' must be A:B"),
+        (["--nodes", "5:5"], "is empty"),
+        (["--nodes", "7:9"], "selects no node of the 2"),
+        (["--start", "soon"], "--start: bad time 'soon'"),
+        (["--start", "2021-02-09"], "is before"),
+    ],
+)
+def test_stats_bad_options_exit_2_with_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(SMALL)
+    code, out = run("trace", "stats", str(path), *args)
+    assert code == 2
+    assert message in out
+
+
+def test_stats_bad_file_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(SMALL.replace("00:40:00,a,0", "00:40:00,a,idle"))
+    code, out = run("trace", "stats", str(path))
+    assert code == 2
+    assert "t.csv:5: unknown idle value 'idle' for node 'a'" in out
+
+
+def test_synth_writes_the_seeded_trace(tmp_path: Path) -> None:
+    out = tmp_path / "syn.csv"
+    code, text = run(
+        "trace", "synth", "--nodes", "32", "--hours", "2", "--seed", "5", "--out", str(out)
+    )
+    assert code == 0, text
+    assert text.startswith(f"wrote {out}: 32 nodes, 2 h")
+    expected = synthetic_trace(SyntheticConfig(nodes=32, duration_s=7200.0, seed=5))
+    got = load_trace(out)
+    assert (got.nodes, got.initial_idle, got.events, got.end_s) == (
+        expected.nodes,
+        expected.initial_idle,
+        expected.events,
+        expected.end_s,
+    )
+
+
+@pytest.mark.data
+@pytest.mark.skipif(not SUMMIT_WEEK.exists(), reason=f"Summit log not found at {SUMMIT_WEEK}")
+def test_summit_week_as_the_reference_replayer_sees_it() -> None:
+    """The 1,024-node slice from the first job (docs/notes: 6,457 events over 147.6 h)."""
+    code, out = run(
+        "trace", "stats", str(SUMMIT_WEEK), "--nodes", "0:1024", "--start", "2021-02-10 20:21:15",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, out
+    stats = json.loads(out)
+    assert stats["nodes"] == 1024
+    assert stats["events"] == 6457
+    assert round(stats["duration_h"], 1) == 147.6
