@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bftrainer allocate examples/problem.json
+	$(BIN)/bftrainer replay --policy milp,equal --out $(DEMO_OUT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

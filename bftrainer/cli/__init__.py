@@ -64,9 +64,19 @@ class JsonFormatter(logging.Formatter):
 
 def _register() -> None:
     # One line per command module; each module defines one click command or group.
-    from bftrainer.cli import allocate
+    from bftrainer.cli import allocate, goodput
 
     cli.add_command(allocate.allocate_cmd)
+    cli.add_command(goodput.goodput)
+    from bftrainer.cli import pool
+
+    cli.add_command(pool.pool_cmd)
+    from bftrainer.cli import replay
+
+    cli.add_command(replay.replay_cmd)
+    from bftrainer.cli import trace
+
+    cli.add_command(trace.trace)
 
 
 _register()

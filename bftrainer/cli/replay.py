@@ -1,0 +1,322 @@
+"""``bftrainer replay``: replay a pool trace with simulated trainers, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from bftrainer.cli import UsageError
+from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
+from bftrainer.idle_monitor.trace import (
+    Trace,
+    TraceFormatError,
+    TraceRangeError,
+    load_trace,
+    parse_time_s,
+)
+from bftrainer.jobs import JobSpec
+from bftrainer.milp import FORMULATIONS, SOLVERS
+from bftrainer.milp.problem import FAIRNESS_P_RANGE, OBJECTIVES
+from bftrainer.replay.output import summary_table, write_result
+from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
+from bftrainer.replay.run import POLICIES, ReplayConfig, ReplayError, ReplayResult, replay
+from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
+from bftrainer.replay.zoo import ZOO_SPS
+
+
+def parse_node_slice(text: str | None) -> slice | None:
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        lo, hi = (int(p) if p else None for p in parts)
+    except ValueError:
+        raise UsageError(f"--nodes {text!r}: expected START:STOP, e.g. 0:1024") from None
+    return slice(lo, hi)
+
+
+def _time(text: str | None, option: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time_s(text)
+    except ValueError as e:
+        raise UsageError(f"{option} {text!r}: {e}") from None
+
+
+@click.command("replay")
+@click.argument("trace_path", metavar="[TRACE]", required=False, type=click.Path(dir_okay=False))
+@click.option("--nodes", "node_slice", help="Nodes by first-seen order, e.g. 0:1024.")
+@click.option("--start", help="Replay from this time (YYYY-mm-dd HH:MM:SS, ISO-8601 or epoch s).")
+@click.option("--end", help="Replay until this time.")
+@click.option(
+    "--synthetic-nodes",
+    default=512,
+    show_default=True,
+    help="Without TRACE: nodes of the synthetic trace.",
+)
+@click.option(
+    "--synthetic-hours", default=24.0, show_default=True, help="Without TRACE: its duration."
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed of the synthetic trace and workload."
+)
+@click.option(
+    "--jobs", "jobs_path", type=click.Path(dir_okay=False), help="A paper job set (*-Jbnd-*.csv)."
+)
+@click.option(
+    "--profiles",
+    "profiles_path",
+    type=click.Path(dir_okay=False),
+    help="Its profiles (*-JNPs-*.csv); found by name if omitted.",
+)
+@click.option(
+    "--workload",
+    type=click.Choice(["hpo", "diverse"]),
+    default="hpo",
+    show_default=True,
+    help="Built-in workload when --jobs is not given.",
+)
+@click.option(
+    "--jobs-count", default=1000, show_default=True, help="Jobs of the built-in workload."
+)
+@click.option(
+    "--model",
+    type=click.Choice(list(ZOO_SPS)),
+    default="shufflenet",
+    show_default=True,
+    help="Model of the hpo workload.",
+)
+@click.option(
+    "--interval",
+    "interval_s",
+    default=36.0,
+    show_default=True,
+    help="Seconds between arrivals (mean, for diverse).",
+)
+@click.option(
+    "--policy",
+    "policies",
+    default="milp",
+    show_default=True,
+    help=f"Comma list of {', '.join(POLICIES)}.",
+)
+@click.option(
+    "--tfwd", "t_fwd_s", default=120.0, show_default=True, help="T_fwd of the milp policy, seconds."
+)
+@click.option(
+    "--objective",
+    type=click.Choice(list(OBJECTIVES)),
+    default="throughput",
+    show_default=True,
+)
+@click.option("--formulation", type=click.Choice(FORMULATIONS), default="count", show_default=True)
+@click.option("--solver", type=click.Choice(SOLVERS), default="highs", show_default=True)
+@click.option(
+    "--time-limit",
+    "time_limit_s",
+    default=10.0,
+    show_default=True,
+    help="Solver limit per event, seconds.",
+)
+@click.option(
+    "--fairness-p",
+    type=click.FloatRange(*FAIRNESS_P_RANGE),
+    default=1.0,
+    show_default=True,
+    help="Pollux's fairness knob for the milp objective (1: plain sum; -1: Pollux's).",
+)
+@click.option(
+    "--fair-share-speedup/--no-fair-share-speedup",
+    default=False,
+    help="Value each trainer as speedup over its fair share of the pool.",
+)
+@click.option(
+    "--max-parallel",
+    "max_trainers",
+    default=10,
+    show_default=True,
+    help="P_jmax: trainers at once.",
+)
+@click.option("--window-hours", default=6.0, show_default=True, help="Window of the per-window U.")
+@click.option(
+    "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
+)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option(
+    "--progress/--no-progress", default=True, help="Progress bar on stderr (when a terminal)."
+)
+def replay_cmd(
+    trace_path: str | None,
+    node_slice: str | None,
+    start: str | None,
+    end: str | None,
+    synthetic_nodes: int,
+    synthetic_hours: float,
+    seed: int,
+    jobs_path: str | None,
+    profiles_path: str | None,
+    workload: str,
+    jobs_count: int,
+    model: str,
+    interval_s: float,
+    policies: str,
+    t_fwd_s: float,
+    objective: str,
+    formulation: str,
+    solver: str,
+    time_limit_s: float,
+    fairness_p: float,
+    fair_share_speedup: bool,
+    max_trainers: int,
+    window_hours: float,
+    sweep: str | None,
+    out_dir: Path,
+    progress: bool,
+) -> None:
+    """Replay TRACE (or the embedded synthetic default) with simulated trainers.
+
+    Writes summary.json, events.csv, trainers.csv, windows.csv and PNG plots to --out,
+    and prints a short table. With several policies or a sweep, each run has its own
+    folder and the top-level summary.json lists them all. See docs/replay.md.
+    """
+    trace = _load(trace_path, node_slice, start, end, synthetic_nodes, synthetic_hours, seed)
+    jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
+    base = ReplayConfig(
+        t_fwd_s=t_fwd_s,
+        objective=objective,
+        formulation=formulation,
+        solver=solver,
+        time_limit_s=time_limit_s,
+        max_trainers=max_trainers,
+        window_s=window_hours * 3600,
+        fairness_p=fairness_p,
+        fair_share_speedup=fair_share_speedup,
+    )
+    if sweep:
+        configs = [replace(base, policy="milp", t_fwd_s=v) for v in _sweep_values(sweep)]
+    else:
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        for p in names:
+            if p not in POLICIES:
+                raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
+        configs = [replace(base, policy=p) for p in names]
+    try:
+        results = _run_all(trace, jobs, configs, progress)
+    except ReplayError as e:
+        raise UsageError(str(e)) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if len(results) == 1:
+        write_result(results[0], out_dir)
+    else:
+        for r in results:
+            write_result(r, out_dir / _label(r))
+        runs = [json.loads((out_dir / _label(r) / "summary.json").read_text()) for r in results]
+        (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    plot_windows(results, out_dir / "utilization_per_window.png")
+    plot_costs(results, out_dir / "costs.png")
+    if sweep:
+        plot_sweep(results, out_dir / "utilization_vs_tfwd.png")
+    click.echo(summary_table(results))
+    click.echo(f"\nwrote {out_dir}/")
+
+
+def _label(r: ReplayResult) -> str:
+    c = r.config
+    return f"milp-tfwd{c.t_fwd_s:g}" if c.policy == "milp" else c.policy
+
+
+def _sweep_values(text: str) -> list[float]:
+    key, _, values = text.partition("=")
+    if key.strip() != "tfwd" or not values:
+        raise UsageError(f"--sweep {text!r}: expected tfwd=V1,V2,... (seconds)")
+    try:
+        out = [float(v) for v in values.split(",")]
+    except ValueError:
+        raise UsageError(f"--sweep {text!r}: values must be numbers of seconds") from None
+    if any(v < 0 for v in out):
+        raise UsageError(f"--sweep {text!r}: T_fwd must be >= 0")
+    return out
+
+
+def _load(
+    path: str | None,
+    nodes: str | None,
+    start: str | None,
+    end: str | None,
+    synthetic_nodes: int,
+    synthetic_hours: float,
+    seed: int,
+) -> Trace:
+    node_slice = parse_node_slice(nodes)
+    start_s, end_s = _time(start, "--start"), _time(end, "--end")
+    try:
+        if path is None:
+            trace = synthetic_trace(
+                SyntheticConfig(nodes=synthetic_nodes, duration_s=synthetic_hours * 3600, seed=seed)
+            )
+            if node_slice or start_s is not None or end_s is not None:
+                trace = trace.slice(nodes=node_slice, start_s=start_s, end_s=end_s)
+            return trace
+        return load_trace(path, nodes=node_slice, start_s=start_s, end_s=end_s)
+    except (TraceFormatError, TraceRangeError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+
+
+def _jobs(
+    jobs_path: str | None,
+    profiles_path: str | None,
+    workload: str,
+    count: int,
+    model: str,
+    interval_s: float,
+    seed: int,
+    trace: Trace,
+) -> list[JobSpec]:
+    try:
+        if jobs_path:
+            return read_paper_jobs(Path(jobs_path), Path(profiles_path) if profiles_path else None)
+        if workload == "hpo":
+            return hpo_workload(count, trace.start_s, model=model, interval_s=interval_s)
+        return diverse_workload(count, trace.start_s, mean_interarrival_s=interval_s, seed=seed)
+    except WorkloadError as e:
+        raise UsageError(str(e)) from None
+
+
+def _run_one(args: tuple[Trace, list[JobSpec], ReplayConfig]) -> ReplayResult:
+    trace, jobs, config = args
+    return replay(trace, jobs, config)
+
+
+def _run_all(
+    trace: Trace, jobs: list[JobSpec], configs: list[ReplayConfig], progress: bool
+) -> list[ReplayResult]:
+    if len(configs) > 1:
+        workers = min(len(configs), os.cpu_count() or 1)
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(
+                tqdm(
+                    pool.map(_run_one, [(trace, jobs, c) for c in configs]),
+                    total=len(configs),
+                    desc="replays",
+                    unit="run",
+                    disable=not progress or None,
+                )
+            )
+        return results
+    with tqdm(total=1000, desc=configs[0].policy, unit="‰", disable=not progress or None) as bar:
+
+        def update(fraction: float) -> None:
+            bar.update(int(fraction * 1000) - bar.n)
+
+        return [replay(trace, jobs, configs[0], on_progress=update)]

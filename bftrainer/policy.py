@@ -1,0 +1,88 @@
+"""Allocation policies: pure functions of the pool and the admitted trainers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bftrainer.loop import Decision, TrainerState
+from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp.mapping import map_counts
+
+
+@dataclass(frozen=True)
+class MilpPolicy:
+    """The BFTrainer allocator (``docs/allocator.md``) at every event."""
+
+    t_fwd_s: float = 120.0
+    objective: str = "throughput"
+    formulation: str = "count"
+    solver: str = "highs"
+    time_limit_s: float = 10.0
+    fairness_p: float = 1.0
+    fair_share_speedup: bool = False
+    name: str = "milp"
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+        problem = Problem(
+            pool=pool,
+            trainers=tuple(
+                TrainerSpec(
+                    id=t.id,
+                    n_min=t.job.n_min,
+                    n_max=t.job.n_max,
+                    rescale_up_s=t.job.rescale_up_s,
+                    rescale_down_s=t.job.rescale_down_s,
+                    curve=t.curve("goodput" if self.objective == "goodput" else "throughput"),
+                    nodes=t.nodes,
+                )
+                for t in trainers
+            ),
+            t_fwd_s=self.t_fwd_s,
+            objective=self.objective,
+            max_trainers=max(len(trainers), 1),
+            fairness_p=self.fairness_p,
+            fair_share_speedup=self.fair_share_speedup,
+        )
+        result = allocate(
+            problem,
+            formulation=self.formulation,
+            solver=self.solver,
+            time_limit_s=self.time_limit_s,
+        )
+        return Decision(dict(result.nodes), result.status, result.solve_s)
+
+
+@dataclass(frozen=True)
+class EqualSharePolicy:
+    """The paper's baseline: an equal share of the pool for each admitted trainer, within
+    its limits; leftover nodes go first come, first served. Oblivious to rescale costs."""
+
+    name: str = "equal"
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+        counts = equal_share_counts([(t.id, t.job.n_min, t.job.n_max) for t in trainers], len(pool))
+        current = {t.id: t.nodes for t in trainers}
+        return Decision(map_counts(current, counts, pool))
+
+
+def equal_share_counts(limits: list[tuple[str, int, int]], pool_size: int) -> dict[str, int]:
+    """Counts for (id, n_min, n_max) in arrival order: the latest arrivals drop out until
+    an equal share reaches everyone's n_min; then leftovers fill up in arrival order."""
+    active = list(limits)
+    while active:
+        share = pool_size // len(active)
+        if all(share >= n_min for _, n_min, _ in active):
+            break
+        active.pop()
+    counts = {tid: 0 for tid, _, _ in limits}
+    if not active:
+        return counts
+    share = pool_size // len(active)
+    for tid, _, n_max in active:
+        counts[tid] = min(share, n_max)
+    left = pool_size - sum(counts.values())
+    for tid, _, n_max in active:
+        extra = min(left, n_max - counts[tid])
+        counts[tid] += extra
+        left -= extra
+    return counts

@@ -1,0 +1,103 @@
+"""What a replay writes: summary.json, events.csv, trainers.csv, windows.csv, plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from bftrainer.idle_monitor.trace import format_time
+from bftrainer.loop import Step
+from bftrainer.replay.run import ReplayResult
+
+TRAINER_COLUMNS = [
+    "id",
+    "model",
+    "submit",
+    "started",
+    "finished",
+    "progress_samples",
+    "work_samples",
+    "rescales",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
+]
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: write null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_result(result: ReplayResult, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {k: _clean(v) for k, v in result.summary.items()}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with (out_dir / "events.csv").open("w", newline="") as f:
+        names = [f.name for f in fields(Step)]
+        w = csv.writer(f)
+        w.writerow(["time", *names])
+        for s in result.metrics.steps:
+            row = asdict(s)
+            w.writerow([format_time(s.time_s), *(row[n] for n in names)])
+    with (out_dir / "trainers.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(TRAINER_COLUMNS)
+        for t in result.trainers:
+            w.writerow(
+                [
+                    t.id,
+                    t.job.model,
+                    format_time(t.job.submit_s),
+                    format_time(t.started_s) if t.started_s is not None else "",
+                    format_time(t.finished_s) if t.finished_s is not None else "",
+                    round(t.progress_samples),
+                    round(t.job.work_samples),
+                    t.rescales,
+                    round(t.rescale_cost_samples),
+                    round(t.preemption_cost_samples),
+                ]
+            )
+    with (out_dir / "windows.csv").open("w", newline="") as f:
+        if result.windows:
+            w2 = csv.DictWriter(f, fieldnames=list(result.windows[0]))
+            w2.writeheader()
+            w2.writerows(result.windows)
+
+
+def summary_table(results: Sequence[ReplayResult]) -> str:
+    """A short table, one column per replay."""
+    rows = [
+        (
+            "policy",
+            lambda s: s["policy"] + (f" T_fwd={s['t_fwd']:g}" if s["policy"] == "milp" else ""),
+        ),
+        ("events", lambda s: f"{s['events']:,}"),
+        ("hours", lambda s: f"{s['hours']:.1f}"),
+        ("eq. nodes", lambda s: f"{s['eq_nodes']:.1f}"),
+        ("U (A_e / A_s)", lambda s: _pct(s["utilization_efficiency"])),
+        ("samples processed", lambda s: f"{s['samples_processed']:.3e}"),
+        ("rescale cost", lambda s: f"{s['rescale_cost_samples']:.3e}"),
+        ("preemption cost", lambda s: f"{s['preemption_cost_samples']:.3e}"),
+        ("trainers done", lambda s: f"{s['trainers_completed']}/{s['trainers_arrived']}"),
+        ("events/s", lambda s: f"{s['events_per_s']:.0f}" if s["events_per_s"] else "-"),
+    ]
+    table = [[name] + [fmt(r.summary) for r in results] for name, fmt in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in table
+    )
+
+
+def _pct(u: float | None) -> str:
+    return "-" if u is None or not math.isfinite(u) else f"{100 * u:.1f}%"
