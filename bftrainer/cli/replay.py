@@ -12,13 +12,13 @@ import click
 from tqdm import tqdm
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.trace import parse_node_range, parse_time_option
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import (
     Trace,
     TraceFormatError,
     TraceRangeError,
     load_trace,
-    parse_time_s,
 )
 from bftrainer.jobs import JobSpec
 from bftrainer.milp import FORMULATIONS, SOLVERS
@@ -28,28 +28,6 @@ from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
 from bftrainer.replay.run import POLICIES, ReplayConfig, ReplayError, ReplayResult, replay
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
-
-
-def parse_node_slice(text: str | None) -> slice | None:
-    if text is None:
-        return None
-    parts = text.split(":")
-    try:
-        if len(parts) != 2:
-            raise ValueError
-        lo, hi = (int(p) if p else None for p in parts)
-    except ValueError:
-        raise UsageError(f"--nodes {text!r}: expected START:STOP, e.g. 0:1024") from None
-    return slice(lo, hi)
-
-
-def _time(text: str | None, option: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        return parse_time_s(text)
-    except ValueError as e:
-        raise UsageError(f"{option} {text!r}: {e}") from None
 
 
 @click.command("replay")
@@ -256,8 +234,9 @@ def _load(
     synthetic_hours: float,
     seed: int,
 ) -> Trace:
-    node_slice = parse_node_slice(nodes)
-    start_s, end_s = _time(start, "--start"), _time(end, "--end")
+    node_slice = parse_node_range(nodes)
+    start_s = parse_time_option("--start", start)
+    end_s = parse_time_option("--end", end)
     try:
         if path is None:
             trace = synthetic_trace(

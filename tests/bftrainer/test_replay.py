@@ -216,7 +216,7 @@ def test_cli_sweep_plots_u_against_tfwd(tmp_path: Path) -> None:
         (["--policy", "greedy"], "--policy 'greedy'"),
         (["--sweep", "tfwd=a,b"], "--sweep"),
         (["/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
-        (["--start", "yesterday"], "--start 'yesterday'"),
+        (["--start", "yesterday"], "--start: bad time 'yesterday'"),
     ],
 )
 def test_cli_replay_bad_input_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
