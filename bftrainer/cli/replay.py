@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -25,6 +26,22 @@ from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import FAIRNESS_P_RANGE, OBJECTIVES
 from bftrainer.replay.output import summary_table, write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
+from bftrainer.replay.pollux_sim import (
+    PolluxDriverFactory,
+    PolluxReport,
+    PolluxSimOptions,
+    plot_efficiency,
+    pollux_summary,
+    pollux_table,
+    write_pollux_outputs,
+)
+from bftrainer.replay.pollux_workload import (
+    PolluxWorkloadError,
+    generate_pollux_workload,
+    read_pollux_workload,
+    resolve_data_dir,
+    resolve_workload_path,
+)
 from bftrainer.replay.run import POLICIES, ReplayConfig, ReplayError, ReplayResult, replay
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
@@ -58,10 +75,27 @@ from bftrainer.replay.zoo import ZOO_SPS
 )
 @click.option(
     "--workload",
-    type=click.Choice(["hpo", "diverse"]),
+    type=click.Choice(["hpo", "diverse", "pollux"]),
     default="hpo",
     show_default=True,
-    help="Built-in workload when --jobs is not given.",
+    help="Built-in workload when --jobs is not given (pollux: docs/goodput-replay.md).",
+)
+@click.option(
+    "--pollux-data",
+    type=click.Path(file_okay=False),
+    help="Pollux simulator data (traces/<app>/); default $BFTRAINER_POLLUX_DATA or "
+    "../shared/data/pollux-sim beside the repository.",
+)
+@click.option(
+    "--pollux-workload",
+    help="With --workload pollux: a workload CSV, or N for workloads/workload-N.csv of "
+    "--pollux-data; without it, --jobs-count jobs cycling the six applications.",
+)
+@click.option(
+    "--batch-adapt/--no-batch-adapt",
+    default=True,
+    show_default=True,
+    help="With --workload pollux: trainers pick their batch size by goodput at every rescale.",
 )
 @click.option(
     "--jobs-count", default=1000, show_default=True, help="Jobs of the built-in workload."
@@ -143,6 +177,9 @@ def replay_cmd(
     jobs_path: str | None,
     profiles_path: str | None,
     workload: str,
+    pollux_data: str | None,
+    pollux_workload: str | None,
+    batch_adapt: bool,
     jobs_count: int,
     model: str,
     interval_s: float,
@@ -167,7 +204,15 @@ def replay_cmd(
     folder and the top-level summary.json lists them all. See docs/replay.md.
     """
     trace = _load(trace_path, node_slice, start, end, synthetic_nodes, synthetic_hours, seed)
-    jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
+    factory = None
+    if workload == "pollux" and not jobs_path:
+        jobs, factory = _pollux(
+            pollux_data, pollux_workload, batch_adapt, jobs_count, interval_s, seed, trace
+        )
+    else:
+        if pollux_workload is not None:
+            raise UsageError("--pollux-workload needs --workload pollux (and no --jobs)")
+        jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
     base = ReplayConfig(
         t_fwd_s=t_fwd_s,
         objective=objective,
@@ -188,9 +233,14 @@ def replay_cmd(
                 raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
         configs = [replace(base, policy=p) for p in names]
     try:
-        results = _run_all(trace, jobs, configs, progress)
+        outcomes = _run_all(trace, jobs, configs, progress, factory)
     except ReplayError as e:
         raise UsageError(str(e)) from None
+    results = [r for r, _ in outcomes]
+    for r, rep in outcomes:
+        if rep is not None:
+            end_s = r.metrics.start_s + r.summary["hours"] * 3600
+            r.summary.update(pollux_summary(r.trainers, end_s, rep))
     out_dir.mkdir(parents=True, exist_ok=True)
     if len(results) == 1:
         write_result(results[0], out_dir)
@@ -203,7 +253,14 @@ def replay_cmd(
     plot_costs(results, out_dir / "costs.png")
     if sweep:
         plot_sweep(results, out_dir / "utilization_vs_tfwd.png")
+    reports = [(r, rep) for r, rep in outcomes if rep is not None]
+    for r, rep in reports:
+        write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if len(results) > 1 else out_dir)
+    if len(reports) > 1:
+        plot_efficiency([(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
     click.echo(summary_table(results))
+    if reports:
+        click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
     click.echo(f"\nwrote {out_dir}/")
 
 
@@ -272,20 +329,37 @@ def _jobs(
         raise UsageError(str(e)) from None
 
 
-def _run_one(args: tuple[Trace, list[JobSpec], ReplayConfig]) -> ReplayResult:
-    trace, jobs, config = args
-    return replay(trace, jobs, config)
+Run = tuple[ReplayResult, PolluxReport | None]
+
+
+def _run_one(
+    args: tuple[Trace, list[JobSpec], ReplayConfig, PolluxDriverFactory | None],
+) -> Run:
+    trace, jobs, config, factory = args
+    if factory is None:
+        return replay(trace, jobs, config), None
+    driver = factory()
+    return replay(trace, jobs, config, driver=driver), driver.report()
 
 
 def _run_all(
-    trace: Trace, jobs: list[JobSpec], configs: list[ReplayConfig], progress: bool
-) -> list[ReplayResult]:
+    trace: Trace,
+    jobs: list[JobSpec],
+    configs: list[ReplayConfig],
+    progress: bool,
+    factory: PolluxDriverFactory | None = None,
+) -> list[Run]:
     if len(configs) > 1:
         workers = min(len(configs), os.cpu_count() or 1)
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        # Single-threaded BLAS in each worker: two Pollux replays side by side, each with
+        # OpenBLAS's own threads, ran 8x slower on 2 cores. Spawned workers read the
+        # variable when they import numpy.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
             results = list(
                 tqdm(
-                    pool.map(_run_one, [(trace, jobs, c) for c in configs]),
+                    pool.map(_run_one, [(trace, jobs, c, factory) for c in configs]),
                     total=len(configs),
                     desc="replays",
                     unit="run",
@@ -298,4 +372,32 @@ def _run_all(
         def update(fraction: float) -> None:
             bar.update(int(fraction * 1000) - bar.n)
 
-        return [replay(trace, jobs, configs[0], on_progress=update)]
+        driver = factory() if factory else None
+        result = replay(trace, jobs, configs[0], driver=driver, on_progress=update)
+        return [(result, driver.report() if driver else None)]
+
+
+def _pollux(
+    data: str | None,
+    workload_file: str | None,
+    batch_adapt: bool,
+    count: int,
+    interval_s: float,
+    seed: int,
+    trace: Trace,
+) -> tuple[list[JobSpec], PolluxDriverFactory]:
+    """Jobs of Pollux's applications, submitted from the trace's start, and the factory
+    of their driver."""
+    try:
+        data_dir = resolve_data_dir(data)
+        if workload_file is not None:
+            path = resolve_workload_path(workload_file, data_dir)
+            w = read_pollux_workload(path, data_dir, trace.start_s)
+        else:
+            w = generate_pollux_workload(
+                count, trace.start_s, data_dir, mean_interarrival_s=interval_s, seed=seed
+            )
+    except PolluxWorkloadError as e:
+        raise UsageError(str(e)) from None
+    options = PolluxSimOptions(batch_adapt=batch_adapt, seed=seed)
+    return list(w.jobs), PolluxDriverFactory(tuple(w.apps.items()), data_dir, options)

@@ -17,9 +17,9 @@ bftrainer trainer with the Pollux agent would (docs/goodput-replay.md):
 * **Observation and refits.** A trainer sees its step times as the truth times seeded
   log-normal noise, and its gradient statistics (through the library's smoothed noise
   estimator). It fits its step-time model whenever it has run a configuration its last
-  fit had not seen (the rule of Pollux's simulator), and reports goodput and throughput
-  curves, built through the same ``MetricsRecord`` a live trainer sends, after each fit
-  and every ``report_interval_s``.
+  fit had not seen (the rule of Pollux's simulator, at most once a minute), and reports
+  goodput and throughput curves, built through the same ``MetricsRecord`` a live trainer
+  sends, after each fit and every ``report_interval_s`` while it runs.
 * **Batch size.** Adaptation on: the trainer runs ``best_config(n)`` of its goodput
   model at every rescale and report (Pollux's default before any fit: the smallest batch
   that gives every replica ``min_local_bsz``). Off: a fixed local batch per replica
@@ -28,7 +28,10 @@ bftrainer trainer with the Pollux agent would (docs/goodput-replay.md):
   in samples (so U keeps the meaning of docs/replay.md) and in statistical progress.
 
 The driver learns the virtual clock from ``next_completion_s(trainers, now_s)``, which
-the core loop calls before every ``advance``.
+the core loop calls before every ``advance``. With adaptation on it also answers there
+with the next report time of a running trainer, so that the loop wakes it to re-pick its
+batch size between pool events (such a wake-up is a step with no pool change and no
+decision in ``events.csv``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import TrainerState
@@ -69,6 +73,7 @@ from bftrainer.trainers.throughput import (
 log = logging.getLogger(__name__)
 
 DONE_RTOL = 1e-9
+TIME_EPS_S = 1e-6  # clock comparisons: the loop stops exactly at the times asked for
 LR_RULE = "adascale"
 # Pollux's applications.py bounds yolov3's local batch below what placements.csv measured
 # (memory); every other bound is the profile's own range.
@@ -98,20 +103,22 @@ class PolluxSimOptions:
 
     ``noise``: sigma of the log-normal factor on observed step times (one draw per
     trainer and interval between events). ``report_interval_s``: a trainer reports new
-    curves at least this often while it runs. ``series_bin_s``: width of the efficiency
-    time series.
+    curves at least this often while it runs. ``refit_interval_s``: it refits its
+    step-time model at most this often (Pollux's scheduling interval).
+    ``series_bin_s``: width of the efficiency time series.
     """
 
     batch_adapt: bool = True
     noise: float = 0.05
-    report_interval_s: float = 600.0
+    report_interval_s: float = 60.0
+    refit_interval_s: float = 60.0
     series_bin_s: float = 3600.0
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise) and self.noise >= 0):
             raise PolluxSimError(f"noise is {self.noise!r}, expected a finite number >= 0")
-        for name in ("report_interval_s", "series_bin_s"):
+        for name in ("report_interval_s", "series_bin_s", "refit_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise PolluxSimError(f"{name} is {value!r}, expected a finite number > 0")
@@ -124,7 +131,7 @@ def app_limits(profile: PolluxProfile) -> BatchLimits:
     return BatchLimits(
         base_batch_size=profile.base_batch_size,
         max_batch_size=max(profile.batch_sizes),
-        max_local_bsz=min(hi, MAX_LOCAL_BSZ.get(profile.app, hi)),
+        max_local_bsz=max(lo, min(hi, MAX_LOCAL_BSZ.get(profile.app, hi))),
         min_local_bsz=lo,
     )
 
@@ -158,6 +165,7 @@ class SimApp:
         )
         self._times: dict[tuple[int, int, int], tuple[float, float, bool]] = {}
         self._stats: dict[tuple[int, int], SegmentStats] = {}
+        self._after: dict[int, NDArray[np.float64]] = {}
         self._fallback: ThroughputModel | None = None
 
     # -- limits ------------------------------------------------------------------
@@ -177,17 +185,19 @@ class SimApp:
     # -- configurations ------------------------------------------------------------
     def config(self, nodes: int, local_bsz: int) -> TrainerConfig:
         """``local_bsz`` samples per replica on ``nodes`` nodes, as Pollux's simulator
-        turns a requested batch into one: accumulate past ``max_local_bsz``, accumulate to
-        reach M0, and shrink the local batch to stay within M_max."""
+        turns a requested batch into one: at least ``min_local_bsz``, accumulate past
+        ``max_local_bsz``, accumulate to reach M0, and stay within M_max (fewer micro-steps
+        first, then a smaller local batch)."""
         lim = self.limits
         k = nodes * self.r
         if nodes < 1 or local_bsz < 1:
             raise PolluxSimError(f"{self.name}: nodes={nodes}, local_bsz={local_bsz}: not valid")
+        local_bsz = max(local_bsz, lim.min_local_bsz)
         accum = -(-local_bsz // lim.max_local_bsz) - 1
         atomic = -(-local_bsz // (accum + 1))
         if k * atomic * (accum + 1) < lim.base_batch_size:
             accum = -(-lim.base_batch_size // (k * atomic)) - 1
-        if k * atomic * (accum + 1) > lim.max_batch_size:  # fewer micro-steps, then smaller
+        if k * atomic * (accum + 1) > lim.max_batch_size:
             accum = max(0, lim.max_batch_size // (k * atomic) - 1)
             atomic = min(atomic, lim.max_batch_size // (k * (accum + 1)))
         if atomic < lim.min_local_bsz:
@@ -233,6 +243,27 @@ class SimApp:
     def segment_end(self, segment: int) -> float:
         return float(self.boundaries[segment]) if segment < len(self.boundaries) else math.inf
 
+    def steps_to_target(self, batch_size: int, progress: float) -> float:
+        """Optimizer steps at ``batch_size`` from ``progress`` to the target."""
+        seg = self.segment(progress)
+        end = min(self.segment_end(seg), self.target_progress)
+        head = max(end - progress, 0.0) / self.stats(batch_size, seg).gain
+        after = self._after.get(batch_size)
+        if after is None:
+            after = self._after[batch_size] = self._steps_after(batch_size)
+        return head + float(after[seg])
+
+    def _steps_after(self, batch_size: int) -> NDArray[np.float64]:
+        """after[s]: steps at ``batch_size`` from the end of segment s to the target."""
+        starts = np.concatenate(([0.0], self.boundaries))
+        ends = np.minimum(np.append(self.boundaries, np.inf), self.target_progress)
+        lengths = np.maximum(ends - starts, 0.0)
+        steps = np.zeros(len(lengths))
+        for i in np.flatnonzero(lengths > 0):
+            g = self.profile.grad_stats(batch_size, float(starts[i]))
+            steps[i] = lengths[i] / step_gain(batch_size, self.limits.base_batch_size, g.pgns)
+        return np.append(np.cumsum(steps[::-1])[::-1][1:], 0.0)
+
     def stats(self, batch_size: int, segment: int) -> SegmentStats:
         """Gradient statistics and gain of a step at ``batch_size`` in ``segment``."""
         key = (batch_size, segment)
@@ -276,7 +307,8 @@ class _Trainer:
     seen: dict[TrainerConfig, list[float]] = field(default_factory=dict)
     fitted: frozenset[TrainerConfig] = frozenset()
     model: ThroughputModel | None = None
-    last_report_s: float = -math.inf
+    next_check_s: float = math.inf  # next refit-and-report check while it runs
+    last_fit_s: float = -math.inf
     refits: int = 0
     reports: int = 0
     steps: float = 0.0
@@ -382,7 +414,15 @@ class PolluxSimDriver:
         for t in trainers:
             tr = self._trainer(t)
             if tr.config is not None and not tr.done:
-                best = min(best, now_s + self._time_to_target(tr))
+                done_s = now_s + self._time_to_target(tr)
+                if done_s <= now_s:
+                    # Less than the clock's resolution left (rounding of earlier steps):
+                    # it is done now, or the loop would wait for it forever.
+                    tr.progress = tr.app.target_progress
+                    tr.finished_s = now_s
+                best = min(best, done_s)
+                if self.options.batch_adapt and tr.next_check_s > now_s:
+                    best = min(best, tr.next_check_s)  # wake up to re-pick the batch size
         return best
 
     # -- progress ------------------------------------------------------------------------
@@ -420,14 +460,8 @@ class PolluxSimDriver:
 
     def _time_to_target(self, tr: _Trainer) -> float:
         assert tr.config is not None
-        app, m = tr.app, tr.config.batch_size
-        step_s, _ = app.step_time(tr.config)
-        p, seg, total = tr.progress, app.segment(tr.progress), 0.0
-        while p < app.target_progress:
-            end = min(app.segment_end(seg), app.target_progress)
-            total += (end - p) * step_s / app.stats(m, seg).gain
-            p, seg = end, seg + 1
-        return total
+        step_s, _ = tr.app.step_time(tr.config)
+        return step_s * tr.app.steps_to_target(tr.config.batch_size, tr.progress)
 
     def _integrate(self, t: TrainerState, tr: _Trainer, t0_s: float, dt_s: float) -> float:
         """Run ``tr`` at its configuration from ``t0_s`` for ``dt_s`` (or to its target)."""
@@ -510,9 +544,15 @@ class PolluxSimDriver:
             t = stop
 
     # -- the trainer's own model ---------------------------------------------------------
-    def _refit(self, tr: _Trainer) -> bool:
-        """Fit the step-time model if a configuration was run that the last fit missed."""
+    def _refit(self, tr: _Trainer, now_s: float) -> bool:
+        """Fit the step-time model if a configuration was run that the last fit missed
+        (at most once every ``refit_interval_s`` after the first fit)."""
         if not tr.seen or tr.fitted.issuperset(tr.seen):
+            return False
+        if (
+            tr.model is not None
+            and now_s - tr.last_fit_s < self.options.refit_interval_s - TIME_EPS_S
+        ):
             return False
         obs = [
             StepObservation(c.nodes, c.replicas, c.local_bsz, c.accum_steps, s[1])
@@ -520,6 +560,7 @@ class PolluxSimDriver:
         ]
         tr.model = fit_throughput(obs)
         tr.fitted = frozenset(tr.seen)
+        tr.last_fit_s = now_s
         tr.refits += 1
         return True
 
@@ -549,20 +590,22 @@ class PolluxSimDriver:
         )
 
     def _goodput_model(self, t: TrainerState, tr: _Trainer, now_s: float) -> GoodputModel | None:
-        self._refit(tr)
+        self._refit(tr, now_s)
         if tr.model is None or tr.config is None:
             return None
         return self._record(t, tr, now_s).goodput_model()
 
     def _refit_and_report(self, t: TrainerState, tr: _Trainer, now_s: float) -> None:
-        refitted = self._refit(tr)
-        if not refitted and now_s - tr.last_report_s < self.options.report_interval_s:
+        """After a refit, or when a check is due: report curves and (adapting) re-pick the
+        batch size, as the live agent does on its reporting timer."""
+        refitted = self._refit(tr, now_s)
+        if not refitted and now_s < tr.next_check_s - TIME_EPS_S:
             return
+        tr.next_check_s = now_s + self.options.report_interval_s
         if tr.model is None or tr.config is None:
             return
         gm = self._record(t, tr, now_s).goodput_model()
         t.reported_curves["goodput"], t.reported_curves["throughput"] = self._curves(t, tr, gm)
-        tr.last_report_s = now_s
         tr.reports += 1
         true_s, _ = tr.app.step_time(tr.config)
         predicted = float(
@@ -611,11 +654,14 @@ class PolluxSimDriver:
         """The configuration to run on ``nodes`` nodes (None when it holds none)."""
         if nodes <= 0 or tr.done:
             tr.config = None
+            tr.next_check_s = math.inf
             return
+        now = self._now_s if self._now_s is not None else 0.0
+        # A live agent refits once it has timed some steps of the new configuration.
+        tr.next_check_s = now + self.options.refit_interval_s
         if not self.options.batch_adapt:
             tr.config = tr.app.config(nodes, tr.spec.local_bsz)
         else:
-            now = self._now_s if self._now_s is not None else 0.0
             gm = self._goodput_model(t, tr, now)
             if gm is None:
                 tr.config = tr.app.default_config(nodes)
@@ -696,6 +742,18 @@ class PolluxSimDriver:
             "mean_model_error": statistics.fmean(errors) if errors else None,
         }
         return PolluxReport(asdict(self.options), series, trainers, summary)
+
+
+@dataclass(frozen=True)
+class PolluxDriverFactory:
+    """Makes a fresh driver for each replay; plain data, so it can go to a worker process."""
+
+    jobs: tuple[tuple[str, PolluxJob], ...]
+    data_dir: Path
+    options: PolluxSimOptions = PolluxSimOptions()
+
+    def __call__(self) -> PolluxSimDriver:
+        return PolluxSimDriver(dict(self.jobs), self.data_dir, self.options)
 
 
 def _ratio(a: float, b: float) -> float | None:

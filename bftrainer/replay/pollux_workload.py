@@ -8,8 +8,9 @@ local batch the job keeps when batch-size adaptation is off. The generator cycle
 applications with Poisson arrivals and the base batch per replica.
 
 Every job gets the application's node range (1 .. the largest node count the profile
-measured, within its batch limits) and, as ``JobSpec.curve``, the true throughput of its
-non-adaptive configuration: the prior a policy sees before the trainer reports.
+measured, within its batch limits) and, as ``JobSpec.curve``, the true throughput at the
+application's base batch per replica: the prior a policy sees before the trainer reports
+(and the curve of U's baseline, docs/replay.md).
 ``work_samples`` is the job's target progress in base-batch samples (target x M0); the
 job completes on statistical progress, not on samples.
 """
@@ -110,9 +111,9 @@ def make_job(
     if n_hi < 1:
         raise PolluxWorkloadError(f"job {job_id!r}: n_max {n_max} is below 1")
     local = max(app.limits.min_local_bsz, local_bsz)
-    curve = []
+    curve = []  # the prior: true throughput at the base batch per replica
     for n in range(1, n_hi + 1):
-        config = app.config(n, local)
+        config = app.config(n, app.limits.base_batch_size)
         step_s, _ = app.step_time(config)
         curve.append((float(n), config.batch_size / step_s))
     spec = JobSpec(
