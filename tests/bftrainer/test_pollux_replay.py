@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -43,11 +42,8 @@ from bftrainer.replay.pollux_workload import (
 from bftrainer.replay.run import ReplayConfig, ReplayResult, replay
 from bftrainer.trainers.efficiency import step_gain
 from bftrainer.trainers.pollux_profiles import load_profile
+from tests.shared_data import SHARED
 
-SHARED = Path(
-    os.environ.get("BFTRAINER_SHARED_DATA")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 POLLUX = SHARED / "pollux-sim"
 needs_data = pytest.mark.skipif(
     not (POLLUX / "traces").is_dir(), reason=f"Pollux data not found at {POLLUX}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,11 +15,8 @@ from bftrainer.idle_monitor.synthetic import (
 )
 from bftrainer.idle_monitor.trace import Trace, load_trace, write_trace
 from bftrainer.idle_monitor.trace_stats import fragment_lengths_s, summarize
+from tests.shared_data import SHARED
 
-SHARED = Path(
-    os.environ.get("BFTRAINER_SHARED_DATA")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 FRAGMENTS = SHARED / "bftrainer-traces" / "idle_fragments_seconds.csv"
 
 

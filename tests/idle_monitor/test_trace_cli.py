@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,11 +11,8 @@ from click.testing import CliRunner
 from bftrainer.cli import cli
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import load_trace
+from tests.shared_data import SHARED
 
-SHARED = Path(
-    os.environ.get("BFTRAINER_SHARED_DATA")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 SUMMIT_WEEK = SHARED / "bftrainer-traces" / "summit_week1_node_events.csv.gz"
 
 SMALL = """time,node,idle

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from bftrainer.idle_monitor.trace import load_trace, parse_time_s
+from tests.shared_data import SHARED
 
-SHARED = Path(
-    os.environ.get("BFTRAINER_SHARED_DATA")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 SUMMIT_WEEK = SHARED / "bftrainer-traces" / "summit_week1_node_events.csv.gz"
 
 pytestmark = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,8 @@ from bftrainer.trainers.pollux_profiles import (
     load_profile,
 )
 from bftrainer.trainers.throughput import fit_throughput, predict_step_time
+from tests.shared_data import SHARED
 
-SHARED = Path(
-    os.environ.get("BFTRAINER_SHARED_DATA")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 POLLUX = SHARED / "pollux-sim"
 needs_data = pytest.mark.skipif(
     not (POLLUX / "traces").is_dir(), reason=f"Pollux data not found at {POLLUX}"
