@@ -16,7 +16,11 @@ off (the user's batch per replica). Writes a table (Markdown and JSON) and plots
 ``benchmarks/results/``:
 
     python benchmarks/pollux_compare.py [--nodes 0:1024] [--hours H] [--workers 2]
-                                        [--workload workloads/workload-1.csv]
+                                        [--workload workloads/workload-1.csv] [--tag T]
+                                        [--seeds 0,1,2]
+
+Every case runs once per seed of the trainers' observation noise; the table gives the
+means over seeds (and the spread of the mean JCT), the plots the first seed.
 
 The data is not part of bftrainer: without it this exits with a message.
 """
@@ -32,6 +36,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -80,25 +85,76 @@ class Case:
     batch_adapt: bool
 
 
+KEEP = (
+    "objective",
+    "fairness_p",
+    "fair_share_speedup",
+    "batch_adapt",
+    "seed",
+    "hours",
+    "events",
+    "eq_nodes",
+    "utilization_efficiency",
+    "samples_processed",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
+    "jobs_completed",
+    "jobs_arrived",
+    "mean_jct_s",
+    "median_jct_s",
+    "p95_jct_s",
+    "p99_jct_s",
+    "max_jct_s",
+    "mean_jct_censored_s",
+    "makespan_h",
+    "statistical_efficiency",
+    "mean_statistical_efficiency",
+    "rescales",
+    "refits",
+    "reports",
+    "fallback_time_share",
+    "mean_model_error",
+    "wall_s",
+    "events_per_s",
+)
+
+
 def run_case(
-    args: tuple[Case, Trace, PolluxWorkload],
+    args: tuple[Case, int, Trace, PolluxWorkload],
 ) -> tuple[Case, dict[str, Any], PolluxReport, list[TrainerState]]:
-    case, trace, workload = args
+    case, seed, trace, workload = args
     factory = PolluxDriverFactory(
         tuple(workload.apps.items()),
         workload.data_dir,
-        PolluxSimOptions(batch_adapt=case.batch_adapt),
+        PolluxSimOptions(batch_adapt=case.batch_adapt, seed=seed),
     )
     driver = factory()
     result = replay(trace, list(workload.jobs), case.config, driver=driver)
     report = driver.report()
     end_s = result.metrics.start_s + result.summary["hours"] * 3600
-    summary = {**result.summary, **pollux_summary(result.trainers, end_s, report)}
+    summary = {**result.summary, **pollux_summary(result.trainers, end_s, report), "seed": seed}
     done = [t.finished_s for t in result.trainers if t.finished_s is not None]
     summary["makespan_h"] = (max(done) - result.metrics.start_s) / 3600 if done else None
     summary["rescales"] = sum(t.rescales for t in result.trainers)
-    print(f"{case.name}: {summary['wall_s']:.0f} s, {summary['events']} events", flush=True)
-    return case, summary, report, result.trainers
+    print(
+        f"{case.name} seed {seed}: {summary['wall_s']:.0f} s, {summary['events']} events",
+        flush=True,
+    )
+    return case, {k: summary.get(k) for k in KEEP}, report, result.trainers
+
+
+def mean_over_seeds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric field averaged over the seeds; ``mean_jct_sd_s`` is the spread."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        values = [r[key] for r in runs]
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if numeric and all(v is not None for v in values):
+            out[key] = statistics.fmean(values)
+    jct = [r["mean_jct_s"] for r in runs if r["mean_jct_s"] is not None]
+    out["mean_jct_sd_s"] = statistics.stdev(jct) if len(jct) > 1 else 0.0
+    out["seeds"] = len(runs)
+    return out
 
 
 def table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
@@ -114,13 +170,14 @@ def table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
     )
     lines = [head, "|" + "---|" * 13]
     for name, s in rows:
+        spread = f" ± {s['mean_jct_sd_s'] / 3600:.2f}" if s["seeds"] > 1 else ""
         lines.append(
             f"| {name} | {'adaptive' if s['batch_adapt'] else 'fixed'} "
-            f"| {s['jobs_completed']}/{s['jobs_arrived']} | {h(s['mean_jct_s'])} "
+            f"| {s['jobs_completed']:.0f}/{s['jobs_arrived']:.0f} | {h(s['mean_jct_s'])}{spread} "
             f"| {h(s['median_jct_s'])} | {h(s['p95_jct_s'])} | {h(s['p99_jct_s'])} "
             f"| {f(s['makespan_h'], '.1f')} | {f(s['utilization_efficiency'], '.4f')} "
             f"| {f(s['mean_statistical_efficiency'])} | {f(s['statistical_efficiency'])} "
-            f"| {s['rescales']:,} | {s['wall_s']:.0f} |"
+            f"| {s['rescales']:,.0f} | {s['wall_s']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -133,6 +190,7 @@ def main() -> None:
     ap.add_argument("--nodes", default="0:1024")
     ap.add_argument("--hours", type=float, help="replay only the first H hours")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
+    ap.add_argument("--seeds", default="0,1,2", help="seeds of the observation noise")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="", help="suffix of the output files' names")
@@ -150,6 +208,7 @@ def main() -> None:
     trace = load_trace(args.trace, nodes=slice(lo, hi), start_s=start, end_s=end)
     workload = read_pollux_workload(resolve_workload_path(args.workload, data), data, start)
     print(f"loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+    seeds = [int(x) for x in args.seeds.split(",")]
     cases = [
         Case(
             f"{name}-{'adaptive' if adapt else 'fixed'}",
@@ -161,44 +220,15 @@ def main() -> None:
     ]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        outcomes = list(pool.map(run_case, [(c, trace, workload) for c in cases]))
+        work = [(c, seed, trace, workload) for seed in seeds for c in cases]
+        outcomes = list(pool.map(run_case, work))
     total_s = time.perf_counter() - t0
-    rows = [(c.name, s) for c, s, _, _ in outcomes]
+    per_case = {c.name: [s for oc, s, _, _ in outcomes if oc == c] for c in cases}
+    rows = [(name, mean_over_seeds(runs)) for name, runs in per_case.items()]
     args.out.mkdir(parents=True, exist_ok=True)
     md = table(rows)
     stem = "pollux_compare" + (f"-{args.tag}" if args.tag else "")
     (args.out / f"{stem}.md").write_text(md + "\n")
-    keep = (
-        "objective",
-        "fairness_p",
-        "fair_share_speedup",
-        "batch_adapt",
-        "hours",
-        "events",
-        "eq_nodes",
-        "utilization_efficiency",
-        "samples_processed",
-        "rescale_cost_samples",
-        "preemption_cost_samples",
-        "jobs_completed",
-        "jobs_arrived",
-        "mean_jct_s",
-        "median_jct_s",
-        "p95_jct_s",
-        "p99_jct_s",
-        "max_jct_s",
-        "mean_jct_censored_s",
-        "makespan_h",
-        "statistical_efficiency",
-        "mean_statistical_efficiency",
-        "rescales",
-        "refits",
-        "reports",
-        "fallback_time_share",
-        "mean_model_error",
-        "wall_s",
-        "events_per_s",
-    )
     (args.out / f"{stem}.json").write_text(
         json.dumps(
             {
@@ -207,20 +237,22 @@ def main() -> None:
                 "nodes": args.nodes,
                 "start": START,
                 "workload": args.workload,
+                "seeds": seeds,
                 "total_wall_s": total_s,
                 "workers": args.workers,
-                "runs": {name: {k: s.get(k) for k in keep} for name, s in rows},
+                "runs": {name: {"mean": row, "seeds": per_case[name]} for name, row in rows},
             },
             indent=2,
         )
         + "\n"
     )
-    efficiency = [(c.name, rep) for c, _, rep, _ in outcomes]
-    plot_efficiency(efficiency, args.out / f"{stem}-efficiency.png")
-    plot_completion([(c.name, tr) for c, _, _, tr in outcomes], args.out / f"{stem}-jct.png")
+    first = [(c.name, rep, tr) for c, s, rep, tr in outcomes if s["seed"] == seeds[0]]
+    plot_efficiency([(n, rep) for n, rep, _ in first], args.out / f"{stem}-efficiency.png")
+    plot_completion([(n, tr) for n, _, tr in first], args.out / f"{stem}-jct.png")
     print(md)
     print(
-        f"\n{len(cases)} replays in {total_s:.0f} s with {args.workers} workers; wrote {args.out}/"
+        f"\n{len(work)} replays in {total_s:.0f} s with {args.workers} workers; "
+        f"wrote {args.out}/{stem}.*"
     )
 
 
