@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -25,10 +26,16 @@ class JobSpec:
     work_samples: float
     curve: tuple[tuple[float, float], ...]
 
+    @cached_property
+    def breakpoints(self) -> tuple[np.ndarray, np.ndarray]:
+        """The curve with (0, 0) prepended, built once: replays read it at every event."""
+        xs = np.array([0.0] + [n for n, _ in self.curve])
+        ys = np.array([0.0] + [v for _, v in self.curve])
+        return xs, ys
+
     def rate_sps(self, nodes: int) -> float:
         """Throughput at ``nodes`` nodes, linear between breakpoints, 0 at 0."""
         if nodes <= 0:
             return 0.0
-        xs = [0.0] + [n for n, _ in self.curve]
-        ys = [0.0] + [v for _, v in self.curve]
+        xs, ys = self.breakpoints
         return float(np.interp(nodes, xs, ys))

@@ -79,11 +79,11 @@ def reference_curve(jobs: Sequence[JobSpec]) -> np.ndarray:
     n_max = max(j.n_max for j in jobs)
     n = np.arange(n_max + 1)
     profiles = Counter((j.curve, j.n_max) for j in jobs)
+    example = {(j.curve, j.n_max): j for j in jobs}
     mean = np.zeros(n_max + 1)
-    for (curve, cap), count in profiles.items():
-        xs = [0.0] + [x for x, _ in curve]
-        ys = [0.0] + [y for _, y in curve]
-        mean += count * np.interp(np.minimum(n, cap), xs, ys)
+    for key, count in profiles.items():
+        job = example[key]
+        mean += count * np.interp(np.minimum(n, job.n_max), *job.breakpoints)
     return mean / len(jobs)
 
 
