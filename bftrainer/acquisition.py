@@ -1,0 +1,73 @@
+"""Which pool nodes the daemon holds: a pure function of the pool, the holders and demand.
+
+The main scheduler's pool (idle nodes nobody planned for) is what the daemon *may* take;
+a node becomes usable by a trainer only once a holder job runs on it. Holding costs the
+centre nothing while the node would idle anyway, but a holder is a job in the scheduler's
+queue: the daemon holds only what its trainers can use (``demand``: the admitted
+trainers' ``n_max`` summed), never more than the pool, and lets go of the rest.
+
+The plan prefers the nodes that stay free longest (an open-ended window first), so that
+trainers are not built on nodes about to be taken back, and releases first what is
+pending (not yet usable), then the shortest windows. Nodes a trainer runs on are never
+released here: they leave only when the main scheduler preempts their holder, or when
+the allocator frees them (the daemon then calls this again).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HoldPlan:
+    """What to change: nodes to submit a holder for, and nodes whose holder to cancel."""
+
+    acquire: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.acquire and not self.release
+
+
+def _stays_s(windows_s: Mapping[str, float | None], node: str) -> float:
+    w = windows_s.get(node)
+    return math.inf if w is None else w
+
+
+def plan_holders(
+    pool: Collection[str],
+    windows_s: Mapping[str, float | None],
+    running: Collection[str],
+    pending: Collection[str],
+    allocated: Collection[str],
+    demand: int,
+) -> HoldPlan:
+    """The holders to add and to cancel so that about ``demand`` pool nodes are held.
+
+    ``pool``: the nodes the main scheduler leaves idle; ``running``/``pending``: nodes
+    whose holder job runs / waits in the queue; ``allocated``: nodes trainers run on now.
+    A held node outside the pool that no trainer uses is released (the scheduler wants
+    it back or will soon); an allocated node is always kept.
+    """
+    if demand < 0:
+        raise ValueError(f"demand must be >= 0, got {demand}")
+    held = set(running) | set(pending)
+    allocated_set = set(allocated)
+    release = [n for n in held if n not in pool and n not in allocated_set]
+    kept = [n for n in held if n not in release]
+    target = max(min(demand, len(pool)), len(allocated_set & held))
+    acquire: list[str] = []
+    if len(kept) < target:
+        free = [n for n in pool if n not in held]
+        # Longest window first; ties by name, so that the plan is the same in every run.
+        free.sort(key=lambda n: (-_stays_s(windows_s, n), n))
+        acquire = free[: target - len(kept)]
+    elif len(kept) > target:
+        spare = [n for n in kept if n not in allocated_set]
+        pending_set = set(pending)
+        spare.sort(key=lambda n: (n not in pending_set, _stays_s(windows_s, n), n))
+        release += spare[: len(kept) - target]
+    return HoldPlan(tuple(acquire), tuple(sorted(release)))
