@@ -233,3 +233,28 @@ def test_written_times_are_iso_utc(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert lines[0] == "time,node,idle"  # no window is known: no window_s column
     assert lines[1] == "2021-02-10T00:00:00Z,a,1"
+
+
+@pytest.mark.parametrize(
+    "text", ["1612915732000", "1612915732000.5", "1e17", "1e30", "-1", "2300-01-01 00:00:00"]
+)
+def test_implausible_epoch_times_are_refused_with_one_line(tmp_path: Path, text: str) -> None:
+    # Epoch milliseconds or a typo would overflow date arithmetic or stall the replay's
+    # clock: refused where the time is read, naming file and line.
+    path = write(tmp_path, f"time,node,idle\n2021-02-10 00:00:00,a,1\n{text},a,0\n")
+    with pytest.raises(TraceFormatError, match=r"t\.csv:3: time .* plausible range") as info:
+        load_trace(path)
+    assert "\n" not in str(info.value)
+    assert ("milliseconds" in str(info.value)) == text.startswith("1612915732000")
+
+
+def test_epoch_milliseconds_are_named_as_such() -> None:
+    with pytest.raises(ValueError, match=r"milliseconds \(2021-02-10T00:08:52Z if divided"):
+        parse_time_s("1612915732000")
+    assert parse_time_s("0") == 0.0  # the epoch itself is plausible
+
+
+def test_a_trace_in_memory_outside_the_epoch_range_is_refused() -> None:
+    with pytest.raises(TraceRangeError, match="plausible range"):
+        Trace(nodes=("a",), initial_idle=frozenset(), start_s=0.0, end_s=1e17, events=())
+    assert format_time(1e30) == "1e+30 (epoch s)"  # error messages never fail themselves
