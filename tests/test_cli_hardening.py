@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from bftrainer.cli import cli
+from bftrainer.cli.params import Number
 
 GOOD_TRACE = "time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,a,0\n"
 
@@ -57,3 +59,61 @@ def test_implausible_time_options_give_one_line(tmp_path: Path, option: str, val
         code, out = run(*args, option, value)
         assert code == 2, out
         assert one_error_line(out).startswith(f"Error: {option}: time")
+
+
+def numeric_options() -> list[tuple[list[str], click.Option]]:
+    """Every option of every command (and subcommand) that takes a number."""
+    found = []
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+            return
+        for p in command.params:
+            if isinstance(p, click.Option) and not p.is_flag:
+                if isinstance(p.type, Number | click.types._NumberParamTypeBase):
+                    found.append((path, p))
+
+    walk(cli, [])
+    return found
+
+
+def test_every_numeric_option_uses_the_one_checked_type() -> None:
+    raw = [f"{' '.join(path)} {p.opts[0]}" for path, p in numeric_options()]
+    raw = [
+        r
+        for r, (_, p) in zip(raw, numeric_options(), strict=True)
+        if not isinstance(p.type, Number)
+    ]
+    assert not raw, f"use bftrainer.cli.params.Number, not click's own numeric types: {raw}"
+    assert len(numeric_options()) >= 20  # the walk found the commands
+
+
+@pytest.mark.parametrize(
+    ("path", "option"),
+    [pytest.param(path, p, id=f"{' '.join(path)} {p.opts[0]}") for path, p in numeric_options()],
+)
+def test_numeric_options_refuse_nan_infinities_and_out_of_range(
+    path: list[str], option: click.Option
+) -> None:
+    assert isinstance(option.type, Number)
+    bad = ["nan", "NaN", "inf", "-inf", "1e999", "abc"]
+    if option.type.min is not None and option.type.min >= 0:
+        bad.append("-1")
+    if option.type.max is not None:
+        bad.append(repr(option.type.max * 10 + 1))
+    if option.type.integer:
+        bad.append("1.5")
+    for value in bad:
+        code, out = run(*path, option.opts[0], value)
+        assert code == 2, (value, out)
+        assert f"Invalid value for '{option.opts[0]}'" in out, (value, out)
+        assert "is not" in one_error_line(out), out
+
+
+def test_sweep_values_are_checked_like_options(tmp_path: Path) -> None:
+    for sweep in ("tfwd=10,nan", "tfwd=inf", "tfwd=-5", "tfwd=1e99"):
+        code, out = run("replay", "--sweep", sweep, "--no-progress", "--out", str(tmp_path))
+        assert code == 2, out
+        assert "--sweep" in one_error_line(out)

@@ -8,6 +8,7 @@ from typing import Any, TextIO
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import Number
 from bftrainer.milp import (
     DEFAULT_TIME_LIMIT_S,
     FORMULATIONS,
@@ -27,7 +28,7 @@ from bftrainer.milp.solvers import SolverError
 @click.option(
     "--time-limit",
     "time_limit_s",
-    type=click.FloatRange(min=0.01),
+    type=Number(min=0.01),
     default=DEFAULT_TIME_LIMIT_S,
     show_default=True,
     help="Solver limit in seconds; on timeout, the better of incumbent and current map.",

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import SECONDS, Number
 from bftrainer.idle_monitor.runner import CommandRunner, LocalRunner, RetryPolicy, SshRunner
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig, Reading, Scheduler
 
@@ -62,14 +63,14 @@ def source_options(func: F) -> F:
         click.option(
             "--timeout",
             "timeout_s",
-            type=click.FloatRange(min=0.1),
+            type=Number(min=0.1),
             default=30.0,
             show_default=True,
             help="Seconds one command may take.",
         ),
         click.option(
             "--retries",
-            type=click.IntRange(min=0, max=10),
+            type=Number(integer=True, min=0, max=10),
             default=1,
             show_default=True,
             help="Retries of a failed command (with backoff).",
@@ -77,7 +78,7 @@ def source_options(func: F) -> F:
         click.option(
             "--horizon",
             "horizon_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             default=DEFAULTS.horizon_s,
             show_default=True,
             help="Seconds: an idle node claimed by a job or reservation sooner is not in the pool.",
@@ -85,7 +86,7 @@ def source_options(func: F) -> F:
         click.option(
             "--max-stale",
             "max_stale_s",
-            type=click.FloatRange(min=0),
+            type=SECONDS,
             default=DEFAULTS.max_stale_s,
             show_default=True,
             help="Seconds after which stale claims stop the pool from growing.",

@@ -13,6 +13,14 @@ import click
 from tqdm import tqdm
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import (
+    COUNT,
+    POSITIVE,
+    SEED,
+    SYNTHETIC_HOURS,
+    T_FWD,
+    Number,
+)
 from bftrainer.cli.trace import parse_node_range, parse_time_option
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import (
@@ -54,15 +62,24 @@ from bftrainer.replay.zoo import ZOO_SPS
 @click.option("--end", help="Replay until this time.")
 @click.option(
     "--synthetic-nodes",
+    type=Number(integer=True, min=1, max=1_000_000),
     default=512,
     show_default=True,
     help="Without TRACE: nodes of the synthetic trace.",
 )
 @click.option(
-    "--synthetic-hours", default=24.0, show_default=True, help="Without TRACE: its duration."
+    "--synthetic-hours",
+    type=SYNTHETIC_HOURS,
+    default=24.0,
+    show_default=True,
+    help="Without TRACE: its duration.",
 )
 @click.option(
-    "--seed", default=0, show_default=True, help="Seed of the synthetic trace and workload."
+    "--seed",
+    type=SEED,
+    default=0,
+    show_default=True,
+    help="Seed of the synthetic trace and workload.",
 )
 @click.option(
     "--jobs", "jobs_path", type=click.Path(dir_okay=False), help="A paper job set (*-Jbnd-*.csv)."
@@ -98,7 +115,11 @@ from bftrainer.replay.zoo import ZOO_SPS
     help="With --workload pollux: trainers pick their batch size by goodput at every rescale.",
 )
 @click.option(
-    "--jobs-count", default=1000, show_default=True, help="Jobs of the built-in workload."
+    "--jobs-count",
+    type=Number(integer=True, min=1, max=1_000_000),
+    default=1000,
+    show_default=True,
+    help="Jobs of the built-in workload.",
 )
 @click.option(
     "--model",
@@ -110,6 +131,7 @@ from bftrainer.replay.zoo import ZOO_SPS
 @click.option(
     "--interval",
     "interval_s",
+    type=Number(min=0.0, max=1e7),
     default=36.0,
     show_default=True,
     help="Seconds between arrivals (mean, for diverse).",
@@ -122,7 +144,12 @@ from bftrainer.replay.zoo import ZOO_SPS
     help=f"Comma list of {', '.join(POLICIES)}.",
 )
 @click.option(
-    "--tfwd", "t_fwd_s", default=120.0, show_default=True, help="T_fwd of the milp policy, seconds."
+    "--tfwd",
+    "t_fwd_s",
+    type=T_FWD,
+    default=120.0,
+    show_default=True,
+    help="T_fwd of the milp policy, seconds.",
 )
 @click.option(
     "--objective",
@@ -135,13 +162,14 @@ from bftrainer.replay.zoo import ZOO_SPS
 @click.option(
     "--time-limit",
     "time_limit_s",
+    type=Number(min=0.01),
     default=10.0,
     show_default=True,
     help="Solver limit per event, seconds.",
 )
 @click.option(
     "--fairness-p",
-    type=click.FloatRange(*FAIRNESS_P_RANGE),
+    type=Number(min=FAIRNESS_P_RANGE[0], max=FAIRNESS_P_RANGE[1]),
     default=1.0,
     show_default=True,
     help="Pollux's fairness knob for the milp objective (1: plain sum; -1: Pollux's).",
@@ -154,11 +182,18 @@ from bftrainer.replay.zoo import ZOO_SPS
 @click.option(
     "--max-parallel",
     "max_trainers",
+    type=COUNT,
     default=10,
     show_default=True,
     help="P_jmax: trainers at once.",
 )
-@click.option("--window-hours", default=6.0, show_default=True, help="Window of the per-window U.")
+@click.option(
+    "--window-hours",
+    type=POSITIVE,
+    default=6.0,
+    show_default=True,
+    help="Window of the per-window U.",
+)
 @click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
@@ -273,13 +308,10 @@ def _sweep_values(text: str) -> list[float]:
     key, _, values = text.partition("=")
     if key.strip() != "tfwd" or not values:
         raise UsageError(f"--sweep {text!r}: expected tfwd=V1,V2,... (seconds)")
-    try:
-        out = [float(v) for v in values.split(",")]
-    except ValueError:
-        raise UsageError(f"--sweep {text!r}: values must be numbers of seconds") from None
-    if any(v < 0 for v in out):
-        raise UsageError(f"--sweep {text!r}: T_fwd must be >= 0")
-    return out
+    out = [T_FWD.parse(v) for v in values.split(",")]
+    if any(v is None for v in out):
+        raise UsageError(f"--sweep {text!r}: each T_fwd must be {T_FWD.describe()} (seconds)")
+    return [float(v) for v in out if v is not None]
 
 
 def _load(

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import COUNT, POSITIVE, SEED, SYNTHETIC_HOURS
 from bftrainer.cli.trace_record import record
 from bftrainer.idle_monitor.synthetic import (
     DEFAULT_NODES,
@@ -112,18 +113,22 @@ def stats(
 @trace.command("synth")
 @click.option(
     "--nodes",
-    type=click.IntRange(min=1),
+    type=COUNT,
     default=DEFAULT_NODES,
     show_default=True,
     help="Nodes; fewer than Summit's 4,608 are a slice of a Summit-sized machine.",
 )
 @click.option(
-    "--hours", type=click.FloatRange(min=0, min_open=True), default=24.0, show_default=True
+    "--hours",
+    type=SYNTHETIC_HOURS,
+    default=24.0,
+    show_default=True,
+    help="Duration (at most a year).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same trace.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Same seed, same trace.")
 @click.option(
     "--poll-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE,
     default=SyntheticConfig().poll_s,
     show_default=True,
     help="Event times fall on this grid, as a monitor polling this often would see them.",

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import COUNT, Number
 from bftrainer.cli.pool import build_source, source_options
 from bftrainer.idle_monitor.recorder import (
     Recorder,
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--interval",
     "interval_s",
-    type=click.FloatRange(min=0.1),
+    type=Number(min=0.1),
     default=RecorderConfig().interval_s,
     show_default=True,
     help="Seconds between polls.",
@@ -41,14 +42,14 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--max-mb",
-    type=click.FloatRange(min=0.01),
+    type=Number(min=0.01),
     default=RecorderConfig().max_bytes / 2**20,
     show_default=True,
     help="Start a new file (with a full snapshot) once the current one is this large.",
 )
 @click.option(
     "--polls",
-    type=click.IntRange(min=1),
+    type=COUNT,
     default=None,
     help="Stop after this many polls (default: until SIGINT or SIGTERM).",
 )

@@ -1,0 +1,94 @@
+"""The one numeric option type of every command: finite, and bounded where it must be.
+
+click's ``FLOAT``/``INT`` and even ``FloatRange`` accept ``nan`` (every comparison with
+it is false) and ``inf``; a solver limit of NaN or a duration of infinity then fails far
+from the option, or never ends. Every numeric option uses :class:`Number` instead, so
+the check lives here once; ``tests/test_cli_hardening.py`` walks every command to keep
+it so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class Number(click.ParamType):
+    """A finite ``float`` (or ``int`` with ``integer=True``) within optional bounds.
+
+    ``min_open``/``max_open`` exclude the bound itself. NaN and infinities are always
+    refused, naming the option and the value.
+    """
+
+    def __init__(
+        self,
+        *,
+        integer: bool = False,
+        min: float | None = None,
+        max: float | None = None,
+        min_open: bool = False,
+        max_open: bool = False,
+    ) -> None:
+        self.integer = integer
+        self.min, self.max = min, max
+        self.min_open, self.max_open = min_open, max_open
+        self.name = "integer" if integer else "float"
+
+    def describe(self) -> str:
+        """The accepted values in words, e.g. ``a finite number >= 0``."""
+        what = "an integer" if self.integer else "a finite number"
+        parts = []
+        if self.min is not None:
+            parts.append(f"{'>' if self.min_open else '>='} {self.min:g}")
+        if self.max is not None:
+            parts.append(f"{'<' if self.max_open else '<='} {self.max:g}")
+        return f"{what} {' and '.join(parts)}".rstrip()
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = self.parse(value)
+        if number is None:
+            self.fail(f"{value!r} is not {self.describe()}", param, ctx)
+        return number
+
+    def parse(self, value: Any) -> int | float | None:
+        """The value as a number if it is acceptable, else None (for callers that
+        parse lists, like ``--sweep``)."""
+        if isinstance(value, bool):
+            return None
+        number: int | float
+        if isinstance(value, int | float):
+            number = value
+        else:
+            text = str(value).strip()
+            try:
+                number = int(text) if self.integer else float(text)
+            except ValueError:
+                return None
+        if not math.isfinite(number):
+            return None
+        if self.integer:
+            if isinstance(number, float) and not number.is_integer():
+                return None
+            number = int(number)
+        if self.min is not None and (number < self.min or (self.min_open and number == self.min)):
+            return None
+        if self.max is not None and (number > self.max or (self.max_open and number == self.max)):
+            return None
+        return number
+
+    def __repr__(self) -> str:
+        return f"Number({self.describe()})"
+
+
+# Shared bounds, so the same quantity has the same limits in every command.
+SECONDS = Number(min=0.0)
+POSITIVE = Number(min=0.0, min_open=True)
+COUNT = Number(integer=True, min=1)
+SEED = Number(integer=True, min=0)
+# A synthetic trace is generated event by event: a year at most, so a typo cannot run
+# for ever.
+SYNTHETIC_HOURS = Number(min=0.0, min_open=True, max=366 * 24.0)
+# T_fwd as the allocator accepts it (docs/allocator.md, "Limits").
+T_FWD = Number(min=0.0, max=1e8)
