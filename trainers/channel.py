@@ -1,0 +1,271 @@
+"""The trainer directory's files: the only channel between a trainer and its driver.
+
+Compute nodes and the login node share a filesystem and no inbound port is open, so a
+trainer reports by appending JSON lines to ``metrics.jsonl`` and writing ``result.json``
+once; its driver (the daemon or ``bftrainer run``) writes ``hosts`` and ``exec.json``;
+the supervisor writes ``exit.json``. Whole-file writes are atomic (tmp + fsync +
+rename); appends are flushed and fsynced, and a reader skips a torn last line and
+resumes from a byte offset. See /work/contract.md and docs/trainers.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bftrainer.trainers.metrics import MetricsRecord
+
+logger = logging.getLogger(__name__)
+
+HOSTS = "hosts"
+EXEC = "exec.json"
+METRICS = "metrics.jsonl"
+RESULT = "result.json"
+EXIT = "exit.json"
+SPEC = "spec.json"
+CHECKPOINT = "checkpoint.pt"
+SUPERVISOR_PID = "supervisor.pid"
+SUPERVISOR_LOG = "supervisor.log"
+STOP_REQUEST = "stop.request"  # the supervisor asks the workers to checkpoint and exit
+EXEC_MODES = ("local", "ssh", "slurm")
+
+
+class ChannelError(ValueError):
+    """A trainer-directory file that cannot be read (names the file and line)."""
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file, fsync and rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, sort_keys=True, allow_nan=False) + "\n")
+
+
+def read_json(path: Path) -> Any | None:
+    """The JSON in ``path``; None when the file does not exist."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ChannelError(f"{path}:{e.lineno}: not JSON: {e.msg}") from None
+
+
+# -- hosts ---------------------------------------------------------------------------
+
+
+def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
+    """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots)."""
+    out: list[tuple[str, int]] = []
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, _, slots_text = line.partition(":")
+        try:
+            slots = int(slots_text) if slots_text else 1
+        except ValueError:
+            slots = 0
+        if not host or any(c.isspace() for c in host) or slots < 1:
+            raise ChannelError(f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw!r}")
+        out.append((host, slots))
+    return out
+
+
+def format_hosts(hosts: Sequence[str | tuple[str, int]]) -> str:
+    """One ``host:slots`` line per host (slots 1 unless given as ``host:slots``)."""
+    lines = []
+    for h in hosts:
+        if isinstance(h, tuple):
+            lines.append(f"{h[0]}:{h[1]}")
+        else:
+            (host, slots), *_ = parse_hosts(h, "<host list>") or [("", 0)]
+            if not host:
+                raise ChannelError(f"empty host name in {list(hosts)!r}")
+            lines.append(f"{host}:{slots}")
+    return "".join(f"{line}\n" for line in lines)
+
+
+def write_hosts(trainer_dir: Path, hosts: Sequence[str | tuple[str, int]]) -> None:
+    """Rewrite ``hosts`` atomically; ``[]`` means zero hosts (checkpoint and stop)."""
+    write_text_atomic(Path(trainer_dir) / HOSTS, format_hosts(hosts))
+
+
+def read_hosts(trainer_dir: Path) -> list[tuple[str, int]]:
+    """The trainer's current hosts; [] when the file is empty or absent."""
+    path = Path(trainer_dir) / HOSTS
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    return parse_hosts(text, str(path))
+
+
+# -- exec.json -----------------------------------------------------------------------
+
+
+def write_exec(
+    trainer_dir: Path,
+    mode: str,
+    slurm_jobs: Mapping[str, str] | None = None,
+    ssh_args: Sequence[str] = (),
+) -> None:
+    """How to run a command on a host (see :func:`read_exec`)."""
+    if mode not in EXEC_MODES:
+        raise ChannelError(f"exec mode must be one of {EXEC_MODES}, got {mode!r}")
+    data: dict[str, Any] = {"mode": mode, "slurm_jobs": dict(slurm_jobs or {})}
+    if ssh_args:
+        data["ssh_args"] = list(ssh_args)
+    write_json_atomic(Path(trainer_dir) / EXEC, data)
+
+
+def read_exec(trainer_dir: Path) -> dict[str, Any] | None:
+    """``{"mode", "slurm_jobs", "ssh_args"}``, or None when there is no exec.json."""
+    path = Path(trainer_dir) / EXEC
+    data = read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("mode") not in EXEC_MODES:
+        raise ChannelError(f"{path}: expected {{'mode': one of {EXEC_MODES}, ...}}, got {data!r}")
+    jobs = data.get("slurm_jobs") or {}
+    ssh_args = data.get("ssh_args") or []
+    if not isinstance(jobs, dict) or not isinstance(ssh_args, list):
+        raise ChannelError(f"{path}: slurm_jobs must be an object, ssh_args a list")
+    return {"mode": data["mode"], "slurm_jobs": jobs, "ssh_args": [str(a) for a in ssh_args]}
+
+
+# -- metrics.jsonl, result.json (written by rank 0) ----------------------------------
+
+
+class ChannelWriter:
+    """Rank 0's side: appends records to ``metrics.jsonl``, writes ``result.json``."""
+
+    def __init__(self, trainer_dir: Path, clock: Any = None) -> None:
+        import time
+
+        self.trainer_dir = Path(trainer_dir)
+        self.trainer_dir.mkdir(parents=True, exist_ok=True)
+        self._clock = clock or time.time
+
+    def _append(self, obj: Mapping[str, Any]) -> None:
+        line = json.dumps(obj, sort_keys=True, allow_nan=False) + "\n"
+        with open(self.trainer_dir / METRICS, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def metrics(self, record: MetricsRecord, samples_done: int, epoch: int) -> None:
+        self._append(
+            {
+                "kind": "metrics",
+                "record": record.to_dict(),
+                "samples_done": samples_done,
+                "epoch": epoch,
+                "time_s": self._clock(),
+            }
+        )
+
+    def reset(
+        self,
+        nodes: int,
+        batch_size: int,
+        local_bsz: int,
+        accum_steps: int,
+        lr: float,
+        **extra: Any,
+    ) -> None:
+        self._append(
+            {
+                "kind": "reset",
+                "time_s": self._clock(),
+                "nodes": nodes,
+                "batch_size": batch_size,
+                "local_bsz": local_bsz,
+                "accum_steps": accum_steps,
+                "lr": lr,
+                **extra,
+            }
+        )
+
+    def result(self, result: Mapping[str, Any]) -> None:
+        write_json_atomic(self.trainer_dir / RESULT, dict(result))
+
+
+def read_metrics(trainer_dir: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Records appended since byte ``offset``, and the offset to read from next time.
+
+    A last line without its newline is being written (or was torn by a crash): it is
+    left for the next call. A complete line that is not JSON is skipped with a warning.
+    """
+    path = Path(trainer_dir) / METRICS
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records: list[dict[str, Any]] = []
+    for line in data[:end].splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            logger.warning("%s: skipping a line that is not JSON: %.80r", path, line)
+            continue
+        if isinstance(obj, dict):
+            records.append(obj)
+    return records, offset + end
+
+
+def read_result(trainer_dir: Path) -> dict[str, Any] | None:
+    """``result.json`` (the work is done) or None."""
+    data = read_json(Path(trainer_dir) / RESULT)
+    if data is not None and not isinstance(data, dict):
+        raise ChannelError(f"{Path(trainer_dir) / RESULT}: expected an object, got {data!r}")
+    return data
+
+
+# -- exit.json (written by the supervisor) -------------------------------------------
+
+
+def write_exit(
+    trainer_dir: Path, state: str, returncode: int | None, reason: str, time_s: float
+) -> None:
+    if state not in ("done", "failed", "stopped"):
+        raise ChannelError(f"exit state must be done, failed or stopped, got {state!r}")
+    write_json_atomic(
+        Path(trainer_dir) / EXIT,
+        {"state": state, "returncode": returncode, "reason": reason, "time_s": time_s},
+    )
+
+
+def read_exit(trainer_dir: Path) -> dict[str, Any] | None:
+    """``exit.json`` ({"state", "returncode", "reason", "time_s"}) or None."""
+    path = Path(trainer_dir) / EXIT
+    data = read_json(path)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("state") not in ("done", "failed", "stopped"):
+        raise ChannelError(f"{path}: expected {{'state': done|failed|stopped, ...}}, got {data!r}")
+    return data

@@ -1,0 +1,271 @@
+"""The in-worker backend seam: collectives and elastic-reset semantics per backend.
+
+Three implementations of :class:`Comm`:
+
+* :class:`SingleComm`: one process, no launcher (``python trainer.py``);
+* :class:`TorchDistComm`: a worker started by ``torchrun`` (gloo, ``env://``). Every
+  membership change or failure restarts all workers; they resume from the checkpoint
+  on disk, so :meth:`Comm.run` simply calls the training function once;
+* :class:`HorovodComm`: Elastic Horovod. :meth:`run` wraps the training function in
+  ``hvd.elastic.run`` with a :class:`~horovod.common.elastic.State` whose save/restore/
+  sync are the runtime's snapshot functions: a worker failure rolls the survivors back
+  to the last in-memory commit, a host change is noticed at a step boundary and turned
+  into a commit followed by a reset, and new workers get the state of the most advanced
+  rank by broadcast.
+
+The runtime (:mod:`bftrainer.trainers.runtime`) only talks to this interface; torch and
+Horovod are imported when a backend is chosen.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("single", "torchrun", "horovod")
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot be used here (names it and why)."""
+
+
+class ElasticState(Protocol):
+    """What the runtime gives a backend: snapshot, load, and the step for sync's root."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None: ...
+
+    def sync_key(self) -> int: ...
+
+
+class Comm(Protocol):
+    backend: str
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def local_size(self) -> int: ...
+
+    def allreduce_sum_(self, tensor: torch.Tensor) -> None: ...
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
+
+    def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    def run(self, train: Callable[[], Any], state: ElasticState) -> Any: ...
+
+    def commit(self) -> None: ...
+
+    @property
+    def hosts_updated(self) -> bool: ...
+
+
+def sync_from_most_advanced(comm: Comm, state: ElasticState) -> None:
+    """Make every rank's state the one of the rank with the highest ``sync_key``.
+
+    New processes hold the checkpoint on disk (or nothing); survivors of a reset hold
+    their live or last committed state. Picking the most advanced (lowest rank on ties)
+    does not depend on which process Horovod or torchrun made rank 0.
+    """
+    if comm.size == 1:
+        return
+    keys = comm.allgather_object(state.sync_key())
+    root = max(range(len(keys)), key=lambda r: (keys[r], -r))
+    snap = comm.broadcast_object(state.snapshot() if comm.rank == root else None, root)
+    if comm.rank != root:
+        state.load_snapshot(snap)
+
+
+class SingleComm:
+    """One process: collectives are identities; a run is one call."""
+
+    backend = "single"
+    rank = 0
+    size = 1
+    local_size = 1
+    hosts_updated = False
+
+    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
+        return None
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
+        return train()
+
+    def commit(self) -> None:
+        return None
+
+
+class TorchDistComm:
+    """A torchrun worker: gloo process group from the environment torchrun sets."""
+
+    backend = "torchrun"
+    hosts_updated = False
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        self._rank = dist.get_rank()
+        self._size = dist.get_world_size()
+        self._local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def local_size(self) -> int:
+        return self._local_size
+
+    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
+        self._dist.all_reduce(tensor)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self._size
+        self._dist.all_gather_object(out, obj)
+        return out
+
+    def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
+        sync_from_most_advanced(self, state)
+        try:
+            return train()
+        finally:
+            self._dist.destroy_process_group()
+
+    def commit(self) -> None:
+        return None
+
+
+class HorovodComm:
+    """An Elastic Horovod worker (``horovodrun --host-discovery-script``)."""
+
+    backend = "horovod"
+
+    def __init__(self) -> None:
+        try:
+            import horovod.torch as hvd
+        except ImportError as e:
+            raise BackendError(
+                f"backend horovod: cannot import horovod.torch ({e}); build it with "
+                "scripts/build-horovod.sh (make horovod)"
+            ) from e
+        self._hvd = hvd
+        hvd.init()
+        self._state: Any = None
+
+    @property
+    def rank(self) -> int:
+        return int(self._hvd.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self._hvd.size())
+
+    @property
+    def local_size(self) -> int:
+        return int(self._hvd.local_size())
+
+    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
+        self._hvd.allreduce_(tensor, op=self._hvd.Sum, name="bftrainer.grads")
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self._hvd.broadcast_object(obj, root_rank=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self._hvd.allgather_object(obj))
+
+    @property
+    def hosts_updated(self) -> bool:
+        """A host-change notification has arrived here (agreed on by the caller)."""
+        return bool(self._state is not None and self._state.update_pending)
+
+    def commit(self) -> None:
+        """Save in memory, then raise ``HostsUpdatedInterrupt`` if hosts changed."""
+        self._state.commit()
+
+    def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
+        from horovod.common.elastic import State
+
+        comm = self
+
+        class _State(State):
+            def __init__(self) -> None:
+                super().__init__(bcast_object=comm._hvd.broadcast_object, get_rank=comm._hvd.rank)
+                self.update_pending = False
+                self._saved = state.snapshot()
+
+            def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+                self.update_pending = True
+                super().on_hosts_updated(timestamp, update_res)
+
+            def on_reset(self) -> None:
+                self.update_pending = False
+                super().on_reset()
+
+            def save(self) -> None:
+                self._saved = state.snapshot()
+
+            def restore(self) -> None:
+                state.load_snapshot(self._saved)
+
+            def sync(self) -> None:
+                sync_from_most_advanced(comm, state)
+                self._saved = state.snapshot()
+
+        self._state = _State()
+        run = self._hvd.elastic.run(lambda _state: train())
+        return run(self._state)
+
+
+def detect_backend() -> str:
+    """The backend of this process: ``BFTRAINER_BACKEND``, else what the launcher set."""
+    name = os.environ.get("BFTRAINER_BACKEND")
+    if name:
+        if name not in BACKENDS:
+            raise BackendError(f"BFTRAINER_BACKEND={name!r}: expected one of {BACKENDS}")
+        return name
+    if "HOROVOD_RANK" in os.environ or "HOROVOD_HOSTNAME" in os.environ:
+        return "horovod"
+    if "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ:
+        return "torchrun"
+    return "single"
+
+
+def make_comm(backend: str | None = None) -> Comm:
+    name = backend or detect_backend()
+    if name == "horovod":
+        return HorovodComm()
+    if name == "torchrun":
+        return TorchDistComm()
+    if name == "single":
+        return SingleComm()
+    raise BackendError(f"unknown backend {name!r}; expected one of {BACKENDS}")

@@ -1,0 +1,471 @@
+"""The elastic runtime a user's ``trainer.py`` imports.
+
+The user keeps the model, optimizer, data set and loss; :class:`ElasticRuntime` owns
+what elasticity needs (see docs/trainers.md):
+
+* elastic state: model, optimizer, step, the sampler's ``(epoch, position)``, samples
+  done, the Pollux agent's state; committed every ``--commit-every-steps`` steps or
+  ``--commit-every-s`` seconds (to ``checkpoint.pt`` by rank 0; in memory as well under
+  Horovod), restored after a worker failure, resumed from disk after zero hosts or a
+  restart;
+* at every reset (and at the start): the agent's ``best_config(nodes)`` (the base
+  batch before the first fit) gives the local batch and accumulation steps, the
+  learning rate follows ``--lr-rule``, and the step plan restarts at the sampler's
+  position, so no sample is skipped or repeated within an epoch;
+* reporting through the trainer directory (:mod:`bftrainer.trainers.channel`);
+* work: ``--work-samples`` / ``--work-epochs`` met exactly; rank 0 writes
+  ``result.json`` and prints it as one JSON line.
+
+Decisions that must agree across ranks but depend on a clock or a signal (commit now,
+stop now, hosts changed) ride on the gradient all-reduce as three extra numbers, so the
+runtime adds no collective to a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
+from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
+from bftrainer.trainers.comm import Comm, make_comm
+from bftrainer.trainers.goodput import BatchLimits, BatchLimitsError, NoFeasibleConfigError
+from bftrainer.trainers.lr_scaling import RULES
+from bftrainer.trainers.sampler import ElasticSampler
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 1
+STOP_CHECK_EVERY_S = 0.5  # how often rank 0 looks for the supervisor's stop request
+
+
+class RuntimeConfigError(ValueError):
+    """Runtime options that cannot work together (names the option and value)."""
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The runtime's options (``add_runtime_args``), with their defaults."""
+
+    work_samples: int | None = None
+    work_epochs: int | None = None
+    commit_every_steps: int = 50
+    commit_every_s: float = 10.0
+    report_every_s: float = 10.0
+    base_batch: int = 64
+    max_batch: int = 1024
+    max_local_batch: int = 256
+    min_local_batch: int = 1
+    max_accum_steps: int = 15
+    lr_rule: str = "adascale"
+    data_seed: int = 0
+    trainer_dir: str | None = None
+    trainer_id: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RuntimeOptions:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    def limits(self) -> BatchLimits:
+        return BatchLimits(
+            base_batch_size=self.base_batch,
+            max_batch_size=self.max_batch,
+            max_local_bsz=self.max_local_batch,
+            min_local_bsz=self.min_local_batch,
+            max_accum_steps=self.max_accum_steps,
+        )
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """Add the runtime's options to a trainer script's parser."""
+    g = parser.add_argument_group("bftrainer runtime")
+    work = g.add_mutually_exclusive_group()
+    work.add_argument("--work-samples", type=int, help="train on exactly N samples, then stop")
+    work.add_argument("--work-epochs", type=int, help="train exactly E epochs (default 1)")
+    d = RuntimeOptions()
+    g.add_argument("--commit-every-steps", type=int, default=d.commit_every_steps)
+    g.add_argument("--commit-every-s", type=float, default=d.commit_every_s)
+    g.add_argument("--report-every-s", type=float, default=d.report_every_s)
+    g.add_argument("--base-batch", type=int, default=d.base_batch, help="M0, the tuned batch")
+    g.add_argument("--max-batch", type=int, default=d.max_batch)
+    g.add_argument("--max-local-batch", type=int, default=d.max_local_batch)
+    g.add_argument("--min-local-batch", type=int, default=d.min_local_batch)
+    g.add_argument("--max-accum-steps", type=int, default=d.max_accum_steps)
+    g.add_argument("--lr-rule", choices=sorted(RULES), default=d.lr_rule)
+    g.add_argument("--data-seed", type=int, default=d.data_seed, help="sampler order seed")
+    g.add_argument(
+        "--trainer-dir",
+        default=os.environ.get("BFTRAINER_TRAINER_DIR"),
+        help="trainer directory (default $BFTRAINER_TRAINER_DIR, else ./bftrainer-run-<script>)",
+    )
+    g.add_argument("--trainer-id", default=os.environ.get("BFTRAINER_TRAINER_ID"))
+
+
+@dataclass
+class CommitInfo:
+    """What a commit made durable: steps ``from_step..to_step`` and their sample ids.
+
+    ``ids`` holds ``(epoch, ids)`` pairs of every rank's processed samples (only when
+    the runtime was given ``on_commit``). A later commit with a smaller ``from_step``
+    supersedes this one (a restart after a crash between the two writes).
+    """
+
+    from_step: int
+    to_step: int
+    samples_done: int
+    ids: list[tuple[int, list[int]]] = field(default_factory=list)
+
+
+@dataclass
+class _Progress:
+    step: int = 0
+    samples_done: int = 0
+    resets: int = -1  # the first start is not a reset
+    batch_sizes: list[int] = field(default_factory=list)
+    committed_step: int = 0
+
+
+def default_fetch(dataset: Any) -> Callable[[np.ndarray], Any]:
+    """Batch ``dataset[i]`` for the ids with torch's default collate."""
+    from torch.utils.data import default_collate
+
+    def fetch(ids: np.ndarray) -> Any:
+        return default_collate([dataset[int(i)] for i in ids])
+
+    return fetch
+
+
+class ElasticRuntime:
+    """Runs the user's model, optimizer, data set and loss elastically.
+
+    ``loss_fn(model, batch)`` returns the mean loss over ``batch`` (what ``fetch(ids)``
+    returns; by default ``dataset[i]`` collated). ``on_commit`` (rank 0) sees each
+    commit's sample ids, at the cost of one gather per commit.
+    """
+
+    def __init__(
+        self,
+        options: RuntimeOptions | argparse.Namespace,
+        model: Any,
+        optimizer: Any,
+        dataset: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        *,
+        fetch: Callable[[np.ndarray], Any] | None = None,
+        on_commit: Callable[[CommitInfo], None] | None = None,
+        comm: Comm | None = None,
+        script: str | None = None,
+    ) -> None:
+        import torch
+
+        self.torch = torch
+        opts = options if isinstance(options, RuntimeOptions) else RuntimeOptions.from_args(options)
+        self.opts = opts
+        try:
+            self.limits = opts.limits()
+        except BatchLimitsError as e:
+            raise RuntimeConfigError(f"batch limits: {e}") from None
+        for name in ("commit_every_steps", "work_samples", "work_epochs"):
+            value = getattr(opts, name)
+            if value is not None and value < 1:
+                raise RuntimeConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.num_samples = len(dataset)
+        self.sampler = ElasticSampler(self.num_samples, seed=opts.data_seed)
+        if opts.work_samples is not None:
+            self.work_samples = opts.work_samples
+        else:
+            self.work_samples = (opts.work_epochs or 1) * self.num_samples
+        self.fetch = fetch or default_fetch(dataset)
+        self.on_commit = on_commit
+        stem = Path(script or sys.argv[0]).stem or "trainer"
+        self.trainer_dir = Path(opts.trainer_dir or f"bftrainer-run-{stem}")
+        self.trainer_id = opts.trainer_id or stem
+        self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.comm = comm or make_comm()
+        nodes = max(1, self.comm.size // max(1, self.comm.local_size))
+        self.agent = PolluxAgent(
+            self.trainer_id,
+            self.limits,
+            replicas_per_node=max(1, self.comm.size // nodes),
+            lr_rule_name=opts.lr_rule,
+        )
+        self.probe = TorchGradientProbe(self.agent, model, optimizer)
+        self.progress = _Progress()
+        self._pending: list[tuple[int, list[int]]] = []
+        self._stop_signal = False
+        self._writer = channel.ChannelWriter(self.trainer_dir) if self.comm.rank == 0 else None
+        self.trainer_dir.mkdir(parents=True, exist_ok=True)
+        self._checkpoint = self.trainer_dir / channel.CHECKPOINT
+        self._stop_file = self.trainer_dir / channel.STOP_REQUEST
+        self.stopped = False
+        self._load_from_disk()
+
+    # -- state -------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a rollback or a new process needs (deep copies)."""
+        p = self.progress
+        return {
+            "version": CHECKPOINT_VERSION,
+            "trainer_id": self.trainer_id,
+            "model": copy.deepcopy(self.model.state_dict()),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "sampler": self.sampler.state_dict(),
+            "agent": copy.deepcopy(self.agent.state()),
+            "progress": {
+                "step": p.step,
+                "samples_done": p.samples_done,
+                "resets": p.resets,
+                "batch_sizes": list(p.batch_sizes),
+                "committed_step": p.committed_step,
+            },
+        }
+
+    def load_snapshot(self, snap: dict[str, Any]) -> None:
+        self.model.load_state_dict(snap["model"])
+        self.optimizer.load_state_dict(snap["optimizer"])
+        self.sampler.load_state_dict(snap["sampler"])
+        self.agent.restore(copy.deepcopy(snap["agent"]))
+        pr = snap["progress"]
+        self.progress = _Progress(
+            step=int(pr["step"]),
+            samples_done=int(pr["samples_done"]),
+            resets=int(pr["resets"]),
+            batch_sizes=[int(b) for b in pr["batch_sizes"]],
+            committed_step=int(pr["committed_step"]),
+        )
+        self._pending = []
+
+    def sync_key(self) -> int:
+        return self.progress.step
+
+    def _load_from_disk(self) -> None:
+        snap = load_checkpoint(self._checkpoint)
+        if snap is None:
+            return
+        if snap.get("trainer_id") != self.trainer_id:
+            raise RuntimeConfigError(
+                f"{self._checkpoint}: checkpoint of trainer {snap.get('trainer_id')!r}, "
+                f"not {self.trainer_id!r}"
+            )
+        self.load_snapshot(snap)
+        logger.info("resumed from %s at step %d", self._checkpoint, self.progress.step)
+
+    # -- configuration at a reset --------------------------------------------------
+    def _base_config(self, replicas: int) -> tuple[int, int]:
+        """(local batch, accumulation) reaching M0 with the fewest micro-steps."""
+        lim = self.limits
+        per_replica = math.ceil(lim.base_batch_size / replicas)
+        accum = math.ceil(per_replica / lim.max_local_bsz) - 1
+        local = max(lim.min_local_bsz, math.ceil(per_replica / (accum + 1)))
+        if accum > lim.max_accum_steps or replicas * local * (accum + 1) > lim.max_batch_size:
+            raise RuntimeConfigError(
+                f"no batch fits {replicas} replica(s) with the limits {lim}: raise "
+                "--max-batch, --max-local-batch or --max-accum-steps"
+            )
+        return local, accum
+
+    def _reset(self) -> None:
+        """At the start and after every reset: agent's configuration, LR, step plan."""
+        comm = self.comm
+        replicas = comm.size
+        nodes = max(1, replicas // max(1, comm.local_size))
+        choice = None
+        try:
+            choice = self.agent.best_config(nodes)
+        except NoFeasibleConfigError as e:
+            logger.warning("agent: %s; using the base batch", e)
+        if choice is not None:
+            local, accum = choice.local_bsz, choice.accum_steps
+        else:
+            local, accum = self._base_config(replicas)
+        config = self.agent.set_config(nodes, local, accum)
+        self._set_lr()
+        p = self.progress
+        p.resets += 1
+        p.batch_sizes.append(config.batch_size)
+        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.monotonic()
+        if self._writer is not None:
+            record = self.agent.metrics()
+            self._writer.reset(
+                nodes=nodes,
+                batch_size=config.batch_size,
+                local_bsz=local,
+                accum_steps=accum,
+                lr=float(self.optimizer.param_groups[0]["lr"]),
+                replicas=replicas,
+                step=p.step,
+                samples_done=p.samples_done,
+                source="agent" if choice is not None else "base",
+                record=record.to_dict(),
+            )
+        logger.info(
+            "reset: %d node(s), %d replica(s), local batch %d x %d, batch %d, step %d",
+            nodes,
+            replicas,
+            local,
+            accum + 1,
+            config.batch_size,
+            p.step,
+        )
+
+    def _set_lr(self) -> None:
+        factor = self.agent.lr_factor
+        for group, lr0 in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+            group["lr"] = lr0 * factor
+
+    # -- the loop ------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        """Train until the work is done (returns the result) or a stop (returns None)."""
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            return self.comm.run(self._train, self)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_signal = True
+
+    def _train(self) -> dict[str, Any] | None:
+        torch = self.torch
+        comm = self.comm
+        self._reset()
+        rank, replicas = comm.rank, comm.size
+        agent, sampler, p = self.agent, self.sampler, self.progress
+        opts = self.opts
+        cfg = agent.config
+        nflat = sum(q.numel() for q in self.params)
+        flat = torch.zeros(nflat + 3)
+        track_ids = self.on_commit is not None
+        while p.samples_done < self.work_samples:
+            t0 = time.perf_counter()
+            plan = sampler.plan(
+                cfg.local_bsz, replicas, cfg.accum_steps, self.work_samples - p.samples_done
+            )
+            self.optimizer.zero_grad(set_to_none=False)
+            micro = sampler.micro_batches(plan, rank)
+            for ids in micro:
+                if len(ids):
+                    loss = self.loss_fn(self.model, self.fetch(ids))
+                    (loss * (len(ids) / plan.count)).backward()
+            now = time.monotonic()
+            flat.zero_()
+            if rank == 0:
+                if now - self._last_commit_t >= opts.commit_every_s:
+                    flat[nflat] = 1.0
+                if now - self._last_stop_check_t >= STOP_CHECK_EVERY_S:
+                    self._last_stop_check_t = now
+                    if self._stop_file.exists():
+                        flat[nflat + 1] = 1.0
+            if self._stop_signal:
+                flat[nflat + 1] = 1.0
+            if comm.hosts_updated:
+                flat[nflat + 2] = 1.0
+            self._allreduce_grads(flat, nflat)
+            commit_due = bool(flat[nflat] > 0)
+            stop = bool(flat[nflat + 1] > 0)
+            hosts_updated = bool(flat[nflat + 2] > 0)
+            self.probe.after_backward()
+            self.optimizer.step()
+            sampler.advance(plan)
+            p.step += 1
+            p.samples_done += plan.count
+            if track_ids:
+                mine = [int(i) for ids in micro for i in ids]
+                self._pending.append((plan.epoch, mine))
+            agent.observe_step(time.perf_counter() - t0)
+            self._set_lr()
+            if rank == 0 and now - self._last_report_t >= opts.report_every_s:
+                self._report()
+            done = p.samples_done >= self.work_samples
+            if (
+                done
+                or stop
+                or hosts_updated
+                or commit_due
+                or p.step - p.committed_step >= opts.commit_every_steps
+            ):
+                self._commit()  # Horovod: raises HostsUpdatedInterrupt after a host change
+            if stop and not done:
+                self.stopped = True
+                logger.info("stopped at step %d (checkpointed)", p.step)
+                return None
+        return self._finish()
+
+    def _allreduce_grads(self, flat: Any, nflat: int) -> None:
+        if self.comm.size == 1:
+            return
+        offset = 0
+        for q in self.params:
+            n = q.numel()
+            flat[offset : offset + n] = q.grad.reshape(-1)
+            offset += n
+        self.comm.allreduce_sum_(flat)
+        offset = 0
+        for q in self.params:
+            n = q.numel()
+            q.grad.copy_(flat[offset : offset + n].view_as(q.grad))
+            offset += n
+
+    def _report(self) -> None:
+        assert self._writer is not None
+        self._last_report_t = time.monotonic()
+        self._writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
+
+    def _commit(self) -> None:
+        """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy."""
+        comm, p = self.comm, self.progress
+        info = CommitInfo(p.committed_step, p.step, p.samples_done)
+        if self.on_commit is not None:
+            gathered = comm.allgather_object(self._pending)
+            info.ids = [entry for rank_entries in gathered for entry in rank_entries]
+        self._pending = []
+        p.committed_step = p.step
+        if comm.rank == 0:
+            if self.on_commit is not None:
+                self.on_commit(info)
+            save_checkpoint(self.snapshot(), self._checkpoint)
+        # Nobody keeps a commit that rank 0 may not have written (it could die first).
+        comm.broadcast_object(True)
+        self._last_commit_t = time.monotonic()
+        comm.commit()
+
+    def _finish(self) -> dict[str, Any]:
+        p = self.progress
+        result = {
+            "trainer_id": self.trainer_id,
+            "samples": p.samples_done,
+            "steps": p.step,
+            "resets": p.resets,
+            "batch_sizes": list(p.batch_sizes),
+            "epochs": p.samples_done / self.num_samples,
+        }
+        if self._writer is not None:
+            self._writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
+            self._writer.result(result)
+            print(json.dumps(result, sort_keys=True), flush=True)
+        return result
+
+
+def parse_runtime_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """``parser.parse_args`` with the runtime's options added."""
+    add_runtime_args(parser)
+    return parser.parse_args(argv)
