@@ -36,6 +36,10 @@ class BackendError(RuntimeError):
     """A backend that cannot be used here (names it and why)."""
 
 
+class CommLostError(RuntimeError):
+    """A collective failed because a peer went away: the backend restarts the workers."""
+
+
 class ElasticState(Protocol):
     """What the runtime gives a backend: snapshot, load, and the step for sync's root."""
 
@@ -142,16 +146,25 @@ class TorchDistComm:
         return self._local_size
 
     def allreduce_sum_(self, tensor: torch.Tensor) -> None:
-        self._dist.all_reduce(tensor)
+        try:
+            self._dist.all_reduce(tensor)
+        except RuntimeError as e:
+            raise CommLostError(f"all_reduce failed: {e}") from e
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
-        self._dist.broadcast_object_list(box, src=root)
+        try:
+            self._dist.broadcast_object_list(box, src=root)
+        except RuntimeError as e:
+            raise CommLostError(f"broadcast failed: {e}") from e
         return box[0]
 
     def allgather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self._size
-        self._dist.all_gather_object(out, obj)
+        try:
+            self._dist.all_gather_object(out, obj)
+        except RuntimeError as e:
+            raise CommLostError(f"all_gather failed: {e}") from e
         return out
 
     def run(self, train: Callable[[], Any], state: ElasticState) -> Any:

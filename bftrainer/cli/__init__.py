@@ -77,6 +77,9 @@ def _register() -> None:
     from bftrainer.cli import trace
 
     cli.add_command(trace.trace)
+    from bftrainer.cli.run import run_cmd
+
+    cli.add_command(run_cmd)
 
 
 _register()

@@ -1,0 +1,142 @@
+"""``bftrainer run``: run an elastic trainer by hand on a host list that may change.
+
+    bftrainer run --backend torchrun --hosts-file hosts.txt examples/train_mlp.py --work-epochs 2
+
+The host file (one ``host[:slots]`` per line, Horovod's discovery format) is re-read as
+it changes and copied to the trainer directory's ``hosts``; an empty file stops the
+workers (they checkpoint) until hosts come back. Inside an ``salloc``, write the
+allocation's nodes to the file and use ``--exec-mode slurm`` only through the daemon;
+by hand, ssh reaches the other nodes. Exits with the trainer's outcome: 0 done (the
+result line is printed), 1 failed (the reason in one line; the traceback is in the
+trainer directory's supervisor.log), 130 stopped by Ctrl-C (workers checkpointed: run
+the same command again to resume).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import click
+
+from bftrainer.cli import UsageError
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+def _read_host_file(path: Path) -> list[str]:
+    return [f"{h}:{s}" for h, s in channel.parse_hosts(path.read_text(), str(path))]
+
+
+@click.command(
+    "run",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Elastic backend.")
+@click.option(
+    "--hosts-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="host[:slots] per line; re-read as it changes (empty: zero hosts).",
+)
+@click.option(
+    "--trainer-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Trainer directory [default: ./bftrainer-run-<script stem>].",
+)
+@click.option("--trainer-id", help="Trainer id [default: the script's stem].")
+@click.option("--max-hosts", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--min-hosts", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--exec-mode",
+    type=click.Choice(channel.EXEC_MODES),
+    help="How to reach the hosts [default: here for this machine's names, else ssh].",
+)
+@click.option("--ssh-arg", "ssh_args", multiple=True, help="Extra ssh argument (repeatable).")
+@click.option(
+    "--stop-grace-s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Ctrl-C: time to checkpoint.",
+)
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run_cmd(
+    backend: str,
+    hosts_file: Path,
+    trainer_dir: Path | None,
+    trainer_id: str | None,
+    max_hosts: int,
+    min_hosts: int,
+    exec_mode: str | None,
+    ssh_args: tuple[str, ...],
+    stop_grace_s: float,
+    script: Path,
+    args: tuple[str, ...],
+) -> None:
+    """Run SCRIPT [ARGS] elastically on the hosts listed in --hosts-file."""
+    if not script.is_file():
+        raise UsageError(f"trainer script not found: {script}")
+    try:
+        hosts = _read_host_file(hosts_file)
+    except OSError as e:
+        raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
+    except channel.ChannelError as e:
+        raise UsageError(str(e)) from None
+    if min_hosts > max_hosts:
+        raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
+    trainer_dir = trainer_dir or Path(f"bftrainer-run-{script.stem}")
+    spec = LaunchSpec(
+        trainer_id=trainer_id or script.stem,
+        script=script,
+        args=args,
+        trainer_dir=trainer_dir,
+        backend=backend,
+        min_hosts=min_hosts,
+        max_hosts=max_hosts,
+    )
+    trainer_dir.mkdir(parents=True, exist_ok=True)
+    if exec_mode or ssh_args:
+        channel.write_exec(trainer_dir, exec_mode or "ssh", {}, ssh_args)
+    try:
+        launcher = Launcher.start(spec, hosts)
+    except LaunchError as e:
+        raise UsageError(str(e)) from None
+    click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
+    last_text = hosts_file.read_text()
+    try:
+        while (outcome := launcher.poll()) is None:
+            time.sleep(POLL_S)
+            try:
+                text = hosts_file.read_text()
+            except OSError:
+                continue  # being replaced; read it next time
+            if text != last_text:
+                try:
+                    new = _read_host_file(hosts_file)
+                except channel.ChannelError as e:
+                    logger.error("%s; keeping the previous hosts", e)
+                else:
+                    logger.info("hosts now %s", new)
+                    launcher.set_hosts(new)
+                last_text = text
+    except KeyboardInterrupt:
+        click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
+        launcher.stop(stop_grace_s)
+        outcome = launcher.poll()
+        click.echo(f"bftrainer run: {outcome.state if outcome else 'stopped'}", err=True)
+        raise SystemExit(130) from None
+    log = launcher.trainer_dir / channel.SUPERVISOR_LOG
+    if outcome.state == "done":
+        result = channel.read_result(launcher.trainer_dir)
+        click.echo(json.dumps(result, sort_keys=True))
+        return
+    click.echo(f"bftrainer run: trainer {outcome.state}: {outcome.reason} (log: {log})", err=True)
+    raise SystemExit(1)

@@ -1,0 +1,1 @@
+"""Launching elastic trainers: the Launcher, its detached supervisor, remote execution."""

@@ -1,0 +1,196 @@
+"""The launcher interface: start a trainer on hosts, change them, stop it, poll it.
+
+One :class:`Launcher` for every backend: it writes the trainer directory's ``spec.json``
+and ``hosts`` and spawns the detached supervisor
+(``python -m bftrainer.trainers.launch.supervisor TRAINER_DIR``), which owns the backend
+(Horovod or torchrun) and survives its caller. Everything after the start goes through
+files in the trainer directory (see /work/contract.md), so a restarted daemon
+:meth:`attach`-es to a running trainer from ``supervisor.pid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch import remote
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("horovod", "torchrun")
+STOP_GRACE = "stop.grace"  # Launcher.stop's grace for the supervisor, in seconds
+
+
+class LaunchError(RuntimeError):
+    """A trainer that cannot be launched or attached (names what and where)."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    trainer_id: str
+    script: Path  # the user's trainer.py
+    args: tuple[str, ...]  # its arguments (the runtime's --work-samples etc. among them)
+    trainer_dir: Path
+    backend: str  # "horovod" | "torchrun"
+    min_hosts: int = 1
+    max_hosts: int = 1
+    python: str = sys.executable
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.update(
+            script=str(self.script),
+            trainer_dir=str(self.trainer_dir),
+            args=list(self.args),
+            env=dict(self.env),
+        )
+        return json.dumps(data, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<spec>") -> LaunchSpec:
+        try:
+            d = json.loads(text)
+            spec = cls(
+                trainer_id=str(d["trainer_id"]),
+                script=Path(d["script"]),
+                args=tuple(str(a) for a in d["args"]),
+                trainer_dir=Path(d["trainer_dir"]),
+                backend=str(d["backend"]),
+                min_hosts=int(d["min_hosts"]),
+                max_hosts=int(d["max_hosts"]),
+                python=str(d["python"]),
+                env={str(k): str(v) for k, v in d["env"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise LaunchError(f"{source}: not a launch spec: {e!r}") from None
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Raise :class:`LaunchError` naming the first field that cannot work."""
+        if self.backend not in BACKENDS:
+            raise LaunchError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not 1 <= self.min_hosts <= self.max_hosts:
+            raise LaunchError(
+                f"need 1 <= min_hosts <= max_hosts, got {self.min_hosts}, {self.max_hosts}"
+            )
+        if not Path(self.script).is_file():
+            raise LaunchError(f"trainer script not found: {self.script}")
+
+
+@dataclass(frozen=True)
+class TrainerExit:
+    state: str  # "done" | "failed" | "stopped"
+    returncode: int | None
+    reason: str
+
+
+class Launcher:
+    """A trainer's detached supervisor, seen from its driver."""
+
+    def __init__(self, trainer_dir: Path, pid: int, proc: subprocess.Popen[bytes] | None = None):
+        self.trainer_dir = Path(trainer_dir)
+        self.pid = pid
+        self._proc = proc  # set when started here: poll() reaps it
+
+    @classmethod
+    def start(cls, spec: LaunchSpec, hosts: Sequence[str]) -> Launcher:
+        """Write the spec and hosts, spawn the supervisor (its own session)."""
+        spec.check()
+        d = Path(spec.trainer_dir).resolve()
+        d.mkdir(parents=True, exist_ok=True)
+        for stale in (channel.EXIT, channel.STOP_REQUEST, "failure.json", STOP_GRACE):
+            (d / stale).unlink(missing_ok=True)
+        spec = LaunchSpec(**{**asdict(spec), "trainer_dir": d, "script": spec.script.resolve()})
+        channel.write_text_atomic(d / channel.SPEC, spec.to_json())
+        channel.write_hosts(d, list(hosts))
+        with open(d / channel.SUPERVISOR_LOG, "ab") as log:
+            proc = subprocess.Popen(
+                [spec.python, "-m", "bftrainer.trainers.launch.supervisor", str(d)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **spec.env},
+                cwd=d,
+            )
+        channel.write_text_atomic(d / channel.SUPERVISOR_PID, f"{proc.pid}\n")
+        logger.info("trainer %s: supervisor %d in %s", spec.trainer_id, proc.pid, d)
+        return cls(d, proc.pid, proc)
+
+    @classmethod
+    def attach(cls, trainer_dir: Path) -> Launcher:
+        path = Path(trainer_dir) / channel.SUPERVISOR_PID
+        try:
+            pid = int(path.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise LaunchError(f"{path}: no supervisor pid ({e})") from None
+        return cls(Path(trainer_dir), pid)
+
+    def set_hosts(self, hosts: Sequence[str]) -> None:
+        channel.write_hosts(self.trainer_dir, list(hosts))
+
+    def set_exec(
+        self, mode: str, slurm_jobs: Mapping[str, str], ssh_args: Sequence[str] = ()
+    ) -> None:
+        channel.write_exec(self.trainer_dir, mode, slurm_jobs, ssh_args)
+
+    def alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return remote.alive(self.pid)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Ask the supervisor to stop (workers checkpoint); wait for it, then kill."""
+        channel.write_text_atomic(self.trainer_dir / STOP_GRACE, f"{grace_s}\n")
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s + 15.0
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.alive():
+            logger.warning("supervisor %d did not stop in %.0f s: killing it", self.pid, grace_s)
+            self.kill()
+
+    def poll(self) -> TrainerExit | None:
+        """None while the supervisor lives; else how the trainer ended (exit.json)."""
+        if self.alive():
+            return None
+        data: Any = None
+        try:
+            data = channel.read_exit(self.trainer_dir)
+        except channel.ChannelError as e:
+            return TrainerExit("failed", None, str(e))
+        if data is None:
+            return TrainerExit("failed", None, "the supervisor died without writing exit.json")
+        return TrainerExit(str(data["state"]), data.get("returncode"), str(data.get("reason", "")))
+
+    def wait(self, timeout_s: float | None = None) -> TrainerExit | None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while deadline is None or time.monotonic() < deadline:
+            result = self.poll()
+            if result is not None:
+                return result
+            time.sleep(0.2)
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor, its process group and every process it started."""
+        remote.kill_tree(self.pid, signal.SIGKILL)
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)

@@ -1,0 +1,419 @@
+"""The detached supervisor of one trainer: owns the backend, follows ``hosts``.
+
+``python -m bftrainer.trainers.launch.supervisor TRAINER_DIR`` (spawned by
+:meth:`Launcher.start <bftrainer.trainers.launch.base.Launcher.start>` in its own
+session, so it survives the daemon) reads ``spec.json`` and then loops:
+
+* ``hosts`` changed: Horovod gets the new list through its discovery script (a copy of
+  ``hosts`` that the supervisor keeps, so that Horovod never sees an empty list);
+  torchrun's agents are asked to stop and are started again on the new set;
+* ``hosts`` empty (zero hosts): the workers are asked to stop (``stop.request``: they
+  commit, rank 0 checkpoints, they exit 0); they start again when hosts come back;
+* a worker reports a user error (``failure.json``, from the worker wrapper), or the
+  backend ends: ``exit.json`` says done (``result.json`` exists), failed or stopped.
+
+SIGTERM (:meth:`Launcher.stop`) stops the workers the same way and ends ``stopped``.
+
+Why torchrun is restarted rather than re-rendezvoused: with c10d rendezvous a grow
+needs ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and a shrink waits for heartbeat
+timeouts (about 20 s), the first agent hosts the store (if its host leaves, the job
+dies), and every membership change restarts all workers anyway. Stopping the workers
+at a step boundary (they commit first: no step is lost) and starting one agent per
+new host with a fresh rendezvous is as fast and never depends on the departed host.
+c10d rendezvous still forms each generation and restarts workers after a crash.
+
+Settings (environment, e.g. ``LaunchSpec.env``): ``BFTRAINER_HOROVOD_NIC`` (``auto``:
+``--network-interface lo`` when every host is this machine; ``none``; or an interface
+name), ``BFTRAINER_BLACKLIST_COOLDOWN_S`` (``"5 10"``: a host whose worker failed may
+come back after 5-10 s), ``BFTRAINER_STOP_GRACE_S`` (30: how long workers get to
+checkpoint and exit), ``BFTRAINER_TORCHRUN_MAX_RESTARTS`` (3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch import remote
+from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.worker import FAILURE
+
+logger = logging.getLogger("bftrainer.supervisor")
+
+POLL_S = 0.25
+WORKER = ("-m", "bftrainer.trainers.launch.worker")
+Hosts = list[tuple[str, int]]
+
+
+def _setting(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def last_error_line(log: Path, max_bytes: int = 200_000) -> str:
+    """The last ``SomeError: message`` line of a log (workers' prefixes removed)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    pattern = re.compile(
+        r"^(?:\[\d+\]<std(?:out|err)>:)?\s*((?:[\w.]+\.)?\w*(?:Error|Exception)\b.*)$"
+    )
+    found = ""
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if m:
+            found = m.group(1).strip()
+    return found
+
+
+class Backend:
+    """One run of the backend's processes on a host set."""
+
+    name = "backend"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.dir = spec.trainer_dir
+        self.hosts: Hosts = []
+        self.procs: list[Popen[bytes]] = []
+        self.stopping = False
+        self._stop_deadline: float | None = None
+        self._killed_at: float | None = None
+
+    def worker_env(self) -> dict[str, str]:
+        return {
+            **self.spec.env,
+            "BFTRAINER_TRAINER_DIR": str(self.dir),
+            "BFTRAINER_TRAINER_ID": self.spec.trainer_id,
+            "BFTRAINER_BACKEND": self.name,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def worker_argv(self) -> list[str]:
+        return [self.spec.python, *WORKER, str(self.spec.script), *self.spec.args]
+
+    def spawn(self, argv: list[str], env: Mapping[str, str]) -> Popen[bytes]:
+        logger.info("starting: %s", shlex.join(argv))
+        return Popen(argv, env={**os.environ, **env}, start_new_session=True, cwd=self.dir)
+
+    def start(self, hosts: Hosts) -> None:
+        raise NotImplementedError
+
+    def update(self, hosts: Hosts) -> None:
+        raise NotImplementedError
+
+    def request_stop(self, grace_s: float) -> None:
+        """Ask the workers to commit and exit; kill them after ``grace_s``."""
+        if not self.stopping:
+            logger.info("%s: asking the workers to checkpoint and stop", self.name)
+            channel.write_text_atomic(self.dir / channel.STOP_REQUEST, f"{time.time()}\n")
+            self.stopping = True
+            self._stop_deadline = time.monotonic() + grace_s
+
+    def terminate(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                remote.kill_tree(p.pid, signal.SIGTERM)
+        if not remote.wait_gone([p.pid for p in self.procs], 5.0):
+            for p in self.procs:
+                remote.kill_tree(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            with contextlib.suppress(Exception):
+                p.wait(timeout=5)
+
+    def poll(self) -> int | None:
+        """None while running; else the return code (first non-zero, else 0)."""
+        late = self._stop_deadline is not None and time.monotonic() > self._stop_deadline
+        if late and self._killed_at is None:
+            logger.warning("%s: workers did not stop in time; terminating", self.name)
+            self._killed_at = time.monotonic()
+            self.terminate()
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            if any(c not in (None, 0) for c in codes):
+                bad = next(c for c in codes if c not in (None, 0))
+                logger.warning("%s: a process exited with %s; stopping the rest", self.name, bad)
+                self.terminate()
+                return bad
+            return None
+        return next((c for c in codes if c != 0), 0)
+
+
+class HorovodBackend(Backend):
+    """``horovodrun`` in elastic mode; discovery prints the supervisor's host copy."""
+
+    name = "horovod"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        super().__init__(spec)
+        self.discovery_hosts = self.dir / "discovery-hosts"
+        self.discovery = self.dir / "discover-hosts.sh"
+        self.shim_dir = self.dir / "bin"
+        self.nic: str | None = None
+
+    def _choose_nic(self, hosts: Hosts) -> str | None:
+        setting = _setting("BFTRAINER_HOROVOD_NIC", "auto")
+        if setting == "none":
+            return None
+        if setting == "auto":
+            return "lo" if all(remote.is_local(h) for h, _ in hosts) else None
+        return setting
+
+    def _write_files(self) -> None:
+        self.discovery.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(self.discovery_hosts))}\n")
+        self.discovery.chmod(0o755)
+        self.shim_dir.mkdir(exist_ok=True)
+        shim = self.shim_dir / "ssh"
+        shim.write_text(
+            f"#!{self.spec.python}\n"
+            "# Horovod's ssh calls, run as exec.json says (bftrainer.trainers.launch.remote).\n"
+            "import sys\nfrom pathlib import Path\n"
+            "from bftrainer.trainers.launch.remote import ssh_shim_main\n"
+            f"sys.exit(ssh_shim_main(sys.argv[1:], Path({str(self.dir)!r}), "
+            f"Path({str(self.shim_dir)!r})))\n"
+        )
+        shim.chmod(0o755)
+
+    def _horovodrun(self) -> str:
+        beside = Path(self.spec.python).parent / "horovodrun"
+        found = str(beside) if beside.exists() else shutil.which("horovodrun")
+        if found is None:
+            raise LaunchError("horovodrun not found: build Horovod with scripts/build-horovod.sh")
+        return found
+
+    def start(self, hosts: Hosts) -> None:
+        self._write_files()
+        channel.write_text_atomic(self.discovery_hosts, channel.format_hosts(hosts))
+        self.hosts = list(hosts)
+        self.nic = self._choose_nic(hosts)
+        slots = max(s for _, s in hosts)
+        max_np = max(self.spec.max_hosts, len(hosts)) * slots
+        np_ = min(sum(s for _, s in hosts), max_np)
+        cooldown = _setting("BFTRAINER_BLACKLIST_COOLDOWN_S", "5 10").split()
+        argv = [
+            self._horovodrun(),
+            "-np",
+            str(np_),
+            "--min-np",
+            str(min(self.spec.min_hosts, np_)),
+            "--max-np",
+            str(max_np),
+            "--host-discovery-script",
+            str(self.discovery),
+            "--blacklist-cooldown-range",
+            *cooldown,
+        ]
+        if self.nic:
+            argv += ["--network-interface", self.nic]
+        argv += self.worker_argv()
+        env = self.worker_env()
+        env["PATH"] = f"{self.shim_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.procs = [self.spawn(argv, env)]
+
+    def update(self, hosts: Hosts) -> None:
+        if not hosts or (self.nic == "lo" and not all(remote.is_local(h) for h, _ in hosts)):
+            self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
+            return
+        logger.info("horovod: hosts now %s", hosts)
+        channel.write_text_atomic(self.discovery_hosts, channel.format_hosts(hosts))
+        self.hosts = list(hosts)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class TorchrunBackend(Backend):
+    """One ``torchrun`` agent per host, c10d rendezvous, a new generation per host set."""
+
+    name = "torchrun"
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        super().__init__(spec)
+        self.generation = 0
+
+    def start(self, hosts: Hosts) -> None:
+        hosts = hosts[: max(self.spec.max_hosts, 1)]
+        self.generation += 1
+        self.hosts = list(hosts)
+        first = hosts[0][0]
+        endpoint_host = "127.0.0.1" if remote.is_local(first) else first
+        endpoint = f"{endpoint_host}:{_free_port()}"
+        env = self.worker_env()
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        config = remote.exec_config(self.dir)
+        restarts = _setting("BFTRAINER_TORCHRUN_MAX_RESTARTS", "3")
+        self.procs = []
+        for i, (host, slots) in enumerate(hosts):
+            argv = [
+                self.spec.python,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={len(hosts)}",
+                f"--nproc-per-node={slots}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                f"--rdzv-id={self.spec.trainer_id}-{self.generation}",
+                f"--rdzv-conf=is_host={1 if i == 0 else 0}",
+                f"--max-restarts={restarts}",
+                "--monitor-interval=1",
+                *WORKER,
+                str(self.spec.script),
+                *self.spec.args,
+            ]
+            wrapped = remote.wrap_command(host, argv, config, env=env, cwd=str(self.dir))
+            self.procs.append(self.spawn(wrapped, env))
+
+    def update(self, hosts: Hosts) -> None:
+        # Every membership change restarts the workers: stop them at a step boundary
+        # (they commit first) and start a new generation on the new set.
+        self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
+
+
+class Supervisor:
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.dir = spec.trainer_dir
+        self.backend: Backend | None = None
+        self.stop_requested = False
+        self._bad_hosts_logged = ""
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        logger.info("signal %d: stopping", signum)
+        self.stop_requested = True
+
+    def _grace_s(self) -> float:
+        try:
+            return float((self.dir / STOP_GRACE).read_text())
+        except (OSError, ValueError):
+            return float(_setting("BFTRAINER_STOP_GRACE_S", "30"))
+
+    def _read_hosts(self, previous: Hosts) -> Hosts:
+        try:
+            hosts = channel.read_hosts(self.dir)
+        except channel.ChannelError as e:
+            if str(e) != self._bad_hosts_logged:
+                logger.error("%s; keeping %s", e, previous)
+                self._bad_hosts_logged = str(e)
+            return previous
+        return hosts[: self.spec.max_hosts]
+
+    def _failure(self) -> str | None:
+        data = channel.read_json(self.dir / FAILURE)
+        return None if data is None else str(data.get("reason", "a worker failed"))
+
+    def _new_backend(self) -> Backend:
+        if self.spec.backend == "horovod":
+            return HorovodBackend(self.spec)
+        return TorchrunBackend(self.spec)
+
+    def finish(self, state: str, returncode: int | None, reason: str) -> int:
+        if self.backend is not None and any(p.poll() is None for p in self.backend.procs):
+            self.backend.terminate()
+        channel.write_exit(self.dir, state, returncode, reason, time.time())
+        (self.dir / channel.STOP_REQUEST).unlink(missing_ok=True)
+        logger.info("trainer %s %s: %s", self.spec.trainer_id, state, reason)
+        return 0 if state != "failed" else 1
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        channel.write_text_atomic(self.dir / channel.SUPERVISOR_PID, f"{os.getpid()}\n")
+        if not Path(self.spec.script).is_file():
+            return self.finish("failed", None, f"trainer script not found: {self.spec.script}")
+        hosts: Hosts = []
+        running = False
+        while True:
+            hosts = self._read_hosts(hosts)
+            reason = self._failure()
+            if reason is not None:
+                rc = None
+                if self.backend is not None:
+                    self.backend.terminate()
+                    rc = self.backend.poll()
+                return self.finish("failed", rc, reason)
+            if not running:
+                if channel.read_result(self.dir) is not None:
+                    return self.finish("done", 0, "work done")
+                if self.stop_requested:
+                    return self.finish("stopped", None, "stopped on request")
+                if hosts:
+                    (self.dir / channel.STOP_REQUEST).unlink(missing_ok=True)
+                    self.backend = self._new_backend()
+                    try:
+                        self.backend.start(hosts)
+                    except (LaunchError, remote.RemoteExecError, OSError) as e:
+                        return self.finish("failed", None, str(e))
+                    running = True
+            else:
+                backend = self.backend
+                assert backend is not None
+                if self.stop_requested and not backend.stopping:
+                    backend.request_stop(self._grace_s())
+                rc = backend.poll()
+                if rc is not None:
+                    running = False
+                    if channel.read_result(self.dir) is not None:
+                        return self.finish("done", rc, "work done")
+                    reason = self._failure()
+                    if reason is not None:
+                        return self.finish("failed", rc, reason)
+                    if self.stop_requested:
+                        return self.finish("stopped", rc, "stopped on request")
+                    if not backend.stopping:
+                        err = last_error_line(self.dir / channel.SUPERVISOR_LOG)
+                        why = f"{backend.name} exited with code {rc}" + (f": {err}" if err else "")
+                        return self.finish("failed", rc, why)
+                    logger.info(
+                        "%s: workers stopped (code %d); hosts now %s", backend.name, rc, hosts
+                    )
+                elif hosts != backend.hosts and not backend.stopping:
+                    backend.update(hosts)
+            time.sleep(POLL_S)
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s supervisor %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if len(argv) != 1:
+        print("usage: python -m bftrainer.trainers.launch.supervisor TRAINER_DIR", file=sys.stderr)
+        return 2
+    trainer_dir = Path(argv[0])
+    spec_path = trainer_dir / channel.SPEC
+    try:
+        spec = LaunchSpec.from_json(spec_path.read_text(), str(spec_path))
+    except (OSError, LaunchError) as e:
+        logger.error("%s", e)
+        with contextlib.suppress(OSError):
+            channel.write_exit(trainer_dir, "failed", None, str(e), time.time())
+        return 1
+    try:
+        return Supervisor(spec).run()
+    except Exception as e:
+        logger.exception("supervisor failed")
+        channel.write_exit(trainer_dir, "failed", None, f"supervisor error: {e}", time.time())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

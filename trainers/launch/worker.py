@@ -1,0 +1,94 @@
+"""Runs the user's trainer.py in a worker and turns a user error into ``failure.json``.
+
+``python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]`` runs SCRIPT as
+``__main__``. An exception from the script (at import, from its options, at step N)
+is printed with its traceback (to the supervisor's log) and its last line is written to
+``TRAINER_DIR/failure.json``, so the supervisor fails the trainer at once rather than
+letting the backend restart a script that will fail again. A lost peer
+(:class:`~bftrainer.trainers.comm.CommLostError`) is the backend's business: no
+failure file, the backend restarts or resets the workers.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bftrainer.trainers import channel
+
+FAILURE = "failure.json"
+
+
+def _rank() -> str:
+    for name in ("HOROVOD_RANK", "RANK"):
+        if name in os.environ:
+            return os.environ[name]
+    return "0"
+
+
+def record_failure(reason: str) -> None:
+    trainer_dir = os.environ.get("BFTRAINER_TRAINER_DIR")
+    if not trainer_dir or not Path(trainer_dir).is_dir():
+        return
+    path = Path(trainer_dir) / FAILURE
+    if path.exists():
+        return  # the first failure is the one to report
+    channel.write_json_atomic(
+        path,
+        {"reason": reason, "rank": _rank(), "host": socket.gethostname(), "time_s": time.time()},
+    )
+
+
+def _is_peer_loss(exc: BaseException) -> bool:
+    from bftrainer.trainers.comm import CommLostError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, CommLostError):
+            return True
+        name = type(seen).__name__
+        if name in ("HorovodInternalError", "HostsUpdatedInterrupt"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]", file=sys.stderr)
+        return 2
+    script = argv[0]
+    if not Path(script).is_file():
+        reason = f"trainer script not found: {script}"
+        print(f"bftrainer: {reason}", file=sys.stderr)
+        record_failure(reason)
+        return 2
+    sys.argv = list(argv)
+    sys.path.insert(0, str(Path(script).resolve().parent))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0:
+            record_failure(f"{Path(script).name} exited with code {code}")
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if _is_peer_loss(e):
+            return 1
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        record_failure(f"{Path(script).name}: {last}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
