@@ -1,0 +1,258 @@
+"""Holder jobs: one preemptible scheduler job per pool node, so the main scheduler is
+never delayed and bftrainer's workers run inside an allocation the scheduler knows.
+
+A holder asks for exactly one node, in the partition (Slurm) or queue (LSF) that the
+main workload preempts, for no longer than the node's backfill window. The node is usable
+once its holder runs; when a main job wants it, the scheduler preempts the holder, the
+trainer's worker steps inside it get SIGTERM, and the main job starts within seconds.
+
+``Holders`` is the interface, in the shape of submitit's executors: a base class with the
+common logic (``acquire``, ``release``, ``held``, ``reconcile``) and a few hooks per
+scheduler (the command lines and the parsers). ``held`` asks about every holder of ours in
+ONE status call, as submitit's watcher does with one ``sacct``.
+
+Durability: ``acquire`` returns the job id only after the scheduler accepted it; the
+daemon records it in its state. If the daemon dies between the two, the next
+``reconcile`` finds a holder the state does not know and cancels it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
+
+log = logging.getLogger(__name__)
+
+MIN_WINDOW_S = 60.0  # schedulers count time limits in whole minutes
+DEFAULT_JOB_NAME = "bftrainer-hold"
+HOLDER_STATES = ("pending", "running", "ended")
+
+
+class HolderError(Exception):
+    """A holder could not be submitted, listed or cancelled; the message names the command,
+    the node or job, and where the command ran."""
+
+
+class HolderSubmitError(HolderError):
+    """The scheduler refused a holder, or its reply had no job id."""
+
+
+class HolderStatusError(HolderError):
+    """The batched status call failed or printed something unparseable."""
+
+
+class WindowTooShortError(HolderError, ValueError):
+    """The node's window is under a minute: a holder would outlive it (and Slurm reads a
+    time limit of 0 as *no limit*)."""
+
+
+@dataclass(frozen=True)
+class HolderStatus:
+    """One holder as the scheduler shows it.
+
+    ``state``: ``pending`` (not on its node yet), ``running`` (the node is ours) or
+    ``ended`` (the node is not ours any more: finished, cancelled, preempted, even while
+    the scheduler is still winding the job down). ``reason``: why, in the scheduler's
+    words (``preempted``, ``completed``, ``Resources``, ...). ``scheduler_state``: the raw
+    state. ``lingering``: ended for us but still on the node until cancelled (suspended
+    by a suspend-mode preemption); ``reconcile`` cancels those.
+    """
+
+    node: str
+    state: str
+    reason: str = ""
+    scheduler_state: str = ""
+    lingering: bool = False
+
+    def __post_init__(self) -> None:
+        if self.state not in HOLDER_STATES:
+            raise ValueError(f"holder state {self.state!r}: expected one of {HOLDER_STATES}")
+
+    @property
+    def live(self) -> bool:
+        """Pending or running: the job holds, or will hold, its node."""
+        return self.state != "ended"
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    """What one ``reconcile`` found and did.
+
+    ``live``: holders the state knows that are pending or running. ``gone``: holders the
+    state knows that ended (with the scheduler's status) or that the scheduler no longer
+    lists (state ``ended``, reason ``not listed``): the daemon marks them ended and drops
+    their nodes. ``cancelled``: holders the state does not know (a daemon died between
+    submitting and recording them), and known ones that linger suspended, cancelled now.
+    """
+
+    live: dict[str, HolderStatus] = field(default_factory=dict)
+    gone: dict[str, HolderStatus] = field(default_factory=dict)
+    cancelled: dict[str, HolderStatus] = field(default_factory=dict)
+
+
+def window_minutes(window_s: float | None, max_minutes: int | None) -> int | None:
+    """The time limit of a holder, in whole minutes: the window rounded down (a holder
+    must never outlive its node's window), capped at the partition's/queue's maximum.
+    None (or ``inf``) window: open-ended, so the maximum (None: no limit at all)."""
+    if window_s is None or window_s == math.inf:
+        return max_minutes
+    if not math.isfinite(window_s) or window_s < MIN_WINDOW_S:
+        raise WindowTooShortError(
+            f"window of {window_s:g} s is under {MIN_WINDOW_S:g} s: no holder fits in it"
+        )
+    minutes = int(window_s // 60)
+    return minutes if max_minutes is None else min(minutes, max_minutes)
+
+
+class Holders(ABC):
+    """Holder jobs on one scheduler. Subclasses fill the hooks; the logic lives here.
+
+    ``job_name`` tells our holders apart from every other job of the same account: two
+    daemons of one account need two names, or each cancels the other's holders as
+    unknown.
+    """
+
+    scheduler: ClassVar[str]
+
+    def __init__(self, runner: CommandRunner, *, job_name: str = DEFAULT_JOB_NAME) -> None:
+        if not job_name or any(c.isspace() for c in job_name):
+            raise ValueError(f"bad holder job name {job_name!r}")
+        self.runner = runner
+        self.job_name = job_name
+
+    # ------------------------------------------------------------- hooks
+
+    @abstractmethod
+    def submit_argv(self, node: str, minutes: int | None) -> list[str]:
+        """The command that submits one holder for ``node`` with a ``minutes`` limit
+        (None: no limit)."""
+
+    @abstractmethod
+    def parse_submit(self, result: CommandResult) -> str:
+        """The job id from the submit command's reply (raise ``ValueError`` if none)."""
+
+    @abstractmethod
+    def cancel_argv(self, job_ids: Sequence[str]) -> list[str]:
+        """One command that cancels all of ``job_ids``."""
+
+    @abstractmethod
+    def status_argv(self) -> list[str]:
+        """One command that lists all our holders, recently ended ones included."""
+
+    @abstractmethod
+    def parse_status(self, result: CommandResult) -> dict[str, HolderStatus]:
+        """Job id -> status from the status command's result (any exit code); raise
+        ``ValueError`` for output that does not parse."""
+
+    @abstractmethod
+    def step_argv(self, job_id: str, node: str, command: Sequence[str]) -> list[str]:
+        """The argv that runs ``command`` on ``node`` as a task inside holder ``job_id``,
+        so that a preemption's SIGTERM reaches it."""
+
+    def max_minutes(self) -> int | None:
+        """The longest time limit the partition/queue allows (None: unlimited/unknown)."""
+        return None
+
+    def status_env(self) -> dict[str, str]:
+        return {}
+
+    # ------------------------------------------------------------- the logic
+
+    def acquire(self, node: str, window_s: float | None) -> str:
+        """Submit a holder for ``node``, limited to its window (None: open-ended, the
+        partition's maximum). Returns the job id once the scheduler accepted it."""
+        minutes = window_minutes(window_s, self.max_minutes())
+        argv = self.submit_argv(node, minutes)
+        try:
+            result = self.runner.run(argv)
+        except CommandError as exc:
+            raise HolderSubmitError(f"holder for {node} not submitted: {exc}") from None
+        try:
+            job_id = self.parse_submit(result)
+        except ValueError as exc:
+            raise HolderSubmitError(
+                f"holder for {node}: no job id in the reply of {shlex.join(argv)} "
+                f"({self.runner.where}): {exc}"
+            ) from None
+        log.info(
+            "%s holder %s submitted for %s (limit %s min)",
+            self.scheduler,
+            job_id,
+            node,
+            "none" if minutes is None else minutes,
+        )
+        return job_id
+
+    def release(self, *job_ids: str) -> None:
+        """Cancel holders (one command). A holder that already ended is no error."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return
+        argv = self.cancel_argv(ids)
+        try:
+            result = self.runner.run(argv, check=False)
+        except CommandError as exc:
+            raise HolderError(f"cannot cancel holder(s) {', '.join(ids)}: {exc}") from None
+        if result.returncode != 0:
+            log.warning(
+                "%s (%s) exited %d: %s",
+                result.command,
+                self.runner.where,
+                result.returncode,
+                (result.stderr or result.stdout).strip()[:300],
+            )
+        log.info("%s holder(s) released: %s", self.scheduler, ", ".join(ids))
+
+    def held(self) -> dict[str, HolderStatus]:
+        """Every holder of ours the scheduler lists (ended ones too, while it lists
+        them): job id -> status. One command."""
+        argv = self.status_argv()
+        try:
+            result = self.runner.run(argv, env=self.status_env(), check=False)
+        except CommandError as exc:
+            raise HolderStatusError(f"cannot list holders: {exc}") from None
+        try:
+            return self.parse_status(result)
+        except ValueError as exc:
+            raise HolderStatusError(
+                f"{shlex.join(argv)} ({self.runner.where}): unusable reply: {exc}"
+            ) from None
+
+    def reconcile(self, known: Iterable[str] | Mapping[str, str]) -> ReconcileResult:
+        """Compare the scheduler with the state's holders (``known``: job ids, or job id
+        -> node). Cancels holders the state does not know and known ones that linger;
+        reports known ones that are gone. One status call and at most one cancel."""
+        nodes = dict(known) if isinstance(known, Mapping) else dict.fromkeys(known, "")
+        listed = self.held()
+        out = ReconcileResult()
+        for job_id, status in listed.items():
+            if job_id not in nodes:
+                if status.live or status.lingering:
+                    out.cancelled[job_id] = status
+            elif status.lingering:
+                out.cancelled[job_id] = status
+                out.gone[job_id] = status
+            elif status.live:
+                out.live[job_id] = status
+            else:
+                out.gone[job_id] = status
+        for job_id, node in nodes.items():
+            if job_id not in listed:
+                out.gone[job_id] = HolderStatus(node, "ended", "not listed", "")
+        if out.cancelled:
+            log.warning(
+                "%s: cancelling holder(s) %s",
+                self.scheduler,
+                ", ".join(
+                    f"{j} ({s.node}, {s.scheduler_state})" for j, s in sorted(out.cancelled.items())
+                ),
+            )
+            self.release(*out.cancelled)
+        return out

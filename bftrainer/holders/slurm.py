@@ -1,0 +1,195 @@
+"""Slurm holders: ``sbatch -p <bf> -w node -N1 --time=<window> hold-nodes.sbatch``.
+
+Facts this relies on (Slurm 22.05.8 of scripts/slurm/local-cluster.sh, measured; see
+docs/holders.md):
+
+- Without accounting (``AccountingStorageType=accounting_storage/none``) ``sacct`` only
+  says "Slurm accounting storage is disabled", so status comes from ``squeue -t all``,
+  which lists ended jobs for ``MinJobAge`` seconds (300 by default, 30 on the test
+  cluster); a holder no longer listed has ended.
+- ``squeue -O 'JobID:|,...'`` prints each field unpadded and untruncated, ending with
+  ``|``. ``ReqNodes`` holds the ``-w`` node even while pending.
+- A holder preempted by a ``main`` job exits by itself during the grace time (its srun
+  task exits at SIGTERM) and shows ``COMPLETED``; only ``PreemptTime`` (epoch seconds
+  with ``SLURM_TIME_FORMAT=%s``; ``N/A`` otherwise) tells a preemption apart. It is set
+  the moment Slurm preempts, while the job may still show ``RUNNING``: from then on the
+  node is not ours.
+- ``scancel`` of an ended or unknown job exits 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders, HolderStatus, HolderSubmitError
+from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
+from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "hold-nodes.sbatch"
+STATUS_FIELDS = ("JobID", "State", "ReqNodes", "NodeList", "PreemptTime", "Reason")
+_PENDING = frozenset(
+    {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+)
+_SUSPENDED = frozenset({"SUSPENDED", "STOPPED"})
+_NO_VALUE = frozenset({"", "n/a", "none", "(null)", "unknown"})
+
+
+def parse_duration_min(text: str) -> int | None:
+    """Whole minutes from a Slurm duration (``MaxTime``: ``UNLIMITED``, ``30``,
+    ``1:30:00``, ``2-00:00:00``, ``2-12``), rounded down; None for unlimited."""
+    value = text.strip()
+    if value.upper() in ("UNLIMITED", "INFINITE", "NONE"):
+        return None
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    if not m:
+        raise ValueError(f"bad Slurm duration {text!r}")
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        seconds = days * 86400 + (a or 0) * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # hours:minutes:seconds
+        seconds = (a or 0) * 3600 + (b or 0) * 60 + c
+    elif b is not None:  # minutes:seconds
+        seconds = (a or 0) * 60 + b
+    else:  # minutes
+        seconds = (a or 0) * 60
+    return seconds // 60
+
+
+def parse_partition_max_minutes(text: str) -> int | None:
+    """``MaxTime`` of ``scontrol show partition P -o``, in minutes (None: unlimited)."""
+    m = re.search(r"(?:^|\s)MaxTime=(\S+)", text)
+    if not m:
+        raise ValueError(f"no MaxTime= in {text.strip()[:200]!r}")
+    return parse_duration_min(m.group(1))
+
+
+def classify(state: str, preempted: bool, reason: str) -> tuple[str, str, bool]:
+    """(our state, reason, lingering) for a Slurm job state."""
+    s = state.strip().upper().rstrip("+")
+    if preempted:
+        return "ended", "preempted", False
+    if s == "RUNNING":
+        return "running", "", False
+    if s in _PENDING:
+        return "pending", reason, False
+    if s in _SUSPENDED:
+        return "ended", "suspended", True
+    return "ended", s.lower(), False
+
+
+def parse_squeue_holders(text: str) -> dict[str, HolderStatus]:
+    """Job id -> status from ``squeue -h -O 'JobID:|,State:|,ReqNodes:|,NodeList:|,
+    PreemptTime:|,Reason:|'`` (times as epoch seconds)."""
+    out: dict[str, HolderStatus] = {}
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != len(STATUS_FIELDS) + 1 or parts[-1] or not parts[0]:
+            raise ValueError(f"line {line_no}: expected {'|'.join(STATUS_FIELDS)}|: {line!r}")
+        job_id, state, req, alloc, preempt, reason = parts[:-1]
+        hostlist = alloc if alloc.lower() not in _NO_VALUE else req
+        try:
+            nodes = expand_hostlist(hostlist)
+        except HostlistError as exc:
+            raise ValueError(f"line {line_no}: {exc}") from None
+        ours, why, lingering = classify(state, preempt.lower() not in _NO_VALUE, reason)
+        if why.lower() in _NO_VALUE:
+            why = ""
+        out[job_id] = HolderStatus(",".join(nodes), ours, why, state, lingering)
+    return out
+
+
+def slurm_step_argv(job_id: str, node: str, command: Sequence[str]) -> list[str]:
+    """Run ``command`` as a step of holder ``job_id`` on ``node``: ``--overlap`` shares the
+    holder's CPUs with its sleeping task; the step gets SIGTERM when Slurm preempts."""
+    if not command:
+        raise ValueError("no command to run in the holder")
+    return ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", "-w", node, *command]
+
+
+class SlurmHolders(Holders):
+    """Holders in Slurm partition ``partition`` (the one the main partitions preempt).
+
+    ``script``: the holder batch script where ``sbatch`` runs (default: this source
+    tree's ``scripts/slurm/hold-nodes.sbatch``; give the login node's copy when the
+    commands run over SSH or bftrainer is installed from a wheel). ``extra_args``: more
+    ``sbatch`` options a site needs (``--account=...``, ``--qos=...``).
+    """
+
+    scheduler = "slurm"
+
+    def __init__(
+        self,
+        runner: CommandRunner,
+        *,
+        partition: str = "bf",
+        job_name: str = DEFAULT_JOB_NAME,
+        script: str | Path = SCRIPT,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        super().__init__(runner, job_name=job_name)
+        self.partition = partition
+        self.script = str(script)
+        self.extra_args = tuple(extra_args)
+        self._max_minutes: tuple[int | None] | None = None
+
+    def max_minutes(self) -> int | None:
+        """The partition's ``MaxTime`` (read once)."""
+        if self._max_minutes is None:
+            argv = ["scontrol", "show", "partition", self.partition, "-o"]
+            try:
+                text = self.runner.run(argv).stdout
+                self._max_minutes = (parse_partition_max_minutes(text),)
+            except (CommandError, ValueError) as exc:
+                raise HolderSubmitError(
+                    f"cannot read partition {self.partition}'s MaxTime: {exc}"
+                ) from None
+        return self._max_minutes[0]
+
+    def submit_argv(self, node: str, minutes: int | None) -> list[str]:
+        return [
+            "sbatch",
+            "--parsable",
+            f"--partition={self.partition}",
+            f"--nodelist={node}",
+            "--nodes=1",
+            f"--job-name={self.job_name}",
+            f"--time={'UNLIMITED' if minutes is None else minutes}",
+            *self.extra_args,
+            self.script,
+        ]
+
+    def parse_submit(self, result: CommandResult) -> str:
+        job_id = result.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise ValueError(f"expected a job id, got {result.stdout.strip()[:200]!r}")
+        return job_id
+
+    def cancel_argv(self, job_ids: Sequence[str]) -> list[str]:
+        return ["scancel", *job_ids]
+
+    def status_argv(self) -> list[str]:
+        return [
+            "squeue",
+            "--me",
+            "--noheader",
+            "--states=all",
+            f"--partition={self.partition}",
+            f"--name={self.job_name}",
+            "--Format=" + ",".join(f"{f}:|" for f in STATUS_FIELDS),
+        ]
+
+    def status_env(self) -> dict[str, str]:
+        return {"SLURM_TIME_FORMAT": "%s"}
+
+    def parse_status(self, result: CommandResult) -> dict[str, HolderStatus]:
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip()[:300]
+            raise ValueError(f"exit code {result.returncode}: {detail}")
+        return parse_squeue_holders(result.stdout)
+
+    def step_argv(self, job_id: str, node: str, command: Sequence[str]) -> list[str]:
+        return slurm_step_argv(job_id, node, command)
