@@ -24,6 +24,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import sqlite3
 import stat
 import threading
@@ -121,6 +122,10 @@ class InvalidTrainerError(StateError, ValueError):
 
 class HolderConflictError(StateError):
     """A node already has a live (pending or running) holder in the state."""
+
+
+class StateBusyError(StateError):
+    """Another process kept the database locked for longer than the busy timeout."""
 
 
 # ---------------------------------------------------------------------- the directory
@@ -471,6 +476,16 @@ def _holder(row: sqlite3.Row) -> HolderRow:
     )
 
 
+def trainer_dir(state_dir: Path, trainer_id: str) -> Path:
+    """``<state_dir>/trainers/<id>/``, the trainer's directory when the daemon runs it
+    (see the contract of the trainer directory), created owner-only."""
+    if not re.fullmatch(r"t\d{4,}", trainer_id):
+        raise ValueError(f"bad trainer id {trainer_id!r}")
+    path = state_dir / "trainers" / trainer_id
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
 def trainer_id_of(seq: int) -> str:
     """``t0001``: short; zero-padded to 4 digits so ids sort by submission up to t9999
     (beyond, sort by ``(len(id), id)``, as ``Store.trainers`` does by sequence)."""
@@ -497,14 +512,23 @@ class Store:
     # ------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, state_dir: Path, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Store:
-        """Open (creating if needed) ``<state_dir>/state.db``, migrated to this version.
+    def open(
+        cls, state_dir: Path, *, create: bool = True, busy_timeout_s: float = BUSY_TIMEOUT_S
+    ) -> Store:
+        """Open ``<state_dir>/state.db``, migrated to this version; with ``create`` (the
+        daemon, ``submit``) the directory and database are made if missing, without it
+        (``status``, ``cancel``) a missing one is a ``StateDirError``.
 
         Raises ``StateDirError`` for a directory that is not ours alone and
         ``SchemaError`` for a database that is not ours or is newer than this code.
         """
-        ensure_state_dir(state_dir)
         path = state_dir / DB_NAME
+        if create:
+            ensure_state_dir(state_dir)
+        else:
+            check_state_dir(state_dir)
+            if not path.exists():
+                raise StateDirError(f"no bftrainer state in {state_dir} (no {DB_NAME})")
         # Create the file owner-only; SQLite gives its -wal and -shm files the same mode.
         with contextlib.suppress(FileExistsError):
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
@@ -534,14 +558,12 @@ class Store:
         self._migrate()
 
     def _migrate(self) -> None:
+        # Checked first without the write lock: opening an up-to-date database (status,
+        # cancel) never waits for the daemon's writes.
+        if self._check_version() == SCHEMA_VERSION:
+            return
         with self.transaction():
-            version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise SchemaError(
-                    f"{self.path} has schema version {version}, newer than this bftrainer "
-                    f"understands ({SCHEMA_VERSION}): upgrade bftrainer, or use another "
-                    "state directory"
-                )
+            version = self._check_version()  # another process may have migrated meanwhile
             if version == 0:
                 tables = self._conn.execute(
                     "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
@@ -557,6 +579,16 @@ class Store:
                     self._conn.execute(statement)
             if version != SCHEMA_VERSION:
                 self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_version(self) -> int:
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.path} has schema version {version}, newer than this bftrainer "
+                f"understands ({SCHEMA_VERSION}): upgrade bftrainer, or use another "
+                "state directory"
+            )
+        return version
 
     def close(self) -> None:
         with self._lock:
@@ -596,7 +628,14 @@ class Store:
                 finally:
                     self._depth -= 1
                 return
-            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    raise StateBusyError(
+                        f"{self.path} stayed locked by another process: {exc}"
+                    ) from None
+                raise
             self._depth = 1
             try:
                 yield
@@ -605,7 +644,12 @@ class Store:
                 self._conn.execute("ROLLBACK")
                 raise
             self._depth = 0
-            self._conn.execute("COMMIT")
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
 
     def _query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         with self._lock:

@@ -384,3 +384,37 @@ def test_concurrent_submits_while_the_daemon_reads_and_writes(state_dir: Path) -
         mine = [t for t in daemon.trainers() if t.args[0] == f"p{k}"]
         assert [t.args[1] for t in mine] == [str(i) for i in range(25)]
     daemon.close()
+
+
+def test_status_does_not_create_a_state_dir(state_dir: Path) -> None:
+    with pytest.raises(StateDirError, match="does not exist"):
+        Store.open(state_dir, create=False)
+    assert not state_dir.exists()
+    state_dir.mkdir(mode=0o700)
+    with pytest.raises(StateDirError, match="no bftrainer state in"):
+        Store.open(state_dir, create=False)
+    Store.open(state_dir).close()
+    Store.open(state_dir, create=False).close()
+
+
+def test_trainer_dir_is_under_the_state_dir(store: Store, state_dir: Path) -> None:
+    tid = store.submit("a.py")
+    d = state.trainer_dir(state_dir, tid)
+    assert d == state_dir / "trainers" / tid and d.is_dir()
+    assert (d.stat().st_mode & 0o777) == 0o700
+    with pytest.raises(ValueError, match="bad trainer id"):
+        state.trainer_dir(state_dir, "../etc")
+
+
+def test_a_writer_holding_the_lock_too_long_is_a_clear_error(state_dir: Path) -> None:
+    Store.open(state_dir).close()
+    blocker = sqlite3.connect(state_dir / "state.db", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        with Store.open(state_dir, busy_timeout_s=0.2) as s:
+            with pytest.raises(state.StateBusyError, match="stayed locked by another process"):
+                s.submit("a.py")
+            assert s.trainers() == []  # readers are not blocked by the writer (WAL)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
