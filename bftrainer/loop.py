@@ -1,25 +1,86 @@
-"""The core loop: one implementation for the daemon (live) and the replay (offline).
+"""The core loop: one driving function for the daemon (live) and the replay (offline).
 
-It keeps the pool and the trainers, and on every pool event, trainer arrival or
-completion asks a :class:`Policy` for node sets and hands them to a :class:`TrainerDriver`.
-Only the caller differs between modes: the replay feeds trace events on a virtual clock
-(``bftrainer.replay.run``) and a simulated driver; the daemon feeds live pool events on
-the wall clock and a driver that rescales real elastic jobs.
+:func:`run` (or :class:`Loop`, one step at a time) owns the order of a step; the two
+modes differ only in what is plugged in:
+
+- **Sources** (:class:`Source`, one method, as Horovod's ``HostDiscovery``):
+  ``poll(now_s)`` returns the typed inputs due by ``now_s`` -- :class:`PoolChange`,
+  :class:`Arrival`, :class:`Cancel` (and, from a source that reads trainers' reports,
+  :class:`CurveReport` and :class:`Completion`) -- and when it wants to be polled next.
+  Replay: a trace and a job list (:class:`TimedSource`). Daemon: the live pool source,
+  the SQLite queue of submissions and cancels, the trainers' report files, each
+  polling on its own interval; :class:`Inbox` for inputs pushed from other threads.
+- **Clock** (:class:`Clock`): :class:`VirtualClock` jumps to the next input or
+  wake-up; :class:`WallClock` sleeps until then, and ``wake()`` cuts the sleep short.
+- **Driver** (:class:`TrainerDriver`): acts on trainers. ``advance(running, now_s)``
+  lets them progress to ``now_s`` and returns their :class:`Progress`, with curve
+  reports and completions as inputs (a driver never writes a trainer's curves or retires
+  it itself); ``next_wakeup_s`` says when it next has something to report (a completion
+  at current rates, a report timer). A wake-up is not an event: nothing is recorded
+  unless it brings an input or a decision.
+- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers.
+
+One step, in this order: wait for the earliest of the sources' next poll, the driver's
+wake-up, a rate-limited re-decision and ``until_s``; ``driver.advance`` to the clock's
+time; poll every source; apply the inputs (the driver's reports first, then each
+source's in order: completions and cancels free nodes, pool changes preempt holders of
+leaving nodes and add joining ones in sorted order, arrivals queue, curve reports update
+the trainers' curves); decide if a trainer came, went or the pool changed -- or if a
+curve was reported and the last decision is ``redecide_every_s`` old (else a re-decision
+is scheduled for then) -- and hand changed node sets to the driver; record a
+:class:`Step` only if an input (other than a curve report) arrived or a decision was
+made. The loop raises :class:`LoopStalledError` instead of spinning when the clock
+cannot move and nothing happens (e.g. a trace in epoch milliseconds, where a wake-up a
+few microseconds ahead rounds to now).
+
+**Decision latency** (``Step.latency_s``, logged at DEBUG): wall time from the moment
+the step's inputs were seen (the sources returned them) to the moment the last changed
+node set was handed to the driver (``driver.rescale`` returned).
+
+**For the daemon.** Build a :class:`Loop` with the live sources, the live driver, a
+:class:`WallClock` and the :class:`~bftrainer.config.Config`; call ``loop.run()`` (until
+``request_stop()``, e.g. from a SIGTERM handler, which also wakes the clock) or
+``loop.step()`` for one step. The observer's ``step`` is the place to persist: after it,
+``loop.state()`` is a :class:`LoopState` (time, pool, unfinished trainers with their
+nodes and progress, finished ones, the last decision's time). After a restart, pass
+the :class:`LoopState` rebuilt from those records as ``state=``: the first step then
+decides again (keeping current nodes wherever the policy's costs say so) before any
+new input is needed. Live sources report changes relative to the restored pool.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 
+if TYPE_CHECKING:
+    from bftrainer.config import Config
+
 log = logging.getLogger(__name__)
 
+Curve = tuple[tuple[float, float], ...]
+# Steps in a row at one instant with nothing recorded before the loop gives up.
+MAX_STALLED_STEPS = 1000
 
+
+class LoopError(ValueError):
+    """The loop was given inputs or a state it cannot use; names the value."""
+
+
+class LoopStalledError(RuntimeError):
+    """The loop would spin: the clock cannot move and no input or decision comes."""
+
+
+# ---- the trainers' records ---------------------------------------------------------------
 @dataclass
 class TrainerState:
     """One trainer's live record (mutable: the loop updates it in place, incrementally)."""
@@ -28,19 +89,20 @@ class TrainerState:
     nodes: tuple[str, ...] = ()
     started_s: float | None = None
     finished_s: float | None = None
+    cancelled_s: float | None = None
     processed_samples: float = 0.0
     rescale_cost_samples: float = 0.0
     preemption_cost_samples: float = 0.0
     rescales: int = 0
     # Curves the trainer reported from its own model, by metric ("throughput",
     # "goodput"): breakpoints (nodes, value/s). Policies prefer them to the job's profile.
-    reported_curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    reported_curves: dict[str, Curve] = field(default_factory=dict)
 
     @property
     def id(self) -> str:
         return self.job.id
 
-    def curve(self, metric: str) -> tuple[tuple[float, float], ...]:
+    def curve(self, metric: str) -> Curve:
         """The latest curve for ``metric``; the job's throughput profile otherwise."""
         return self.reported_curves.get(metric, self.job.curve)
 
@@ -68,28 +130,204 @@ class Policy(Protocol):
         ...
 
 
-class TrainerDriver(Protocol):
-    """Acts on trainers. Each method returns the samples it cost or processed."""
+# ---- inputs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PoolChange:
+    """Nodes joined and/or left the pool, without warning."""
 
-    def advance(self, trainers: Iterable[TrainerState], dt_s: float) -> float:
-        """Progress of the running trainers over ``dt_s``; returns samples processed."""
+    event: PoolEvent
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A trainer was submitted; it queues, first come first served."""
+
+    job: JobSpec
+
+
+@dataclass(frozen=True)
+class CurveReport:
+    """A trainer's own model of ``metric`` ("throughput", "goodput") per node count."""
+
+    trainer_id: str
+    metric: str
+    curve: Curve
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A trainer finished its work; its nodes return to the pool."""
+
+    trainer_id: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a trainer (queued or running) for good; its nodes return to the pool."""
+
+    trainer_id: str
+
+
+Input = PoolChange | Arrival | CurveReport | Completion | Cancel
+
+
+@dataclass(frozen=True)
+class Polled:
+    """A source's answer: the inputs due by now, and when to poll it next (inf: only
+    when something else wakes the loop)."""
+
+    inputs: tuple[Input, ...] = ()
+    next_s: float = math.inf
+
+
+class Source(Protocol):
+    def poll(self, now_s: float) -> Polled:
+        """Inputs due by ``now_s``, each returned once. Called at every step, possibly
+        before the ``next_s`` it gave (another source or the driver woke the loop)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What ``TrainerDriver.advance`` saw: samples processed since the last call, and
+    the trainers' reports (curves, completions) as inputs for the loop."""
+
+    processed_samples: float = 0.0
+    reports: tuple[CurveReport | Completion, ...] = ()
+
+
+class TrainerDriver(Protocol):
+    """Acts on trainers. The loop owns ``TrainerState.nodes`` and the curves; the driver
+    owns progress (``processed_samples``) and cost accounting, and returns costs."""
+
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        """``trainers`` (those holding nodes) ran from the previous call's ``now_s`` to
+        this one (the first call only sets the clock); their progress and reports."""
+        ...
+
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        """When the driver next has something to report (a completion at current
+        rates, a report timer); inf if nothing is expected."""
         ...
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
-        """Some of the trainer's nodes left without warning (already removed)."""
+        """Some of the trainer's nodes left without warning (already removed from
+        ``trainer.nodes``); returns the samples it cost."""
         ...
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        """Move the trainer to ``nodes`` (no migration: a superset or subset)."""
+        """Move the trainer to ``nodes`` (no migration: a superset or subset; () stops
+        it until it gets nodes again); returns the samples it cost."""
         ...
 
-    def is_done(self, trainer: TrainerState) -> bool: ...
-
-    def next_completion_s(self, trainers: Iterable[TrainerState], now_s: float) -> float:
-        """When the next running trainer completes at current rates (inf if none)."""
+    def cancel(self, trainer: TrainerState) -> None:
+        """Stop the trainer for good (it was cancelled; its nodes are already freed)."""
         ...
 
 
+# ---- clocks ------------------------------------------------------------------------------
+class Clock(Protocol):
+    def now_s(self) -> float: ...
+
+    def wait_until(self, t_s: float) -> float:
+        """Return at ``t_s`` (or earlier if woken); the time then."""
+        ...
+
+    def wake(self) -> None:
+        """Cut a wait short (thread- and signal-safe)."""
+        ...
+
+
+class VirtualClock:
+    """The replay's clock: waiting is jumping."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now_s = start_s
+
+    def now_s(self) -> float:
+        return self._now_s
+
+    def wait_until(self, t_s: float) -> float:
+        if not math.isfinite(t_s):
+            raise LoopStalledError(
+                f"the virtual clock was asked to wait forever at {self._now_s}: no source, "
+                "driver or re-decision expects anything (give run() an until_s or a stop)"
+            )
+        self._now_s = max(self._now_s, t_s)
+        return self._now_s
+
+    def wake(self) -> None:
+        pass
+
+
+class WallClock:
+    """The daemon's clock: epoch seconds; ``wait_until`` sleeps, ``wake`` interrupts."""
+
+    def __init__(self, time_fn: Callable[[], float] = time.time) -> None:
+        self._time = time_fn
+        self._woken = threading.Event()
+
+    def now_s(self) -> float:
+        return self._time()
+
+    def wait_until(self, t_s: float) -> float:
+        delay = t_s - self._time()
+        if delay > 0:
+            self._woken.wait(None if math.isinf(delay) else delay)
+        self._woken.clear()
+        return self._time()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+
+# ---- sources -----------------------------------------------------------------------------
+class TimedSource:
+    """Inputs at known times (a trace, a job list, a test's script), sorted by time;
+    each is due once the clock reaches its time. Reads ``items`` lazily."""
+
+    def __init__(self, items: Iterable[tuple[float, Input]]) -> None:
+        self._items: Iterator[tuple[float, Input]] = iter(items)
+        self._next: tuple[float, Input] | None = next(self._items, None)
+
+    @property
+    def exhausted(self) -> bool:
+        return self._next is None
+
+    def poll(self, now_s: float) -> Polled:
+        due: list[Input] = []
+        while self._next is not None and self._next[0] <= now_s:
+            t_s, item = self._next
+            due.append(item)
+            self._next = next(self._items, None)
+            if self._next is not None and self._next[0] < t_s:
+                raise LoopError(f"inputs out of time order: {self._next[0]} after {t_s}")
+        return Polled(tuple(due), self._next[0] if self._next is not None else math.inf)
+
+
+class Inbox:
+    """Inputs pushed from elsewhere (another thread, a signal handler's caller): due at
+    the next step. ``put`` wakes the clock it was given."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._queue: deque[Input] = deque()
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def put(self, item: Input) -> None:
+        with self._lock:
+            self._queue.append(item)
+        if self._clock is not None:
+            self._clock.wake()
+
+    def poll(self, now_s: float) -> Polled:
+        with self._lock:
+            items = tuple(self._queue)
+            self._queue.clear()
+        return Polled(items)
+
+
+# ---- records -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Step:
     """What happened at one instant of the loop, for the per-event log and metrics."""
@@ -108,6 +346,8 @@ class Step:
     decided: bool
     status: str
     solve_s: float
+    cancels: int = 0
+    latency_s: float = 0.0  # inputs seen -> node sets handed to the driver (wall time)
 
 
 class Observer(Protocol):
@@ -119,33 +359,194 @@ class Observer(Protocol):
 
 
 @dataclass
-class CoreLoop:
-    policy: Policy
-    driver: TrainerDriver
+class LoopState:
+    """What the loop needs to go on: to start a replay, or to restore a daemon from its
+    durable records. ``trainers``: unfinished, in arrival order, with their current
+    nodes (all in ``pool``) and progress; ``finished``: completed or cancelled."""
+
     now_s: float
-    pool: dict[str, None] = field(default_factory=dict)  # an ordered set
-    max_trainers: int = 10
-    observer: Observer | None = None
-    trainers: dict[str, TrainerState] = field(default_factory=dict)  # unfinished, arrival order
+    pool: tuple[str, ...] = ()
+    trainers: list[TrainerState] = field(default_factory=list)
     finished: list[TrainerState] = field(default_factory=list)
-    _dirty: bool = True
-    _pending: dict[str, float] = field(default_factory=dict)
+    last_decision_s: float = -math.inf
 
-    # ---- inputs -------------------------------------------------------------------------
-    def advance(self, t_s: float) -> None:
-        """Let time pass to ``t_s``: running trainers progress at their current rates."""
-        if t_s < self.now_s:
-            raise ValueError(f"time going backwards: {t_s} < {self.now_s}")
-        if t_s == self.now_s:
-            return
-        running = [t for t in self.trainers.values() if t.nodes]
-        processed = self.driver.advance(running, t_s - self.now_s)
-        if self.observer:
-            self.observer.interval(self.now_s, t_s, len(self.pool), processed)
-        self.now_s = t_s
 
-    def pool_event(self, event: PoolEvent) -> None:
-        """Nodes joined and/or left, without warning: holders of leaving nodes are cut."""
+# ---- the loop ----------------------------------------------------------------------------
+class Loop:
+    """The step order, for both modes; see the module docstring."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        driver: TrainerDriver,
+        clock: Clock,
+        config: Config,
+        *,
+        policy: Policy | None = None,
+        observer: Observer | None = None,
+        state: LoopState | None = None,
+    ) -> None:
+        self.sources = list(sources)
+        self.driver = driver
+        self.clock = clock
+        self.config = config
+        self.policy = policy if policy is not None else config.make_policy()
+        self.observer = observer
+        state = state if state is not None else LoopState(now_s=clock.now_s())
+        self.now_s = state.now_s
+        self.pool: dict[str, None] = dict.fromkeys(state.pool)  # an ordered set
+        self.trainers: dict[str, TrainerState] = {}  # unfinished, arrival order
+        self.finished: list[TrainerState] = list(state.finished)
+        self.last_decision_s = state.last_decision_s
+        held: dict[str, str] = {}
+        for t in state.trainers:
+            if t.id in self.trainers:
+                raise LoopError(f"trainer {t.id!r} appears twice in the state")
+            for n in t.nodes:
+                if n not in self.pool:
+                    raise LoopError(f"trainer {t.id!r} holds node {n!r}, not in the pool")
+                if n in held:
+                    raise LoopError(f"node {n!r} is held by both {held[n]!r} and {t.id!r}")
+                held[n] = t.id
+            self.trainers[t.id] = t
+        self._dirty = True  # the first step decides (after a restore too)
+        self._curves_changed = False
+        self._stop = False
+        self._started = False
+        self._source_next_s = state.now_s  # poll every source at the first step
+        self._stalled = 0
+        self._pending: dict[str, float] = {}
+        self._reports: list[Input] = []
+
+    # ---- driving --------------------------------------------------------------------------
+    def state(self) -> LoopState:
+        """The loop's state now (the trainers are the live records, not copies)."""
+        return LoopState(
+            now_s=self.now_s,
+            pool=tuple(self.pool),
+            trainers=list(self.trainers.values()),
+            finished=list(self.finished),
+            last_decision_s=self.last_decision_s,
+        )
+
+    def request_stop(self) -> None:
+        """Make ``run`` return after the current step (safe from a signal handler)."""
+        self._stop = True
+        self.clock.wake()
+
+    def next_time_s(self, until_s: float = math.inf) -> float:
+        """When the next step is due: a source's next poll, the driver's wake-up, a
+        postponed re-decision, or ``until_s``."""
+        t = min(self._source_next_s, until_s)
+        if not self._started:
+            return min(t, self.now_s)
+        t = min(t, self.driver.next_wakeup_s(self.running(), self.now_s))
+        if self._curves_changed:
+            t = min(t, self.last_decision_s + self.config.redecide_every_s)
+        return t
+
+    def run(
+        self,
+        *,
+        until_s: float = math.inf,
+        stop: Callable[[Loop], bool] | None = None,
+    ) -> Loop:
+        """Step until ``until_s`` is reached, ``stop(loop)`` says so after a step, or
+        ``request_stop()`` was called."""
+        while not self._stop:
+            self.step(until_s=until_s)
+            if self.now_s >= until_s or (stop is not None and stop(self)):
+                break
+        return self
+
+    def step(self, *, until_s: float = math.inf) -> Step | None:
+        """One step (see the module docstring); the recorded Step, or None."""
+        target = self.next_time_s(until_s)
+        now = self.clock.wait_until(target)
+        if now < self.now_s:  # a wall clock stepped back: keep the loop's time monotone
+            log.warning("clock went back from %.3f to %.3f; keeping %.3f", self.now_s, now, now)
+            now = self.now_s
+        moved = now > self.now_s or not self._started
+        self._started = True
+        self._advance(now)
+        inputs: list[Input] = []
+        next_s = math.inf
+        for source in self.sources:
+            polled = source.poll(now)
+            inputs.extend(polled.inputs)
+            next_s = min(next_s, polled.next_s)
+        self._source_next_s = next_s
+        seen = time.perf_counter()
+        recorded = False
+        for item in self._reports + inputs:
+            recorded |= self._apply(item)
+        self._reports = []
+        decision = self._decide()
+        latency = time.perf_counter() - seen if decision is not None else 0.0
+        if recorded or decision is not None:
+            self._stalled = 0
+            return self._record(decision, latency)
+        self._pending = {}
+        if moved:
+            self._stalled = 0
+        else:
+            self._stalled += 1
+            if self._stalled >= MAX_STALLED_STEPS:
+                raise LoopStalledError(self._stall_message(target))
+        return None
+
+    def running(self) -> list[TrainerState]:
+        return [t for t in self.trainers.values() if t.nodes]
+
+    def admitted(self) -> list[TrainerState]:
+        """First come, first served: the first ``max_trainers`` unfinished trainers."""
+        out: list[TrainerState] = []
+        for t in self.trainers.values():
+            if len(out) == self.config.max_trainers:
+                break
+            out.append(t)
+        return out
+
+    # ---- one step's parts -----------------------------------------------------------------
+    def _advance(self, now: float) -> None:
+        progress = self.driver.advance(self.running(), now)
+        if now > self.now_s and self.observer:
+            self.observer.interval(self.now_s, now, len(self.pool), progress.processed_samples)
+        self.now_s = now
+        self._reports = list(progress.reports)
+
+    def _apply(self, item: Input) -> bool:
+        """Apply one input; True if it is an event to record (curve reports are not)."""
+        if isinstance(item, PoolChange):
+            self._pool_change(item.event)
+        elif isinstance(item, Arrival):
+            self._arrive(item.job)
+        elif isinstance(item, Completion):
+            t = self._retire(item.trainer_id, "completion")
+            if t is None:
+                return False
+            t.finished_s = self.now_s
+            self._add("completions", 1)
+        elif isinstance(item, Cancel):
+            t = self._retire(item.trainer_id, "cancel")
+            if t is None:
+                return False
+            t.cancelled_s = self.now_s
+            self.driver.cancel(t)
+            self._add("cancels", 1)
+        elif isinstance(item, CurveReport):
+            t = self.trainers.get(item.trainer_id)
+            if t is None:
+                log.warning("curve report for unknown trainer %r ignored", item.trainer_id)
+                return False
+            t.reported_curves[item.metric] = item.curve
+            self._curves_changed = True
+            return False
+        else:
+            raise LoopError(f"not a loop input: {item!r}")
+        return True
+
+    def _pool_change(self, event: PoolEvent) -> None:
         left = event.left
         if left:
             for t in self.trainers.values():
@@ -155,90 +556,121 @@ class CoreLoop:
                     self._add("preemption", self.driver.preempt(t, old))
             for n in left:
                 self.pool.pop(n, None)
-        for n in event.joined:
+        # Sorted, not set order: the pool's order decides which nodes a policy maps, so
+        # a replay must not depend on PYTHONHASHSEED.
+        for n in sorted(event.joined):
             self.pool[n] = None
         self._add("joined", len(event.joined))
         self._add("left", len(left))
         self._dirty = True
 
-    def arrive(self, job: JobSpec) -> None:
+    def _arrive(self, job: JobSpec) -> None:
         if job.id in self.trainers or any(t.id == job.id for t in self.finished):
-            raise ValueError(f"trainer {job.id!r} arrived twice")
-        if len(self.trainers) < self.max_trainers:
+            raise LoopError(f"trainer {job.id!r} arrived twice")
+        if len(self.trainers) < self.config.max_trainers:
             self._dirty = True  # it is admitted at once
         self.trainers[job.id] = TrainerState(job)
         self._add("arrivals", 1)
 
-    def complete_finished(self) -> list[TrainerState]:
-        """Retire every trainer whose work is done; their nodes return to the pool."""
-        done = [t for t in self.trainers.values() if self.driver.is_done(t)]
-        for t in done:
-            t.finished_s = self.now_s
-            t.nodes = ()
-            del self.trainers[t.id]
-            self.finished.append(t)
-            log.debug("trainer %s finished at %.0f", t.id, self.now_s)
-        if done:
-            self._dirty = True
-            self._add("completions", len(done))
-        return done
+    def _retire(self, trainer_id: str, why: str) -> TrainerState | None:
+        t = self.trainers.pop(trainer_id, None)
+        if t is None:
+            log.warning("%s of unknown or finished trainer %r ignored", why, trainer_id)
+            return None
+        t.nodes = ()
+        self.finished.append(t)
+        self._dirty = True
+        log.debug("trainer %s retired (%s) at %.0f", trainer_id, why, self.now_s)
+        return t
 
-    # ---- decision -----------------------------------------------------------------------
-    def admitted(self) -> list[TrainerState]:
-        """First come, first served: the first ``max_trainers`` unfinished trainers."""
-        out: list[TrainerState] = []
-        for t in self.trainers.values():
-            if len(out) == self.max_trainers:
-                break
-            out.append(t)
-        return out
-
-    def decide(self) -> Decision | None:
-        """Ask the policy when anything changed, apply its node sets, record the step."""
-        decision = None
-        if self._dirty:
-            admitted = self.admitted()
-            decision = self.policy.decide(tuple(self.pool), admitted) if admitted else Decision({})
-            for t in admitted:
-                new = decision.nodes.get(t.id, ())
-                if new != t.nodes:
-                    self._add("rescale", self.driver.rescale(t, new))
-                    if new and t.started_s is None:
-                        t.started_s = self.now_s
-                    t.nodes = new
-            self._dirty = False
-        self._record(decision)
+    def _decide(self) -> Decision | None:
+        """Ask the policy when anything changed (or curves did, rate-limited), and
+        hand changed node sets to the driver."""
+        redecide = (
+            self._curves_changed
+            and self.now_s >= self.last_decision_s + self.config.redecide_every_s
+        )
+        if not (self._dirty or redecide):
+            return None
+        admitted = self.admitted()
+        decision = self.policy.decide(tuple(self.pool), admitted) if admitted else Decision({})
+        for t in admitted:
+            new = decision.nodes.get(t.id, ())
+            if new != t.nodes:
+                self._add("rescale", self.driver.rescale(t, new))
+                if new and t.started_s is None:
+                    t.started_s = self.now_s
+                t.nodes = new
+        self._dirty = False
+        self._curves_changed = False
+        self.last_decision_s = self.now_s
         return decision
 
-    def next_completion_s(self) -> float:
-        return self.driver.next_completion_s(
-            (t for t in self.trainers.values() if t.nodes), self.now_s
-        )
-
-    # ---- bookkeeping --------------------------------------------------------------------
+    # ---- bookkeeping ----------------------------------------------------------------------
     def _add(self, key: str, value: float) -> None:
         self._pending[key] = self._pending.get(key, 0.0) + value
 
-    def _record(self, decision: Decision | None) -> None:
+    def _record(self, decision: Decision | None, latency_s: float) -> Step:
         p = self._pending
-        if self.observer:
-            running = sum(1 for t in self.trainers.values() if t.nodes)
-            self.observer.step(
-                Step(
-                    time_s=self.now_s,
-                    pool_nodes=len(self.pool),
-                    allocated_nodes=sum(len(t.nodes) for t in self.trainers.values()),
-                    running=running,
-                    waiting=len(self.trainers) - running,
-                    joined=int(p.get("joined", 0)),
-                    left=int(p.get("left", 0)),
-                    arrivals=int(p.get("arrivals", 0)),
-                    completions=int(p.get("completions", 0)),
-                    rescale_cost_samples=p.get("rescale", 0.0),
-                    preemption_cost_samples=p.get("preemption", 0.0),
-                    decided=decision is not None,
-                    status=decision.status if decision else "",
-                    solve_s=decision.solve_s if decision else 0.0,
-                )
-            )
+        running = sum(1 for t in self.trainers.values() if t.nodes)
+        step = Step(
+            time_s=self.now_s,
+            pool_nodes=len(self.pool),
+            allocated_nodes=sum(len(t.nodes) for t in self.trainers.values()),
+            running=running,
+            waiting=len(self.trainers) - running,
+            joined=int(p.get("joined", 0)),
+            left=int(p.get("left", 0)),
+            arrivals=int(p.get("arrivals", 0)),
+            completions=int(p.get("completions", 0)),
+            rescale_cost_samples=p.get("rescale", 0.0),
+            preemption_cost_samples=p.get("preemption", 0.0),
+            decided=decision is not None,
+            status=decision.status if decision else "",
+            solve_s=decision.solve_s if decision else 0.0,
+            cancels=int(p.get("cancels", 0)),
+            latency_s=latency_s,
+        )
         self._pending = {}
+        if decision is not None:
+            log.debug(
+                "decision at %.3f: %d admitted, pool %d, %s, latency %.1f ms (solve %.1f ms)",
+                self.now_s,
+                min(len(self.trainers), self.config.max_trainers),
+                len(self.pool),
+                decision.status,
+                1e3 * latency_s,
+                1e3 * decision.solve_s,
+            )
+        if self.observer:
+            self.observer.step(step)
+        return step
+
+    def _stall_message(self, target_s: float) -> str:
+        hint = ""
+        if abs(self.now_s) > 1e11:
+            hint = (
+                f" (times of this size, {self.now_s:.6g}, look like epoch milliseconds: the "
+                "clock cannot represent a step of microseconds there)"
+            )
+        return (
+            f"the loop made no progress in {MAX_STALLED_STEPS} steps at time {self.now_s!r}: "
+            f"the next step was due at {target_s!r} and nothing arrived or was decided{hint}"
+        )
+
+
+def run(
+    sources: Sequence[Source],
+    driver: TrainerDriver,
+    clock: Clock,
+    config: Config,
+    *,
+    policy: Policy | None = None,
+    observer: Observer | None = None,
+    state: LoopState | None = None,
+    until_s: float = math.inf,
+    stop: Callable[[Loop], bool] | None = None,
+) -> Loop:
+    """Build a :class:`Loop` and run it (see ``Loop.run``); returns the loop."""
+    loop = Loop(sources, driver, clock, config, policy=policy, observer=observer, state=state)
+    return loop.run(until_s=until_s, stop=stop)

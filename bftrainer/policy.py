@@ -1,28 +1,34 @@
-"""Allocation policies: pure functions of the pool and the admitted trainers."""
+"""Allocation policies: pure functions of the pool and the admitted trainers.
+
+``POLICIES`` is the registry (as ``milp.solvers`` has of solvers): a name -> a factory
+that builds the policy from the configuration record (``bftrainer.config.Config``). A
+new policy is a class here and a line in the registry.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from bftrainer.loop import Decision, TrainerState
+from bftrainer.loop import Decision, Policy, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
+
+if TYPE_CHECKING:
+    from bftrainer.config import Config
 
 
 @dataclass(frozen=True)
 class MilpPolicy:
-    """The BFTrainer allocator (``docs/allocator.md``) at every event."""
+    """The BFTrainer allocator (``docs/allocator.md``) at every event, with the
+    settings of ``config`` (T_fwd, objective, formulation, solver, time limit, fairness)."""
 
-    t_fwd_s: float = 120.0
-    objective: str = "throughput"
-    formulation: str = "count"
-    solver: str = "highs"
-    time_limit_s: float = 10.0
-    fairness_p: float = 1.0
-    fair_share_speedup: bool = False
+    config: Config
     name: str = "milp"
 
     def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+        c = self.config
         problem = Problem(
             pool=pool,
             trainers=tuple(
@@ -32,22 +38,19 @@ class MilpPolicy:
                     n_max=t.job.n_max,
                     rescale_up_s=t.job.rescale_up_s,
                     rescale_down_s=t.job.rescale_down_s,
-                    curve=t.curve("goodput" if self.objective == "goodput" else "throughput"),
+                    curve=t.curve("goodput" if c.objective == "goodput" else "throughput"),
                     nodes=t.nodes,
                 )
                 for t in trainers
             ),
-            t_fwd_s=self.t_fwd_s,
-            objective=self.objective,
+            t_fwd_s=c.t_fwd_s,
+            objective=c.objective,
             max_trainers=max(len(trainers), 1),
-            fairness_p=self.fairness_p,
-            fair_share_speedup=self.fair_share_speedup,
+            fairness_p=c.fairness_p,
+            fair_share_speedup=c.fair_share_speedup,
         )
         result = allocate(
-            problem,
-            formulation=self.formulation,
-            solver=self.solver,
-            time_limit_s=self.time_limit_s,
+            problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s
         )
         return Decision(dict(result.nodes), result.status, result.solve_s)
 
@@ -63,6 +66,12 @@ class EqualSharePolicy:
         counts = equal_share_counts([(t.id, t.job.n_min, t.job.n_max) for t in trainers], len(pool))
         current = {t.id: t.nodes for t in trainers}
         return Decision(map_counts(current, counts, pool))
+
+
+POLICIES: dict[str, Callable[[Config], Policy]] = {
+    "milp": MilpPolicy,
+    "equal": lambda config: EqualSharePolicy(),
+}
 
 
 def equal_share_counts(limits: list[tuple[str, int, int]], pool_size: int) -> dict[str, int]:

@@ -22,6 +22,7 @@ from bftrainer.cli.params import (
     Number,
 )
 from bftrainer.cli.trace import parse_node_range, parse_time_option
+from bftrainer.config import ConfigError, load_config, with_overrides
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import (
     Trace,
@@ -50,9 +51,30 @@ from bftrainer.replay.pollux_workload import (
     resolve_data_dir,
     resolve_workload_path,
 )
-from bftrainer.replay.run import POLICIES, ReplayConfig, ReplayError, ReplayResult, replay
+from bftrainer.replay.run import (
+    POLICIES,
+    REPLAY_TABLES,
+    ReplayConfig,
+    ReplayError,
+    ReplayResult,
+    replay,
+)
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
+
+DEFAULT = ReplayConfig()
+FLAG_NAMES = {
+    "t_fwd_s": "--tfwd",
+    "objective": "--objective",
+    "formulation": "--formulation",
+    "solver": "--solver",
+    "time_limit_s": "--time-limit",
+    "fairness_p": "--fairness-p",
+    "fair_share_speedup": "--fair-share-speedup",
+    "max_trainers": "--max-parallel",
+    "redecide_every_s": "--redecide-every",
+    "window_s": "--window-hours",
+}
 
 
 @click.command("replay")
@@ -137,62 +159,65 @@ from bftrainer.replay.zoo import ZOO_SPS
     help="Seconds between arrivals (mean, for diverse).",
 )
 @click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="A TOML file with [policy] (and [replay]) settings; flags override it.",
+)
+@click.option(
     "--policy",
     "policies",
-    default="milp",
-    show_default=True,
-    help=f"Comma list of {', '.join(POLICIES)}.",
+    help=f"Comma list of {', '.join(POLICIES)} (default {DEFAULT.policy}).",
 )
 @click.option(
     "--tfwd",
     "t_fwd_s",
     type=T_FWD,
-    default=120.0,
-    show_default=True,
-    help="T_fwd of the milp policy, seconds.",
+    help=f"T_fwd of the milp policy, s (default {DEFAULT.t_fwd_s:g}).",
 )
 @click.option(
     "--objective",
     type=click.Choice(list(OBJECTIVES)),
-    default="throughput",
-    show_default=True,
+    help=f"Default {DEFAULT.objective}.",
 )
-@click.option("--formulation", type=click.Choice(FORMULATIONS), default="count", show_default=True)
-@click.option("--solver", type=click.Choice(SOLVERS), default="highs", show_default=True)
+@click.option(
+    "--formulation", type=click.Choice(FORMULATIONS), help=f"Default {DEFAULT.formulation}."
+)
+@click.option("--solver", type=click.Choice(SOLVERS), help=f"Default {DEFAULT.solver}.")
 @click.option(
     "--time-limit",
     "time_limit_s",
     type=Number(min=0.01),
-    default=10.0,
-    show_default=True,
-    help="Solver limit per event, seconds.",
+    help=f"Solver limit per decision, s (default {DEFAULT.time_limit_s:g}).",
 )
 @click.option(
     "--fairness-p",
     type=Number(min=FAIRNESS_P_RANGE[0], max=FAIRNESS_P_RANGE[1]),
-    default=1.0,
-    show_default=True,
-    help="Pollux's fairness knob for the milp objective (1: plain sum; -1: Pollux's).",
+    help="Pollux's fairness knob for the milp objective (1: plain sum; -1: Pollux's; "
+    f"default {DEFAULT.fairness_p:g}).",
 )
 @click.option(
     "--fair-share-speedup/--no-fair-share-speedup",
-    default=False,
-    help="Value each trainer as speedup over its fair share of the pool.",
+    default=None,
+    help="Value each trainer as speedup over its fair share of the pool (default off).",
 )
 @click.option(
     "--max-parallel",
     "max_trainers",
     type=COUNT,
-    default=10,
-    show_default=True,
-    help="P_jmax: trainers at once.",
+    help=f"P_jmax: trainers at once (default {DEFAULT.max_trainers}).",
+)
+@click.option(
+    "--redecide-every",
+    "redecide_every_s",
+    type=Number(min=0.0),
+    help="A reported curve re-decides at most this often, s "
+    f"(default {DEFAULT.redecide_every_s:g}).",
 )
 @click.option(
     "--window-hours",
     type=POSITIVE,
-    default=6.0,
-    show_default=True,
-    help="Window of the per-window U.",
+    help=f"Window of the per-window U (default {DEFAULT.window_s / 3600:g}).",
 )
 @click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
@@ -218,16 +243,18 @@ def replay_cmd(
     jobs_count: int,
     model: str,
     interval_s: float,
-    policies: str,
-    t_fwd_s: float,
-    objective: str,
-    formulation: str,
-    solver: str,
-    time_limit_s: float,
-    fairness_p: float,
-    fair_share_speedup: bool,
-    max_trainers: int,
-    window_hours: float,
+    config_path: str | None,
+    policies: str | None,
+    t_fwd_s: float | None,
+    objective: str | None,
+    formulation: str | None,
+    solver: str | None,
+    time_limit_s: float | None,
+    fairness_p: float | None,
+    fair_share_speedup: bool | None,
+    max_trainers: int | None,
+    redecide_every_s: float | None,
+    window_hours: float | None,
     sweep: str | None,
     out_dir: Path,
     progress: bool,
@@ -248,21 +275,29 @@ def replay_cmd(
         if pollux_workload is not None:
             raise UsageError("--pollux-workload needs --workload pollux (and no --jobs)")
         jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
-    base = ReplayConfig(
-        t_fwd_s=t_fwd_s,
-        objective=objective,
-        formulation=formulation,
-        solver=solver,
-        time_limit_s=time_limit_s,
-        max_trainers=max_trainers,
-        window_s=window_hours * 3600,
-        fairness_p=fairness_p,
-        fair_share_speedup=fair_share_speedup,
-    )
+    flags = {
+        "t_fwd_s": t_fwd_s,
+        "objective": objective,
+        "formulation": formulation,
+        "solver": solver,
+        "time_limit_s": time_limit_s,
+        "fairness_p": fairness_p,
+        "fair_share_speedup": fair_share_speedup,
+        "max_trainers": max_trainers,
+        "redecide_every_s": redecide_every_s,
+        "window_s": window_hours * 3600 if window_hours is not None else None,
+    }
+    try:
+        base = DEFAULT
+        if config_path is not None:
+            base = load_config(Path(config_path), base, REPLAY_TABLES)
+        base = with_overrides(base, flags, FLAG_NAMES)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     if sweep:
         configs = [replace(base, policy="milp", t_fwd_s=v) for v in _sweep_values(sweep)]
     else:
-        names = [p.strip() for p in policies.split(",") if p.strip()]
+        names = [p.strip() for p in (policies or base.policy).split(",") if p.strip()]
         for p in names:
             if p not in POLICIES:
                 raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")

@@ -27,11 +27,13 @@ bftrainer trainer with the Pollux agent would (docs/goodput-replay.md):
 * **Costs.** A rescale or preemption costs R seconds at the old configuration, counted
   in samples (so U keeps the meaning of docs/replay.md) and in statistical progress.
 
-The driver learns the virtual clock from ``next_completion_s(trainers, now_s)``, which
-the core loop calls before every ``advance``. With adaptation on it also answers there
-with the next report time of a running trainer, so that the loop wakes it to re-pick its
-batch size between pool events (such a wake-up is a step with no pool change and no
-decision in ``events.csv``).
+The driver learns the clock from ``advance(trainers, now_s)``. Its reports are inputs of
+the core loop (``CurveReport``, ``Completion``), never written into the trainers' records:
+a reported curve asks the loop for a new decision, at most every ``redecide_every_s``
+(``bftrainer.config.Config``). ``next_wakeup_s`` is the next completion and, with
+adaptation on, the next report time of a running trainer, so that the loop wakes it to
+re-pick its batch size between pool events; a wake-up is not an event (``events.csv``
+records a step only when an input came or a decision was made).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import logging
 import math
 import statistics
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -51,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bftrainer.idle_monitor.trace import format_time
-from bftrainer.loop import TrainerState
+from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.trainers.agent import TrainerConfig
 from bftrainer.trainers.efficiency import step_gain
 from bftrainer.trainers.gns import GradientNoiseScale, GradientSample
@@ -359,28 +361,35 @@ class PolluxSimDriver:
         self._now_s: float | None = None
         self._origin_s: float | None = None
         self._bins: dict[int, _Bin] = {}
+        self._completed: set[str] = set()
         self._lr = lr_rule(LR_RULE)
 
     # -- the TrainerDriver protocol ----------------------------------------------------
-    def advance(self, trainers: Iterable[TrainerState], dt_s: float) -> float:
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         if self._now_s is None:
-            raise PolluxSimError(
-                "advance() before next_completion_s(): the driver learns the clock from it"
-            )
+            self._now_s = self._origin_s = now_s
         t0 = self._now_s
+        dt_s = now_s - t0
         total = 0.0
         running = []
         for t in trainers:
             tr = self._trainer(t)
             if tr.config is None or tr.done:
                 continue
-            total += self._integrate(t, tr, t0, dt_s)
+            if dt_s > 0:
+                total += self._integrate(t, tr, t0, dt_s)
             running.append((t, tr))
-        self._now_s = t0 + dt_s
+        self._now_s = now_s
+        reports: list[CurveReport | Completion] = []
         for t, tr in running:
             if not tr.done:
-                self._refit_and_report(t, tr, self._now_s)
-        return total
+                reports.extend(self._refit_and_report(t, tr, now_s))
+        for t in trainers:
+            tr = self._trainer(t)
+            if tr.done and t.id not in self._completed:
+                self._completed.add(t.id)
+                reports.append(Completion(t.id))
+        return Progress(total, tuple(reports))
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         tr = self._trainer(trainer)
@@ -402,14 +411,14 @@ class PolluxSimDriver:
         self._set_config(trainer, tr, new)
         return cost
 
-    def is_done(self, trainer: TrainerState) -> bool:
+    def cancel(self, trainer: TrainerState) -> None:
         tr = self._trainers.get(trainer.id)
-        return tr is not None and tr.done
+        if tr is not None:
+            tr.config = None
+            tr.next_check_s = math.inf
 
-    def next_completion_s(self, trainers: Iterable[TrainerState], now_s: float) -> float:
-        self._now_s = now_s
-        if self._origin_s is None:
-            self._origin_s = now_s
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        """The next completion at current rates and, adapting, the next report."""
         best = math.inf
         for t in trainers:
             tr = self._trainer(t)
@@ -595,17 +604,17 @@ class PolluxSimDriver:
             return None
         return self._record(t, tr, now_s).goodput_model()
 
-    def _refit_and_report(self, t: TrainerState, tr: _Trainer, now_s: float) -> None:
+    def _refit_and_report(self, t: TrainerState, tr: _Trainer, now_s: float) -> list[CurveReport]:
         """After a refit, or when a check is due: report curves and (adapting) re-pick the
         batch size, as the live agent does on its reporting timer."""
         refitted = self._refit(tr, now_s)
         if not refitted and now_s < tr.next_check_s - TIME_EPS_S:
-            return
+            return []
         tr.next_check_s = now_s + self.options.report_interval_s
         if tr.model is None or tr.config is None:
-            return
+            return []
         gm = self._record(t, tr, now_s).goodput_model()
-        t.reported_curves["goodput"], t.reported_curves["throughput"] = self._curves(t, tr, gm)
+        goodput, throughput = self._curves(t, tr, gm)
         tr.reports += 1
         true_s, _ = tr.app.step_time(tr.config)
         predicted = float(
@@ -619,6 +628,10 @@ class PolluxSimDriver:
             best = gm.best_config(tr.config.nodes)
             tr.config = TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps)
             tr.configs.add(tr.config)
+        return [
+            CurveReport(t.id, "goodput", goodput),
+            CurveReport(t.id, "throughput", throughput),
+        ]
 
     def _curves(
         self, t: TrainerState, tr: _Trainer, gm: GoodputModel

@@ -1,19 +1,33 @@
-"""Replay a pool trace through the core loop on a virtual clock."""
+"""Replay a pool trace through the core loop on a virtual clock.
+
+The replay is the daemon's loop (``bftrainer.loop.run``) with the trace and the job list
+as sources, a :class:`~bftrainer.loop.VirtualClock` and a simulated driver.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bftrainer.config import Config, ConfigError
 from bftrainer.idle_monitor.trace import Trace, format_time
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import CoreLoop, Policy, TrainerDriver, TrainerState
-from bftrainer.policy import EqualSharePolicy, MilpPolicy
+from bftrainer.loop import (
+    Arrival,
+    Loop,
+    LoopState,
+    PoolChange,
+    Step,
+    TimedSource,
+    TrainerDriver,
+    TrainerState,
+    VirtualClock,
+)
+from bftrainer.policy import POLICIES as POLICY_REGISTRY
 from bftrainer.replay.metrics import (
     MetricsRecorder,
     baseline_samples,
@@ -23,7 +37,7 @@ from bftrainer.replay.metrics import (
 )
 from bftrainer.replay.simulator import SimulatedDriver
 
-POLICIES = ("milp", "equal")
+POLICIES = tuple(POLICY_REGISTRY)
 
 
 class ReplayError(ValueError):
@@ -31,32 +45,24 @@ class ReplayError(ValueError):
 
 
 @dataclass(frozen=True)
-class ReplayConfig:
-    policy: str = "milp"
-    t_fwd_s: float = 120.0
-    objective: str = "throughput"
-    formulation: str = "count"
-    solver: str = "highs"
-    time_limit_s: float = 10.0
-    max_trainers: int = 10
-    window_s: float = 6 * 3600.0
-    fairness_p: float = 1.0
-    fair_share_speedup: bool = False
+class ReplayConfig(Config):
+    """The loop's configuration plus what only the replay needs: the window of the
+    per-window U."""
 
-    def make_policy(self) -> Policy:
-        if self.policy == "milp":
-            return MilpPolicy(
-                t_fwd_s=self.t_fwd_s,
-                objective=self.objective,
-                formulation=self.formulation,
-                solver=self.solver,
-                time_limit_s=self.time_limit_s,
-                fairness_p=self.fairness_p,
-                fair_share_speedup=self.fair_share_speedup,
-            )
-        if self.policy == "equal":
-            return EqualSharePolicy()
-        raise ReplayError(f"policy {self.policy!r} is not one of {', '.join(POLICIES)}")
+    window_s: float = 6 * 3600.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = self.window_s
+        if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
+            raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")
+
+
+# The replay's tables in a configuration file (``bftrainer replay --config``).
+REPLAY_TABLES: dict[str, dict[str, str]] = {
+    "policy": {name: name for name in Config.__dataclass_fields__},
+    "replay": {"window_s": "window_s"},
+}
 
 
 @dataclass
@@ -66,6 +72,25 @@ class ReplayResult:
     metrics: MetricsRecorder
     trainers: list[TrainerState] = field(default_factory=list)
     windows: list[dict[str, float]] = field(default_factory=list)
+    end_s: float = math.nan
+
+
+class _Progress:
+    """The metrics recorder, plus the fraction of the trace covered after each step."""
+
+    def __init__(
+        self, metrics: MetricsRecorder, span: tuple[float, float], report: Callable[[float], None]
+    ) -> None:
+        self.metrics, self.span, self.report = metrics, span, report
+
+    def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
+        self.metrics.interval(t0_s, t1_s, pool_nodes, processed)
+        start, end = self.span
+        if end > start:
+            self.report((t1_s - start) / (end - start))
+
+    def step(self, step: Step) -> None:
+        self.metrics.step(step)
 
 
 def replay(
@@ -81,7 +106,7 @@ def replay(
     The replay starts at the first job's submission (or the trace's start, if later) and
     ends at the trace's end, or earlier once every job has completed. ``driver`` simulates
     the trainers (default: ``SimulatedDriver``, progress from each job's throughput
-    curve). ``on_progress`` gets the fraction of the trace's time covered, after each step.
+    curve). ``on_progress`` gets the fraction of the trace's time covered, as it goes.
     """
     if not jobs:
         raise ReplayError("the workload has no jobs")
@@ -96,36 +121,21 @@ def replay(
         trace = trace.slice(start_s=start_s)
     wall0 = time.perf_counter()
     metrics = MetricsRecorder(start_s=start_s, window_s=config.window_s)
-    loop = CoreLoop(
-        policy=config.make_policy(),
-        driver=driver or SimulatedDriver(),
-        now_s=start_s,
-        pool=dict.fromkeys(sorted(trace.initial_idle, key=trace.nodes.index)),
-        max_trainers=config.max_trainers,
-        observer=metrics,
+    arrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
+    pool = TimedSource((e.time_s, PoolChange(e)) for e in trace.events)
+    loop = Loop(
+        [pool, arrivals],
+        driver or SimulatedDriver(),
+        VirtualClock(start_s),
+        config,
+        observer=_Progress(metrics, (start_s, trace.end_s), on_progress)
+        if on_progress
+        else metrics,
+        state=LoopState(
+            now_s=start_s, pool=tuple(sorted(trace.initial_idle, key=trace.nodes.index))
+        ),
     )
-    arrivals = deque(jobs)
-    events = iter(trace.events)
-    pending = next(events, None)
-    span = trace.end_s - start_s
-    while True:
-        t_pool = pending.time_s if pending else math.inf
-        t_arrival = arrivals[0].submit_s if arrivals else math.inf
-        t = min(t_pool, max(t_arrival, start_s), loop.next_completion_s())
-        if t > trace.end_s or (not arrivals and not loop.trainers):
-            end_s = trace.end_s if loop.trainers or arrivals else loop.now_s
-            loop.advance(min(end_s, trace.end_s))
-            break
-        loop.advance(t)
-        loop.complete_finished()
-        if pending is not None and pending.time_s == t:
-            loop.pool_event(pending)
-            pending = next(events, None)
-        while arrivals and arrivals[0].submit_s <= t:
-            loop.arrive(arrivals.popleft())
-        loop.decide()
-        if on_progress and span > 0:
-            on_progress((loop.now_s - start_s) / span)
+    loop.run(until_s=trace.end_s, stop=lambda lp: arrivals.exhausted and not lp.trainers)
     wall_s = time.perf_counter() - wall0
     trainers = loop.finished + list(loop.trainers.values())
     return _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s)
@@ -195,4 +205,4 @@ def _result(
         "wall_s": wall_s,
         "events_per_s": len(m.steps) / wall_s if wall_s > 0 else None,
     }
-    return ReplayResult(config, summary, m, trainers, windows)
+    return ReplayResult(config, summary, m, trainers, windows, end_s)

@@ -9,21 +9,34 @@ paper's replayer (``../shared/notes/replay-metrics.md``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 
-from bftrainer.loop import TrainerState
+from bftrainer.loop import Completion, Progress, TrainerState
 
 DONE_RTOL = 1e-9
 
 
 class SimulatedDriver:
-    def advance(self, trainers: Iterable[TrainerState], dt_s: float) -> float:
+    """The :class:`bftrainer.loop.TrainerDriver` of the plain replay."""
+
+    def __init__(self) -> None:
+        self._now_s: float | None = None
+        self._reported: set[str] = set()
+
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        dt_s = 0.0 if self._now_s is None else now_s - self._now_s
+        self._now_s = now_s
         total = 0.0
+        done: list[Completion] = []
         for t in trainers:
-            samples = t.job.rate_sps(len(t.nodes)) * dt_s
-            t.processed_samples += samples
-            total += samples
-        return total
+            if dt_s > 0:
+                samples = t.job.rate_sps(len(t.nodes)) * dt_s
+                t.processed_samples += samples
+                total += samples
+            if t.id not in self._reported and self._is_done(t):
+                self._reported.add(t.id)
+                done.append(Completion(t.id))
+        return Progress(total, tuple(done))
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         cost = trainer.job.rescale_down_s * trainer.job.rate_sps(old_count)
@@ -41,10 +54,15 @@ class SimulatedDriver:
             trainer.rescales += 1
         return cost
 
-    def is_done(self, trainer: TrainerState) -> bool:
+    def cancel(self, trainer: TrainerState) -> None:
+        pass
+
+    @staticmethod
+    def _is_done(trainer: TrainerState) -> bool:
         return trainer.progress_samples >= trainer.job.work_samples * (1 - DONE_RTOL)
 
-    def next_completion_s(self, trainers: Iterable[TrainerState], now_s: float) -> float:
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        """The next completion at current rates."""
         best = math.inf
         for t in trainers:
             rate = t.job.rate_sps(len(t.nodes))

@@ -1,0 +1,161 @@
+"""One configuration record for the core loop and its policy, shared by ``replay`` and
+``daemon``: defaults in one place, read from a TOML file, overridden by flags.
+
+A file has a ``[policy]`` table with any of :class:`Config`'s fields::
+
+    [policy]
+    policy = "milp"            # a name in bftrainer.policy.POLICIES
+    objective = "throughput"   # throughput | speedup | goodput
+    formulation = "count"      # count | node
+    solver = "highs"           # highs | cbc | gurobi | dp
+    t_fwd_s = 120.0            # the allocator's look-ahead T_fwd
+    time_limit_s = 10.0        # solver limit per decision
+    fairness_p = 1.0           # Pollux's fairness knob, -10..1
+    fair_share_speedup = false
+    max_trainers = 10          # P_jmax: trainers admitted at once
+    redecide_every_s = 60.0    # a curve report re-decides at most this often (inf: never)
+
+Other commands add their own tables (``replay``: ``window_hours``). Unknown tables or
+keys and bad values are refused with one line naming the file, the key and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bftrainer.loop import Policy
+from bftrainer.milp import FORMULATIONS, SOLVERS
+from bftrainer.milp.problem import (
+    DEFAULT_MAX_TRAINERS,
+    DEFAULT_T_FWD_S,
+    FAIRNESS_P_RANGE,
+    OBJECTIVES,
+)
+from bftrainer.policy import POLICIES
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown or out of range; names the key and its origin."""
+
+
+def _number(name: str, value: object, *, lo: float, lo_open: bool, allow_inf: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} = {value!r}: expected a number")
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        raise ConfigError(f"{name} = {value!r}: expected a finite number")
+    if value < lo or (lo_open and value == lo):
+        raise ConfigError(
+            f"{name} = {value!r}: expected a number {'>' if lo_open else '>='} {lo:g}"
+        )
+
+
+def _choice(name: str, value: object, choices: tuple[str, ...] | list[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} = {value!r}: expected one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The loop's and the policy's settings (see the module docstring)."""
+
+    policy: str = "milp"
+    objective: str = "throughput"
+    formulation: str = "count"
+    solver: str = "highs"
+    t_fwd_s: float = DEFAULT_T_FWD_S
+    time_limit_s: float = 10.0
+    fairness_p: float = 1.0
+    fair_share_speedup: bool = False
+    max_trainers: int = DEFAULT_MAX_TRAINERS
+    redecide_every_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _choice("policy", self.policy, list(POLICIES))
+        _choice("objective", self.objective, OBJECTIVES)
+        _choice("formulation", self.formulation, FORMULATIONS)
+        _choice("solver", self.solver, SOLVERS)
+        _number("t_fwd_s", self.t_fwd_s, lo=0.0, lo_open=False, allow_inf=False)
+        _number("time_limit_s", self.time_limit_s, lo=0.0, lo_open=True, allow_inf=False)
+        _number(
+            "fairness_p", self.fairness_p, lo=FAIRNESS_P_RANGE[0], lo_open=False, allow_inf=False
+        )
+        if self.fairness_p > FAIRNESS_P_RANGE[1]:
+            raise ConfigError(
+                f"fairness_p = {self.fairness_p!r}: expected a number in "
+                f"[{FAIRNESS_P_RANGE[0]:g}, {FAIRNESS_P_RANGE[1]:g}]"
+            )
+        if not isinstance(self.fair_share_speedup, bool):
+            raise ConfigError(
+                f"fair_share_speedup = {self.fair_share_speedup!r}: expected true or false"
+            )
+        if isinstance(self.max_trainers, bool) or not isinstance(self.max_trainers, int):
+            raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a whole number")
+        if self.max_trainers < 1:
+            raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a number >= 1")
+        _number("redecide_every_s", self.redecide_every_s, lo=0.0, lo_open=False, allow_inf=True)
+
+    def make_policy(self) -> Policy:
+        """The policy of this name, from the registry, built with these settings."""
+        return POLICIES[self.policy](self)
+
+
+C = TypeVar("C", bound=Config)
+# Table name -> {key in the file: field of the record}. A command that reads more
+# tables (the replay's [replay], the daemon's own) passes them with these.
+POLICY_TABLES: dict[str, dict[str, str]] = {"policy": {f.name: f.name for f in fields(Config)}}
+
+
+def load_config(path: Path, base: C, tables: Mapping[str, Mapping[str, str]] = POLICY_TABLES) -> C:
+    """``base`` with the values of ``path``'s tables, each key mapped to a field by
+    ``tables``. Unknown tables and keys, and bad values, raise :class:`ConfigError`
+    naming the file, table and key."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    config = base
+    for name, table in data.items():
+        if name not in tables:
+            raise ConfigError(f"{path}: unknown table [{name}] (expected {_list(tables)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {name!r} must be a table ([{name}])")
+        keys = tables[name]
+        for key, value in table.items():
+            if key not in keys:
+                raise ConfigError(f"{path}: [{name}] unknown key {key!r} (expected {_list(keys)})")
+            config = _set(config, keys[key], value, f"{path}: [{name}]")
+    return config
+
+
+def with_overrides(base: C, values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> C:
+    """``base`` with each value given (not None), e.g. from flags; ``names`` maps a field
+    to the flag that set it, for errors."""
+    config = base
+    for field_name, value in values.items():
+        if value is not None:
+            origin = (names or {}).get(field_name, field_name)
+            config = _set(config, field_name, value, origin)
+    return config
+
+
+def _set(config: C, field_name: str, value: Any, origin: str) -> C:
+    current = getattr(config, field_name)
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)  # TOML's 120 for 120.0
+    try:
+        return replace(config, **{field_name: value})
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
+
+
+def _list(names: Iterable[str]) -> str:
+    return ", ".join(names)
