@@ -192,3 +192,19 @@ def test_reconcile_cancels_unknown_holders_and_reports_gone_ones(
     )
     with pytest.raises(WindowTooShortError):
         holders.acquire(known_node, 45.0)
+
+
+def test_holder_on_a_busy_node_stays_pending_and_never_preempts_main(
+    slurm_cluster: SlurmCluster, holders: Tracked, jobs: list[str]
+) -> None:
+    (node,) = idle_nodes(slurm_cluster, 1)
+    main = slurm_cluster.sbatch("-p", "main", "-w", node, "-N1", "-t", "2", "--wrap", "sleep 300")
+    jobs.append(main)
+    wait_until(lambda: job_state(slurm_cluster, main) == "RUNNING", 30, f"main job {main}")
+    holder = holders.acquire(node, None)
+    held = wait_states(holders, {holder: "pending"}, 15)
+    assert held[holder].node == node
+    time.sleep(6)  # more than one backfill pass (bf_interval=5)
+    assert holders.held()[holder].state == "pending"  # the node is not usable
+    assert job_state(slurm_cluster, main) == "RUNNING"  # and the main job is untouched
+    holders.release(holder)
