@@ -153,7 +153,9 @@ def test_main_job_preempts_holders_within_seconds_and_steps_get_sigterm(
         f"SIGTERM -> step exit seen {step_exit_s - term_s:.2f} s "
         f"({step_exit_s - submitted:.2f} s after submission)"
     )
-    assert main_start_s < 10, f"main job took {main_start_s:.1f} s to start"
+    # 3-5 s measured (8 s with the 2 cores overloaded); the failure this guards against
+    # is the main job waiting out the holder's 30 s GraceTime.
+    assert main_start_s < 15, f"main job took {main_start_s:.1f} s to start"
     assert step_exit_s - term_s < 5
 
     held = wait_states(holders, {ids[a]: "ended", ids[b]: "ended", ids[c]: "running"}, 15)
