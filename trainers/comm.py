@@ -211,10 +211,12 @@ class HorovodComm:
         self._hvd.allreduce_(tensor, op=self._hvd.Sum, name="bftrainer.grads")
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self._hvd.broadcast_object(obj, root_rank=root)
+        # One name on every rank: Horovod names it after type(obj) by default, and only
+        # the root passes the object (the others None), so the names would differ.
+        return self._hvd.broadcast_object(obj, root_rank=root, name="bftrainer.object")
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return list(self._hvd.allgather_object(obj))
+        return list(self._hvd.allgather_object(obj, name="bftrainer.gather"))
 
     @property
     def hosts_updated(self) -> bool:

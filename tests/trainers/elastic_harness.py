@@ -1,0 +1,272 @@
+"""Helpers for the real-process elastic tests: start the example, read what it wrote."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.goodput import BatchLimits, GoodputModel
+from bftrainer.trainers.launch import remote
+from bftrainer.trainers.launch.base import Launcher, LaunchSpec
+from bftrainer.trainers.lr_scaling import AdaScale
+from bftrainer.trainers.metrics import MetricsRecord
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+LOCAL_HOSTS = ("localhost", "127.0.0.1", socket.gethostname())
+EXAMPLE_LR = 0.05  # examples/train_mlp.py's default --lr
+# A rescale takes 10-30 s on 2 cores; the notes say give each 60-90 s.
+RESCALE_TIMEOUT_S = 90.0
+
+
+def horovod_missing() -> str | None:
+    """Why Horovod cannot run here (None when it can)."""
+    try:
+        import horovod.torch  # noqa: F401
+    except Exception as e:
+        return f"import horovod.torch failed ({e}); run make horovod"
+    return None
+
+
+class Trainer:
+    """A launched example trainer and what it wrote into its directory."""
+
+    def __init__(self, launcher: Launcher, work: int) -> None:
+        self.launcher = launcher
+        self.dir = launcher.trainer_dir
+        self.work = work
+
+    def launcher_hosts(self) -> list[tuple[str, int]]:
+        return channel.read_hosts(self.dir)
+
+    @property
+    def ledger(self) -> Path:
+        return self.dir / "ledger.jsonl"
+
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        records, _ = channel.read_metrics(self.dir, 0)
+        return [r for r in records if r.get("kind") == kind]
+
+    def resets(self) -> list[dict[str, Any]]:
+        return self.records("reset")
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            outcome = self.launcher.poll()
+            if outcome is not None:
+                raise AssertionError(
+                    f"trainer ended ({outcome}) while waiting for {what}\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+        raise AssertionError(
+            f"timed out after {timeout_s:g} s waiting for {what}\n{self.log_tail()}"
+        )
+
+    def wait_reset(
+        self, nodes: int, after: int, timeout_s: float = RESCALE_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """The first reset record at ``nodes`` nodes past index ``after``, once it steps on."""
+        found: dict[str, Any] = {}
+
+        def ready() -> bool:
+            resets = self.resets()
+            for r in resets[after:]:
+                if r["nodes"] == nodes:
+                    found.update(r)
+                    return self.committed_steps() > r["step"]
+            return False
+
+        self.wait_for(ready, f"a reset to {nodes} node(s) and a commit after it", timeout_s)
+        return found
+
+    def committed_steps(self) -> int:
+        entries = ledger_chain(self.ledger)
+        return entries[-1]["to_step"] if entries else 0
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = (self.dir / channel.SUPERVISOR_LOG).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def worker_pids(self) -> list[int]:
+        out = []
+        for pid in remote.descendants(self.launcher.pid):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            line = b" ".join(cmd)
+            is_worker = cmd[1:3] == [b"-m", b"bftrainer.trainers.launch.worker"]
+            if is_worker and b"horovodrun" not in line and remote.alive(pid):
+                out.append(pid)
+        return out
+
+    def worker_rank(self, pid: int) -> int | None:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        for item in env:
+            for name in (b"HOROVOD_RANK=", b"RANK="):
+                if item.startswith(name):
+                    return int(item[len(name) :])
+        return None
+
+    def checkpoint_step(self) -> int:
+        state = torch.load(self.dir / channel.CHECKPOINT, weights_only=False)
+        return int(state["progress"]["step"])
+
+    def finish(self, timeout_s: float = 240.0) -> dict[str, Any]:
+        outcome = self.launcher.wait(timeout_s)
+        assert outcome is not None, f"trainer did not finish in {timeout_s} s\n{self.log_tail()}"
+        assert outcome.state == "done", f"{outcome}\n{self.log_tail()}"
+        result = channel.read_result(self.dir)
+        assert result is not None
+        return result
+
+
+def ledger_chain(path: Path) -> list[dict[str, Any]]:
+    """The commits that stand: a commit from step s drops earlier ones ending after s."""
+    chain: list[dict[str, Any]] = []
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    for line in lines:
+        if not line.endswith("}"):
+            continue
+        entry = json.loads(line)
+        while chain and chain[-1]["to_step"] > entry["from_step"]:
+            chain.pop()
+        chain.append(entry)
+    return chain
+
+
+def assert_exact_epochs(trainer: Trainer, dataset_size: int) -> None:
+    """Committed ids: the work exactly, each epoch's samples once each."""
+    chain = ledger_chain(trainer.ledger)
+    for a, b in itertools.pairwise(chain):
+        assert a["to_step"] == b["from_step"], (
+            f"gap in the commits: {a['to_step']} -> {b['from_step']}"
+        )
+    per_epoch: dict[int, list[int]] = {}
+    for entry in chain:
+        for epoch, ids in entry["ids"]:
+            per_epoch.setdefault(epoch, []).extend(ids)
+    total = sum(len(v) for v in per_epoch.values())
+    assert total == trainer.work
+    full, rest = divmod(trainer.work, dataset_size)
+    for epoch, ids in sorted(per_epoch.items()):
+        if epoch < full:
+            assert sorted(ids) == list(range(dataset_size)), f"epoch {epoch} not covered once"
+        else:
+            assert len(ids) == rest == len(set(ids)), f"last epoch {epoch}: repeats"
+
+
+def assert_agent_choices(trainer: Trainer, lr0: float = EXAMPLE_LR) -> None:
+    """Every reset ran the agent's best configuration (base batch before a fit) and the
+    AdaScale learning rate for it."""
+    for r in trainer.resets():
+        record = MetricsRecord.from_dict(r["record"])
+        limits: BatchLimits = record.limits
+        if r["source"] == "agent":
+            assert record.throughput is not None
+            best = GoodputModel(record.throughput, record.pgns, limits).best_config(r["nodes"])
+            assert (r["local_bsz"], r["accum_steps"]) == (best.local_bsz, best.accum_steps), r
+        else:
+            assert record.throughput is None
+            per = -(-limits.base_batch_size // r["replicas"])
+            assert r["local_bsz"] == per and r["accum_steps"] == 0, r
+        assert r["batch_size"] == r["replicas"] * r["local_bsz"] * (r["accum_steps"] + 1)
+        factor = AdaScale().factor(r["batch_size"], limits.base_batch_size, record.pgns)
+        assert r["lr"] == pytest.approx(lr0 * factor), r
+
+
+def start_trainer(
+    tmp_path: Path,
+    backend: str,
+    hosts: Sequence[str],
+    work: int,
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    name: str = "t",
+    max_hosts: int = 3,
+    script: Path = EXAMPLE,
+) -> Trainer:
+    trainer_dir = tmp_path / name
+    spec = LaunchSpec(
+        trainer_id=name,
+        script=script,
+        args=(
+            "--work-samples",
+            str(work),
+            "--ledger",
+            str(trainer_dir / "ledger.jsonl"),
+            *args,
+        ),
+        trainer_dir=trainer_dir,
+        backend=backend,
+        max_hosts=max_hosts,
+        python=sys.executable,
+        env={"BFTRAINER_STOP_GRACE_S": "60", **(env or {})},
+    )
+    return Trainer(Launcher.start(spec, hosts), work)
+
+
+@pytest.fixture
+def launched() -> Iterator[list[Trainer]]:
+    """Trainers a test started; killed (whole process trees) however the test ends."""
+    trainers: list[Trainer] = []
+    yield trainers
+    for t in trainers:
+        t.launcher.kill()
+        for pid in t.worker_pids():
+            remote.kill_tree(pid)
+
+
+def env_without(*names: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+DATASET = 8192  # examples/train_mlp.py's default --samples
+FAST_COMMITS = ("--commit-every-steps", "20", "--commit-every-s", "2", "--report-every-s", "2")
+
+
+def scenario_rescale(launched: list[Trainer], tmp_path: Path, backend: str) -> Trainer:
+    """Hosts 1 -> 3 -> 2 -> 1 during training; exact work, epochs, agent choices."""
+    a, b, c = LOCAL_HOSTS
+    t = start_trainer(
+        tmp_path, backend, [a], work=60_000, args=(*FAST_COMMITS, "--step-delay-s", "0.01")
+    )
+    launched.append(t)
+    seen = 0
+    for hosts in ([a], [a, b, c], [a, b], [a]):
+        if len(hosts) != len(t.launcher_hosts()):
+            t.launcher.set_hosts(hosts)
+        t.wait_reset(len(hosts), seen)
+        seen = len(t.resets())
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert_exact_epochs(t, DATASET)
+    nodes = [r["nodes"] for r in t.resets()]
+    assert nodes[0] == 1 and 3 in nodes and nodes[-1] == 1, nodes
+    assert_agent_choices(t)
+    assert result["batch_sizes"] == [r["batch_size"] for r in t.resets()]
+    assert result["resets"] == len(t.resets()) - 1
+    return t

@@ -1,0 +1,18 @@
+"""Elastic Horovod backend, real processes: grow and shrink, worker loss, zero hosts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.trainers.elastic_harness import Trainer, horovod_missing, launched, scenario_rescale
+
+__all__ = ["launched"]
+
+pytestmark = pytest.mark.skipif(horovod_missing() is not None, reason=str(horovod_missing()))
+
+
+@pytest.mark.slow
+def test_rescale_1_3_2_1(launched: list[Trainer], tmp_path: Path) -> None:
+    scenario_rescale(launched, tmp_path, "horovod")
