@@ -296,6 +296,28 @@ class GoodputModel:
             points = _thin(points, max_points)
         return points
 
+    def allocator_curves(
+        self, n_max: int
+    ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
+        """(goodput, throughput) breakpoints over 1..``n_max`` of what an adaptive trainer
+        would run at each count (its best configuration), flat past the exploration cap:
+        the curves a trainer reports to the allocator."""
+        limit = self.node_limit(1, n_max)
+        nodes = list(range(1, limit + 1))
+        configs = self.best_configs(nodes)
+        goodput = [
+            (float(n), 0.0 if c is None else c.goodput_sps)
+            for n, c in zip(nodes, configs, strict=True)
+        ]
+        thr = [
+            (float(n), 0.0 if c is None else c.throughput_sps)
+            for n, c in zip(nodes, configs, strict=True)
+        ]
+        if limit < n_max:
+            goodput.append((float(n_max), goodput[-1][1] if goodput else 0.0))
+            thr.append((float(n_max), thr[-1][1] if thr else 0.0))
+        return tuple(goodput), tuple(thr)
+
 
 def _thin(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
     """Greedy refinement: start from the ends, add the worst-interpolated point each time."""

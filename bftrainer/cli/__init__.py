@@ -80,6 +80,11 @@ def _register() -> None:
     from bftrainer.cli.run import run_cmd
 
     cli.add_command(run_cmd)
+    from bftrainer.cli import daemon, service
+
+    cli.add_command(daemon.daemon_cmd)
+    for command in (service.submit_cmd, service.status_cmd, service.cancel_cmd, service.logs_cmd):
+        cli.add_command(command)
 
 
 _register()

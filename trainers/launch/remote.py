@@ -91,6 +91,34 @@ def wrap_command(
     raise RemoteExecError(f"host {host!r}: unknown exec mode {mode!r}")
 
 
+def address_of(host: str, config: Mapping[str, Any]) -> str:
+    """The address other hosts reach ``host`` at (torchrun's rendezvous endpoint).
+
+    A Slurm node name need not resolve (the local test cluster's do not; some sites'
+    do not either): in ``slurm`` mode it is the node's ``NodeAddr``.
+    """
+    if is_local(host):
+        return "127.0.0.1"
+    if config.get("mode") == "slurm":
+        import subprocess
+
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "node", "-o", host],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            logger.warning("cannot read NodeAddr of %s (%s): using its name", host, e)
+            return host
+        for word in out.split():
+            if word.startswith("NodeAddr="):
+                return word.split("=", 1)[1] or host
+    return host
+
+
 def parse_ssh_argv(argv: Sequence[str]) -> tuple[list[str], str, str]:
     """Split an ssh command line into (options, host, remote command)."""
     opts: list[str] = []

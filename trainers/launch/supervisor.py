@@ -254,11 +254,10 @@ class TorchrunBackend(Backend):
         self.generation += 1
         self.hosts = list(hosts)
         first = hosts[0][0]
-        endpoint_host = "127.0.0.1" if remote.is_local(first) else first
-        endpoint = f"{endpoint_host}:{_free_port()}"
+        config = remote.exec_config(self.dir)
+        endpoint = f"{remote.address_of(first, config)}:{_free_port()}"
         env = self.worker_env()
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        config = remote.exec_config(self.dir)
         restarts = _setting("BFTRAINER_TORCHRUN_MAX_RESTARTS", "3")
         self.procs = []
         for i, (host, slots) in enumerate(hosts):

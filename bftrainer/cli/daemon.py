@@ -1,0 +1,162 @@
+"""``bftrainer daemon``: the live service on a login node (docs/deployment.md)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from bftrainer.cli import UsageError
+from bftrainer.cli.params import POSITIVE
+from bftrainer.cli.pool import build_source, parse_env, source_options
+from bftrainer.cli.service import state_dir_option
+from bftrainer.config import ConfigError
+from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders
+from bftrainer.state import (
+    DaemonLock,
+    DaemonRunningError,
+    StateError,
+    Store,
+    ensure_state_dir,
+    resolve_state_dir,
+)
+
+log = logging.getLogger(__name__)
+
+
+@click.command("daemon")
+@source_options
+@state_dir_option
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML file with [policy] and [daemon] tables (docs/deployment.md); flags win.",
+)
+@click.option(
+    "--poll-interval",
+    "poll_interval_s",
+    type=POSITIVE,
+    help="Seconds between two reads of the scheduler (default 10).",
+)
+@click.option(
+    "--holder-script",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The holder job script where the scheduler's commands run (default: this "
+    "installation's scripts/slurm/hold-nodes.sbatch or scripts/lsf/bsub-hold.lsf).",
+)
+@click.option(
+    "--holder-arg",
+    "holder_args",
+    multiple=True,
+    metavar="ARG",
+    help="One more sbatch/bsub argument for holders, e.g. --holder-arg=--account=ml (repeatable).",
+)
+@click.option(
+    "--job-name",
+    default=DEFAULT_JOB_NAME,
+    show_default=True,
+    help="Name of the holder jobs; two daemons of one account need two names.",
+)
+def daemon_cmd(
+    state_dir: Path | None,
+    config_path: Path | None,
+    poll_interval_s: float | None,
+    holder_script: Path | None,
+    holder_args: tuple[str, ...],
+    job_name: str,
+    **source: Any,
+) -> None:
+    """Run the service: hold idle nodes, run submitted trainers on them, rescale them.
+
+    Runs in the foreground until SIGTERM or Ctrl-C; then it stops taking work and exits,
+    leaving running trainers and their holder jobs for the next start to re-attach to.
+    """
+    from bftrainer.daemon import Daemon, load_daemon_config
+
+    holders_of = _holder_factory(source, holder_script, holder_args, job_name)
+    try:
+        config = load_daemon_config(config_path, {"poll_interval_s": poll_interval_s})
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    path = resolve_state_dir(state_dir)
+    try:
+        ensure_state_dir(path)
+        lock = DaemonLock(path).acquire()
+    except DaemonRunningError as exc:
+        raise click.ClickException(str(exc)) from None
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    monitor = build_source(**source)
+    store = Store.open(path)
+    daemon = Daemon(
+        store,
+        path,
+        monitor,
+        holders_of(monitor.runner),
+        config,
+        env=parse_env(source["env_pairs"]),
+    )
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        log.info("%s: stopping", signal.Signals(signum).name)
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("bftrainer daemon started: state %s, %s", path, source["scheduler"])
+    try:
+        daemon.run()
+    finally:
+        store.close()
+        monitor.runner.close()
+        lock.release()
+
+
+def _holder_factory(
+    source: dict[str, Any],
+    holder_script: Path | None,
+    holder_args: tuple[str, ...],
+    job_name: str,
+) -> Any:
+    """A function of the runner that builds the scheduler's holders; checks the flags."""
+    script: dict[str, Any] = {} if holder_script is None else {"script": holder_script}
+    if source["scheduler"] == "slurm":
+        from bftrainer.holders.slurm import SlurmHolders
+
+        partitions = source["bf_partitions"]
+        if len(partitions) != 1:
+            raise UsageError(
+                "--bf-partition: give exactly one, the preemptible partition where holder "
+                "jobs run (scripts/slurm/README.md)"
+            )
+
+        def slurm(runner: Any) -> Holders:
+            return SlurmHolders(
+                runner,
+                partition=partitions[0],
+                job_name=job_name,
+                extra_args=holder_args,
+                **script,
+            )
+
+        return slurm
+    from bftrainer.holders.lsf import LsfHolders
+
+    queues = source["bf_queues"]
+    if len(queues) != 1:
+        raise UsageError(
+            "--bf-queue: give exactly one, the preemptible queue where holder jobs run "
+            "(scripts/lsf/README.md)"
+        )
+
+    def lsf(runner: Any) -> Holders:
+        return LsfHolders(
+            runner, queue=queues[0], job_name=job_name, extra_args=holder_args, **script
+        )
+
+    return lsf

@@ -1,0 +1,286 @@
+"""``bftrainer submit``, ``status``, ``cancel`` and ``logs``: talking to a running daemon.
+
+They talk through the state directory only (the daemon's SQLite store and the trainers'
+directories): no socket, no port. ``submit`` queues a trainer and ``cancel`` flags one;
+the daemon acts on both at its next poll. ``status`` and ``logs`` read.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from bftrainer.cli import UsageError
+from bftrainer.cli.params import COUNT, Number
+from bftrainer.daemon import DEFAULT_RESCALE_S
+from bftrainer.state import (
+    BACKENDS,
+    StateError,
+    Store,
+    TrainerRow,
+    check_state_dir,
+    daemon_running,
+    resolve_state_dir,
+)
+from bftrainer.trainers.channel import SUPERVISOR_LOG
+
+F = TypeVar("F", bound=Callable[..., Any])
+# A rescale that takes longer than a day is a typo, not an elastic job.
+RESCALE_S = Number(min=0.0, max=86400.0)
+
+
+def state_dir_option(func: F) -> F:
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="The daemon's state directory (default: $BFTRAINER_STATE_DIR, else "
+        "$XDG_STATE_HOME/bftrainer).",
+    )(func)
+
+
+@contextmanager
+def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
+    """The store of an existing state directory; one clear line when it cannot be used."""
+    path = resolve_state_dir(state_dir)
+    try:
+        check_state_dir(path)
+    except StateError as exc:
+        raise click.ClickException(
+            f"{exc} (is a daemon set up? see bftrainer daemon --help)"
+        ) from None
+    if need_daemon and daemon_running(path) is None:
+        raise click.ClickException(
+            f"no bftrainer daemon is running for state directory {path}: start one with "
+            "`bftrainer daemon --scheduler slurm|lsf` (docs/deployment.md)"
+        )
+    try:
+        store = Store.open(path, create=False)
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        yield store
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------------- submit
+
+
+@click.command(
+    "submit",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+)
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--min-nodes", type=COUNT, default=1, show_default=True)
+@click.option("--max-nodes", type=COUNT, default=1, show_default=True)
+@click.option(
+    "--work-samples",
+    type=COUNT,
+    help="Samples to train; passed to the trainer as --work-samples (else its own stop).",
+)
+@click.option("--backend", type=click.Choice(BACKENDS), default="horovod", show_default=True)
+@click.option(
+    "--rescale-up",
+    "rescale_up_s",
+    type=RESCALE_S,
+    help="Seconds a grow costs the trainer (the allocator's scale-up cost); default: the "
+    "backend's measured figure.",
+)
+@click.option(
+    "--rescale-down",
+    "rescale_down_s",
+    type=RESCALE_S,
+    help="Seconds a shrink costs the trainer; default: the backend's measured figure.",
+)
+@state_dir_option
+def submit_cmd(
+    script: Path,
+    args: tuple[str, ...],
+    min_nodes: int,
+    max_nodes: int,
+    work_samples: int | None,
+    backend: str,
+    rescale_up_s: float | None,
+    rescale_down_s: float | None,
+    state_dir: Path | None,
+) -> None:
+    """Queue SCRIPT [ARGS...] as an elastic trainer; prints its id as the last line.
+
+    Options of this command may come before or after the script's own arguments; put
+    `--` before arguments of the script that look like them.
+    """
+    script = script.expanduser().absolute()
+    if not script.is_file():
+        raise UsageError(f"trainer script {script}: no such file")
+    if max_nodes < min_nodes:
+        raise UsageError(f"--max-nodes {max_nodes} is below --min-nodes {min_nodes}")
+    if backend == "horovod" and importlib.util.find_spec("horovod") is None:
+        raise UsageError(
+            "--backend horovod: Horovod is not installed here (`make horovod`, "
+            "docs/trainers.md), or use --backend torchrun"
+        )
+    up_s, down_s = DEFAULT_RESCALE_S[backend]
+    with open_store(state_dir, need_daemon=True) as store:
+        trainer_id = store.submit(
+            script,
+            args,
+            backend=backend,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            work_samples=work_samples,
+            rescale_up_s=up_s if rescale_up_s is None else rescale_up_s,
+            rescale_down_s=down_s if rescale_down_s is None else rescale_down_s,
+        )
+    click.echo(trainer_id)
+
+
+# ---------------------------------------------------------------------- status
+
+
+def trainer_json(row: TrainerRow, nodes: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "state": row.state,
+        "nodes": list(nodes),
+        "samples_done": row.samples_done,
+        "work_samples": row.work_samples,
+        "throughput_sps": row.throughput_sps,
+        "goodput_sps": row.goodput_sps,
+        "batch_size": row.batch_size,
+        "backend": row.backend,
+        "min_nodes": row.min_nodes,
+        "max_nodes": row.max_nodes,
+        "script": row.script,
+        "args": list(row.args),
+        "submitted_s": row.submitted_s,
+        "started_s": row.started_s,
+        "finished_s": row.finished_s,
+        "reason": row.reason,
+    }
+
+
+def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
+    """What ``status --json`` prints: the daemon, the pool it last saw, every trainer."""
+    allocations = store.current_allocations()
+    pool = store.get_setting("pool", {"time_s": None, "nodes": {}})
+    return {
+        "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
+        "pool_time_s": pool["time_s"],
+        "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
+        "trainers": [
+            trainer_json(t, allocations[t.id].nodes if t.id in allocations else ())
+            for t in store.trainers()
+        ],
+    }
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.1f}"
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@state_dir_option
+def status_cmd(as_json: bool, state_dir: Path | None) -> None:
+    """The pool the daemon holds, and each trainer's state, nodes and progress."""
+    path = resolve_state_dir(state_dir)
+    with open_store(state_dir, need_daemon=False) as store:
+        data = status_json(store, path)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    pid = data["daemon"]["pid"]
+    click.echo(f"daemon: {'pid ' + str(pid) if pid is not None else 'not running'} ({path})")
+    held = [p for p in data["pool"] if p.get("holder_state") == "running"]
+    click.echo(f"pool: {len(data['pool'])} idle node(s), {len(held)} held")
+    for p in data["pool"]:
+        window = p.get("window_s")
+        click.echo(
+            f"  {p['node']}\twindow {'open' if window is None else f'{window:.0f} s'}"
+            f"\t{p.get('holder_state') or 'free'}\t{p.get('trainer') or ''}"
+        )
+    header = ("id", "state", "nodes", "samples", "samples/s", "goodput/s", "batch", "script")
+    click.echo("\t".join(header))
+    for t in data["trainers"]:
+        work = f"/{t['work_samples']}" if t["work_samples"] else ""
+        click.echo(
+            "\t".join(
+                [
+                    t["id"],
+                    t["state"],
+                    str(len(t["nodes"])),
+                    f"{t['samples_done']}{work}",
+                    _rate(t["throughput_sps"]),
+                    _rate(t["goodput_sps"]),
+                    str(t["batch_size"] or "-"),
+                    Path(t["script"]).name + (f" ({t['reason']})" if t["reason"] else ""),
+                ]
+            )
+        )
+
+
+# ---------------------------------------------------------------------- cancel
+
+
+@click.command("cancel")
+@click.argument("trainer_id")
+@state_dir_option
+def cancel_cmd(trainer_id: str, state_dir: Path | None) -> None:
+    """Cancel a trainer: a queued one never starts, a running one checkpoints and stops."""
+    with open_store(state_dir, need_daemon=True) as store:
+        row = store.request_cancel(trainer_id)
+    if row.finished:
+        click.echo(f"{row.id} already ended: {row.state}")
+    else:
+        click.echo(f"{row.id}: cancel requested ({row.state} now; the daemon stops it)")
+
+
+# ---------------------------------------------------------------------- logs
+
+
+@click.command("logs")
+@click.argument("trainer_id")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the trainer ends.")
+@state_dir_option
+def logs_cmd(trainer_id: str, follow: bool, state_dir: Path | None) -> None:
+    """Print a trainer's log: its launcher's and workers' output, tracebacks included."""
+    with open_store(state_dir, need_daemon=False) as store:
+        row = store.trainer(trainer_id)
+        if row.trainer_dir is None:
+            raise click.ClickException(f"trainer {trainer_id} has not started yet: no log")
+        log_path = Path(row.trainer_dir) / SUPERVISOR_LOG
+        offset = 0
+        while True:
+            offset = _print_from(log_path, offset)
+            if not follow or store.trainer(trainer_id).finished:
+                break
+            try:
+                time.sleep(1.0)
+            except KeyboardInterrupt:
+                break
+        # A trainer that just ended may have written its last lines after our last read.
+        if follow:
+            _print_from(log_path, offset)
+
+
+def _print_from(path: Path, offset: int) -> int:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return offset
+    if data:
+        click.echo(data.decode(errors="replace"), nl=False)
+    return offset + len(data)

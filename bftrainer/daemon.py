@@ -1,0 +1,377 @@
+"""The daemon: the core loop on the wall clock, on the nodes its holder jobs keep.
+
+Three parts plug into :class:`bftrainer.loop.Loop` (the same loop the replay runs):
+
+- :class:`HeldPool`, the pool source. Every ``poll_interval_s`` it reads the main
+  scheduler's pool (idle nodes nobody planned for, with their windows) and the state of
+  our holder jobs in one status call; submits and cancels holders by the hold plan
+  (:mod:`bftrainer.acquisition`: only what admitted trainers can use); and tells the loop
+  which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
+  the main scheduler, or released). The loop only ever sees nodes we hold.
+- :class:`SubmissionQueue`: trainers submitted and cancels requested through the
+  store (``bftrainer submit`` / ``cancel`` write it from other processes).
+- :class:`~bftrainer.live.LiveDriver`: starts and rescales the real trainers.
+
+Everything the daemon knows is in the SQLite store of its state directory, written
+before it acts. After a kill -9, :meth:`Daemon.restore` reconciles the holders with the
+scheduler (unknown ones are cancelled, ended ones dropped), re-attaches to the trainers'
+supervisors (which never stopped) and rebuilds the loop's state from the records. On
+SIGTERM the daemon stops taking work: it releases the holders no trainer uses and
+exits, leaving running trainers and their holders as they are for the next start.
+
+A bad scheduler reply never stops the daemon: the monitor keeps the last good pool
+(stale), a failed holder status keeps the last known holders, a refused holder is
+logged and tried again at a later poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from bftrainer.acquisition import plan_holders
+from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
+from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
+from bftrainer.idle_monitor.events import PoolEvent
+from bftrainer.idle_monitor.runner import CommandError
+from bftrainer.idle_monitor.source import LivePoolSource
+from bftrainer.live import ExecPlan, LiveDriver, job_of
+from bftrainer.loop import (
+    Arrival,
+    Cancel,
+    Loop,
+    LoopState,
+    Polled,
+    PoolChange,
+    Step,
+    TrainerState,
+    WallClock,
+)
+from bftrainer.state import HolderConflictError, Store, TrainerRow, TransitionError
+
+log = logging.getLogger(__name__)
+
+# Seconds a grow / a shrink costs a trainer when the user does not say (the allocator's
+# scale-up and scale-down costs), per backend: measured on 2 cores in
+# ../shared/notes/elastic-backends.md and docs/benchmarks.md.
+DEFAULT_RESCALE_S: dict[str, tuple[float, float]] = {
+    "horovod": (15.0, 5.0),
+    "torchrun": (20.0, 20.0),
+}
+UNFINISHED = ("queued", "running", "waiting")
+
+
+@dataclass(frozen=True)
+class DaemonConfig(Config):
+    """The loop's settings (``[policy]``) and the daemon's own (``[daemon]``)."""
+
+    poll_interval_s: float = 10.0
+    report_every_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("poll_interval_s", "report_every_s"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0.1
+            ):
+                raise ConfigError(f"{name} = {value!r}: expected a finite number >= 0.1 (seconds)")
+
+
+_POLICY_FIELDS = {f.name for f in fields(Config)}
+# The TOML tables a daemon reads: the loop's [policy] and its own [daemon].
+DAEMON_TABLES = {
+    **POLICY_TABLES,
+    "daemon": {f.name: f.name for f in fields(DaemonConfig) if f.name not in _POLICY_FIELDS},
+}
+
+
+# ---------------------------------------------------------------------- sources
+
+
+class HeldPool:
+    """The loop's pool: nodes whose holder runs (see the module docstring)."""
+
+    def __init__(
+        self,
+        monitor: LivePoolSource,
+        holders: Holders,
+        store: Store,
+        demand: Callable[[], tuple[int, set[str]]],
+        poll_interval_s: float,
+        usable: Sequence[str] = (),
+    ) -> None:
+        self.monitor = monitor
+        self.holders = holders
+        self.store = store
+        self.demand = demand
+        self.poll_interval_s = poll_interval_s
+        self.usable: set[str] = set(usable)
+        self._next_s = -math.inf
+
+    def jobs(self) -> dict[str, str]:
+        """node -> the job id of its live holder."""
+        return {h.node: h.job_id for h in self.store.holders(live_only=True)}
+
+    def exec_plan(self, nodes: Sequence[str]) -> ExecPlan:
+        jobs = self.jobs()
+        # Slurm: workers run as steps inside the holders. LSF: over ssh (blaunch is not wired).
+        mode = "slurm" if self.holders.scheduler == "slurm" else "ssh"
+        return ExecPlan(mode, {n: jobs[n] for n in nodes if n in jobs})
+
+    def poll(self, now_s: float) -> Polled:
+        if now_s < self._next_s:
+            return Polled((), self._next_s)
+        self._next_s = now_s + self.poll_interval_s
+        try:
+            self.monitor.poll()  # keeps the last good pool (stale) on a bad reply
+        except (CommandError, ValueError) as exc:
+            log.warning("pool not read: %s", exc)
+        try:
+            self._sync_holders(now_s)
+        except (HolderError, CommandError) as exc:
+            log.warning("holders not read, keeping the last known: %s", exc)
+            return Polled((), self._next_s)
+        running = {h.node for h in self.store.holders(live_only=True) if h.state == "running"}
+        joined, left = running - self.usable, self.usable - running
+        self.usable = running
+        self._plan(now_s)
+        self._publish(now_s)
+        if not joined and not left:
+            return Polled((), self._next_s)
+        view = self.monitor.view()
+        self.store.add_pool_event(
+            joined=joined, left=left, windows_s=dict(view.windows_s), stale=view.stale, now_s=now_s
+        )
+        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left))
+        return Polled((PoolChange(event),), self._next_s)
+
+    def _sync_holders(self, now_s: float) -> None:
+        """One status call: record what our holders are now; cancel unknown ones."""
+        known = {h.job_id: h.node for h in self.store.holders(live_only=True)}
+        result = self.holders.reconcile(known)
+        for job_id, status in result.live.items():
+            try:
+                self.store.set_holder_state(job_id, status.state, reason=status.reason, now_s=now_s)
+            except TransitionError:
+                # Running in the store, pending in the scheduler: requeued (holders are
+                # --no-requeue, so only a site's override does this). Not ours any more.
+                log.warning("holder %s went back to %s: releasing it", job_id, status.state)
+                self.holders.release(job_id)
+                self.store.set_holder_state(job_id, "ended", reason="requeued", now_s=now_s)
+        for job_id, status in result.gone.items():
+            if job_id in known:
+                self.store.set_holder_state(job_id, "ended", reason=status.reason, now_s=now_s)
+                log.info("holder %s on %s ended: %s", job_id, status.node, status.reason)
+
+    def _plan(self, now_s: float) -> None:
+        view = self.monitor.view()
+        live = self.store.holders(live_only=True)
+        demand, allocated = self.demand()
+        plan = plan_holders(
+            pool=sorted(view.pool),
+            windows_s=view.windows_s,
+            running=[h.node for h in live if h.state == "running"],
+            pending=[h.node for h in live if h.state == "pending"],
+            allocated=allocated,
+            demand=demand,
+        )
+        by_node = {h.node: h.job_id for h in live}
+        if plan.release:
+            jobs = [by_node[n] for n in plan.release]
+            try:
+                self.holders.release(*jobs)
+            except HolderError as exc:
+                log.warning("holders not released: %s", exc)
+            else:
+                for job_id in jobs:
+                    self.store.set_holder_state(job_id, "ended", reason="released", now_s=now_s)
+        if view.growth_held:
+            return  # the pool is stale: take nothing new on old information
+        for node in plan.acquire:
+            try:
+                job_id = self.holders.acquire(node, view.windows_s.get(node))
+            except WindowTooShortError:
+                continue
+            except HolderError as exc:
+                log.warning("%s", exc)
+                continue
+            try:
+                self.store.add_holder(job_id, node, now_s=now_s)
+            except HolderConflictError as exc:
+                log.error("%s: cancelling the new holder %s", exc, job_id)
+                self.holders.release(job_id)
+
+    def _publish(self, now_s: float) -> None:
+        """The pool as ``bftrainer status`` shows it."""
+        view = self.monitor.view()
+        holders = {h.node: h for h in self.store.holders(live_only=True)}
+        allocated = {n: tid for tid, a in self.store.current_allocations().items() for n in a.nodes}
+        nodes = {}
+        for n in sorted(set(view.pool) | set(holders)):
+            h = holders.get(n)
+            nodes[n] = {
+                "window_s": view.windows_s.get(n),
+                "holder": h.job_id if h else None,
+                "holder_state": h.state if h else None,
+                "trainer": allocated.get(n),
+            }
+        self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
+
+
+class SubmissionQueue:
+    """Trainers submitted and cancels requested through the store, each delivered once."""
+
+    def __init__(self, store: Store, known: Sequence[str] = ()) -> None:
+        self.store = store
+        self.known: set[str] = set(known)
+        self.cancelled: set[str] = set()
+
+    def poll(self, now_s: float) -> Polled:
+        inputs: list[Arrival | Cancel] = []
+        for row in self.store.trainers(UNFINISHED):
+            if row.id not in self.known:
+                self.known.add(row.id)
+                inputs.append(Arrival(job_of(row)))
+            if row.cancel_requested and row.id not in self.cancelled:
+                self.cancelled.add(row.id)
+                inputs.append(Cancel(row.id))
+        return Polled(tuple(inputs))
+
+
+# ---------------------------------------------------------------------- the daemon
+
+
+class StepLog:
+    """The loop's observer: logs each decision and its latency."""
+
+    def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
+        pass
+
+    def step(self, step: Step) -> None:
+        if step.decided:
+            log.info(
+                "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
+                "(joined %d, left %d, arrivals %d, completions %d) %s in %.1f ms, "
+                "latency %.1f ms",
+                step.time_s,
+                step.pool_nodes,
+                step.allocated_nodes,
+                step.running,
+                step.waiting,
+                step.joined,
+                step.left,
+                step.arrivals,
+                step.completions,
+                step.status,
+                step.solve_s * 1e3,
+                step.latency_s * 1e3,
+            )
+
+
+class Daemon:
+    """Wires the store, the pool, the holders and the live driver to the loop."""
+
+    def __init__(
+        self,
+        store: Store,
+        state_dir: Path,
+        monitor: LivePoolSource,
+        holders: Holders,
+        config: DaemonConfig,
+        *,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.store = store
+        self.state_dir = state_dir
+        self.config = config
+        self.clock = WallClock()
+        self.loop: Loop | None = None
+        self.pool = HeldPool(monitor, holders, store, self._demand, config.poll_interval_s)
+        self.driver = LiveDriver(
+            store, state_dir, self.pool.exec_plan, env=env, report_every_s=config.report_every_s
+        )
+        self.queue = SubmissionQueue(store)
+
+    def _demand(self) -> tuple[int, set[str]]:
+        """Nodes the admitted trainers can use (their n_max summed), and those in use."""
+        if self.loop is None:
+            return 0, set()
+        admitted = self.loop.admitted()
+        allocated = {n for t in self.loop.trainers.values() for n in t.nodes}
+        return sum(t.job.n_max for t in admitted), allocated
+
+    def restore(self) -> LoopState:
+        """The loop's state from the store, after reconciling holders with the scheduler
+        and re-attaching to the trainers that still run."""
+        now_s = self.clock.now_s()
+        self.pool._sync_holders(now_s)
+        running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
+        self.pool.usable = set(running)
+        held = set(running)
+        trainers: list[TrainerState] = []
+        for row in self.store.trainers(UNFINISHED):
+            trainers.append(self._restore_trainer(row, held))
+        self.queue.known = {t.id for t in trainers}
+        if trainers:
+            log.info("restored %d trainer(s) on %d held node(s)", len(trainers), len(running))
+        return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers)
+
+    def _restore_trainer(self, row: TrainerRow, held: set[str]) -> TrainerState:
+        nodes = tuple(n for n in self.store.current_allocation(row.id) if n in held)
+        held -= set(nodes)
+        self.driver.attach(row, nodes)
+        return TrainerState(
+            job_of(row),
+            nodes=nodes,
+            started_s=row.started_s,
+            processed_samples=float(row.samples_done),
+        )
+
+    def run(self) -> None:
+        """Run until :meth:`request_stop`; then release what no trainer uses."""
+        state = self.restore()
+        self.loop = Loop(
+            [self.pool, self.queue],
+            self.driver,
+            self.clock,
+            self.config,
+            observer=StepLog(),
+            state=state,
+        )
+        try:
+            self.loop.run()
+        finally:
+            self._shutdown()
+
+    def request_stop(self) -> None:
+        if self.loop is not None:
+            self.loop.request_stop()
+
+    def _shutdown(self) -> None:
+        """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
+        allocated = {n for a in self.store.current_allocations().values() for n in a.nodes}
+        spare = [h for h in self.store.holders(live_only=True) if h.node not in allocated]
+        if spare:
+            try:
+                self.pool.holders.release(*(h.job_id for h in spare))
+            except HolderError as exc:
+                log.warning("holders not released at exit: %s", exc)
+            else:
+                for h in spare:
+                    self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
+        log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
+
+
+def load_daemon_config(path: Path | None, overrides: dict[str, object]) -> DaemonConfig:
+    """The daemon's settings: defaults, then the TOML file's, then the flags'."""
+    config = DaemonConfig()
+    if path is not None:
+        config = load_config(path, config, DAEMON_TABLES)
+    return with_overrides(config, overrides)

@@ -1,0 +1,290 @@
+"""The live trainer driver: the core loop's hands on real elastic trainers.
+
+The loop decides; this driver acts through each trainer's :class:`Launcher` (a detached
+supervisor running Horovod or torchrun) and learns what happened from the trainer's
+directory (``docs/trainers.md``: ``metrics.jsonl``, ``result.json``, ``exit.json``), so a
+daemon that dies loses nothing: the trainers keep running, and a new daemon re-attaches
+with :meth:`LiveDriver.attach`.
+
+Costs are not simulated here: a rescale costs what it costs in real time, and the
+samples a trainer reports are net of it. So ``rescale``/``preempt`` return 0 and
+``advance`` returns the samples the trainers reported since the last call.
+
+Every change is written to the store before the daemon goes on (``record_allocation``,
+trainer states), and every read of a trainer's files survives a torn or bad line.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bftrainer.jobs import JobSpec
+from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
+from bftrainer.state import Store, TrainerRow
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
+
+log = logging.getLogger(__name__)
+
+# Seconds a cancelled trainer's workers get to checkpoint before they are killed.
+CANCEL_GRACE_S = 30.0
+
+
+def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
+    """What the allocator assumes of a trainer before it reports: linear scaling at one
+    (unit) sample per second per node, as Pollux assumes before its first fit."""
+    return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
+
+
+def job_of(row: TrainerRow) -> JobSpec:
+    """The loop's view of a submitted trainer."""
+    return JobSpec(
+        id=row.id,
+        model=Path(row.script).name,
+        submit_s=row.submitted_s,
+        n_min=row.min_nodes,
+        n_max=row.max_nodes,
+        rescale_up_s=row.rescale_up_s,
+        rescale_down_s=row.rescale_down_s,
+        work_samples=math.inf if row.work_samples is None else float(row.work_samples),
+        curve=prior_curve(row.max_nodes),
+    )
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """How the trainers' workers reach their nodes: ``mode`` of ``exec.json`` and, in
+    ``slurm`` mode, the holder job of each node."""
+
+    mode: str
+    jobs: Mapping[str, str]
+
+
+class LiveDriver:
+    """Drives real trainers (see the module docstring).
+
+    ``exec_plan(nodes)`` says how workers run on ``nodes`` now (the daemon's holders);
+    ``env`` is added to the supervisors' environment (e.g. ``SLURM_CONF``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        state_dir: Path,
+        exec_plan: Callable[[Sequence[str]], ExecPlan],
+        *,
+        env: Mapping[str, str] | None = None,
+        report_every_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.trainers_dir = Path(state_dir) / "trainers"
+        self.exec_plan = exec_plan
+        self.env = dict(env or {})
+        self.report_every_s = report_every_s
+        self.launchers: dict[str, Launcher] = {}
+        self._offsets: dict[str, int] = {}
+        self._samples: dict[str, int] = {}
+        self._reports: list[CurveReport | Completion] = []
+
+    # ---- restore --------------------------------------------------------------------
+    def attach(self, row: TrainerRow, nodes: Sequence[str]) -> None:
+        """Re-attach to a trainer started by an earlier daemon; give it ``nodes`` (its
+        nodes that are still held). A supervisor that ended meanwhile is reported at the
+        next ``advance``."""
+        if row.trainer_dir is None:
+            return
+        trainer_dir = Path(row.trainer_dir)
+        try:
+            launcher = Launcher.attach(trainer_dir)
+        except LaunchError as exc:
+            log.warning("trainer %s: cannot re-attach: %s", row.id, exc)
+            self._fail(row.id, f"lost after a daemon restart: {exc}")
+            return
+        self.launchers[row.id] = launcher
+        # Re-read the reports from the start: the store keeps only the latest figures.
+        self._samples[row.id] = row.samples_done
+        self._offsets[row.id] = 0
+        self._set_hosts(row.id, launcher, tuple(nodes))
+        log.info("trainer %s: re-attached to supervisor %d", row.id, launcher.pid)
+
+    # ---- the TrainerDriver interface ------------------------------------------------
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        processed = 0.0
+        for trainer_id, launcher in list(self.launchers.items()):
+            processed += self._read_reports(trainer_id, launcher.trainer_dir)
+            ended = launcher.poll()
+            if ended is None:
+                continue
+            processed += self._read_reports(trainer_id, launcher.trainer_dir)
+            del self.launchers[trainer_id]
+            result = channel.read_result(launcher.trainer_dir) if ended.state == "done" else None
+            if ended.state == "done" and result is not None:
+                self.store.update_progress(trainer_id, samples_done=int(result["samples"]))
+                self._finish(trainer_id, "done", "")
+            elif ended.state == "stopped" and self.store.trainer(trainer_id).cancel_requested:
+                self._finish(trainer_id, "cancelled", "cancelled")
+            else:
+                why = ended.reason or f"exit code {ended.returncode}"
+                self._fail(trainer_id, f"{ended.state}: {why} (bftrainer logs {trainer_id})")
+        reports, self._reports = tuple(self._reports), []
+        return Progress(processed, reports)
+
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        return now_s + self.report_every_s if self.launchers else math.inf
+
+    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
+        launcher = self.launchers.get(trainer.id)
+        if launcher is None:
+            if nodes:
+                self._start(trainer, nodes)
+            return 0.0
+        self._set_hosts(trainer.id, launcher, nodes)
+        return 0.0
+
+    def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        launcher = self.launchers.get(trainer.id)
+        if launcher is not None:
+            log.info(
+                "trainer %s lost %d node(s): now on %d",
+                trainer.id,
+                old_count - len(trainer.nodes),
+                len(trainer.nodes),
+            )
+            self._set_hosts(trainer.id, launcher, trainer.nodes)
+        return 0.0
+
+    def cancel(self, trainer: TrainerState) -> None:
+        launcher = self.launchers.pop(trainer.id, None)
+        self.store.record_allocation(trainer.id, ())
+        if launcher is None:
+            self._finish(trainer.id, "cancelled", "cancelled")
+            return
+        # The supervisor checkpoints and stops in the background; the loop goes on.
+        threading.Thread(
+            target=launcher.stop, args=(CANCEL_GRACE_S,), name=f"stop-{trainer.id}", daemon=True
+        ).start()
+        self._finish(trainer.id, "cancelled", "cancelled")
+
+    # ---- helpers --------------------------------------------------------------------
+    def _start(self, trainer: TrainerState, nodes: tuple[str, ...]) -> None:
+        row = self.store.trainer(trainer.id)
+        trainer_dir = self.trainers_dir / trainer.id
+        args = list(row.args)
+        if row.work_samples is not None:
+            args += ["--work-samples", str(row.work_samples)]
+        spec = LaunchSpec(
+            trainer_id=trainer.id,
+            script=Path(row.script),
+            args=tuple(args),
+            trainer_dir=trainer_dir,
+            backend=row.backend,
+            min_hosts=row.min_nodes,
+            max_hosts=row.max_nodes,
+            env=self.env,
+        )
+        try:
+            trainer_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            plan = self.exec_plan(nodes)
+            channel.write_exec(trainer_dir, plan.mode, plan.jobs)
+            launcher = Launcher.start(spec, nodes)
+        except (LaunchError, channel.ChannelError, OSError) as exc:
+            log.error("trainer %s cannot start: %s", trainer.id, exc)
+            self._fail(trainer.id, f"cannot start: {exc}")
+            return
+        self.launchers[trainer.id] = launcher
+        self._offsets[trainer.id] = 0
+        self._samples[trainer.id] = row.samples_done
+        self.store.set_launch(trainer.id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
+        self.store.record_allocation(trainer.id, nodes)
+        self.store.set_trainer_state(trainer.id, "running")
+        log.info("trainer %s started on %d node(s): %s", trainer.id, len(nodes), ",".join(nodes))
+
+    def _set_hosts(self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...]) -> None:
+        """Tell the supervisor its hosts: exec plan first, so new hosts are reachable."""
+        if nodes:
+            plan = self.exec_plan(nodes)
+            launcher.set_exec(plan.mode, plan.jobs)
+        launcher.set_hosts(nodes)
+        self.store.record_allocation(trainer_id, nodes)
+        row = self.store.trainer(trainer_id)
+        if not row.finished:
+            self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
+
+    def _read_reports(self, trainer_id: str, trainer_dir: Path) -> float:
+        """New lines of the trainer's ``metrics.jsonl``: progress, batch size, curves."""
+        records, self._offsets[trainer_id] = channel.read_metrics(
+            trainer_dir, self._offsets.get(trainer_id, 0)
+        )
+        before = self._samples.get(trainer_id, 0)
+        row = self.store.trainer(trainer_id)
+        for rec in records:
+            kind = rec.get("kind")
+            if kind == "reset":
+                batch = rec.get("batch_size")
+                if isinstance(batch, int):
+                    self.store.update_progress(trainer_id, batch_size=batch)
+            elif kind == "metrics":
+                self._metrics(trainer_id, row, rec)
+        return float(max(0, self._samples.get(trainer_id, 0) - before))
+
+    def _metrics(self, trainer_id: str, row: TrainerRow, rec: Mapping[str, object]) -> None:
+        samples = rec.get("samples_done")
+        if isinstance(samples, int):
+            self._samples[trainer_id] = max(self._samples.get(trainer_id, 0), samples)
+        try:
+            record = MetricsRecord.from_dict(rec.get("record"), f"trainer {trainer_id}")
+        except MetricsRecordError as exc:
+            log.warning("trainer %s: ignoring a bad metrics record: %s", trainer_id, exc)
+            return
+        throughput = goodput = None
+        if record.throughput is not None:
+            try:
+                model = record.goodput_model()
+                good, thr = model.allocator_curves(row.max_nodes)
+            except (MetricsRecordError, ValueError) as exc:
+                log.warning("trainer %s: no curve from its record: %s", trainer_id, exc)
+            else:
+                self._reports.append(CurveReport(trainer_id, "goodput", good))
+                self._reports.append(CurveReport(trainer_id, "throughput", thr))
+                n = max(1, record.nodes)
+                throughput = float(_at(thr, n))
+                goodput = float(_at(good, n))
+        self.store.update_progress(
+            trainer_id,
+            samples_done=self._samples.get(trainer_id),
+            throughput_sps=throughput,
+            goodput_sps=goodput,
+            batch_size=record.batch_size,
+        )
+        self.store.add_metric(trainer_id, record.to_dict(), now_s=record.time_s)
+
+    def _finish(self, trainer_id: str, state: str, reason: str) -> None:
+        row = self.store.trainer(trainer_id)
+        if not row.finished:
+            self.store.set_trainer_state(trainer_id, state, reason=reason)
+        self.store.record_allocation(trainer_id, ())
+        if state != "cancelled":
+            self._reports.append(Completion(trainer_id))
+        log.info("trainer %s %s %s", trainer_id, state, reason)
+
+    def _fail(self, trainer_id: str, reason: str) -> None:
+        self.launchers.pop(trainer_id, None)
+        row = self.store.trainer(trainer_id)
+        if not row.finished:
+            self.store.set_trainer_state(trainer_id, "failed", reason=reason)
+        self.store.record_allocation(trainer_id, ())
+        self._reports.append(Completion(trainer_id))
+        log.warning("trainer %s failed: %s", trainer_id, reason)
+
+
+def _at(curve: Sequence[tuple[float, float]], n: int) -> float:
+    for x, y in curve:
+        if x >= n:
+            return y
+    return curve[-1][1] if curve else 0.0

@@ -1,0 +1,294 @@
+"""The daemon end to end on the real 8-node Slurm: holders, real elastic trainers, main
+jobs that take nodes and give them back, and a daemon killed -9 mid-run.
+
+What a centre relies on, asserted here: every main job starts within seconds of its
+submission; trainers shrink when nodes leave and grow when they return; each allocation
+satisfies the allocator's constraints; each trainer finishes with exactly the work asked;
+a daemon killed -9 and restarted re-attaches without restarting the trainers and loses
+no committed step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bftrainer.state import Store
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch.base import Launcher, LaunchError
+from tests.conftest import REPO, SlurmCluster, wait_until
+from tests.trainers.elastic_harness import horovod_missing
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+BFTRAINER = [sys.executable, "-m", "bftrainer"]
+POLL_S = 1.0
+# A main job must start this soon after submission (measured: 1-4 s; the holder's
+# workers exit on SIGTERM at once).
+MAIN_START_LIMIT_S = 15.0
+
+
+class Service:
+    """A daemon started by a test, and what it can be asked; cleans up by PID."""
+
+    def __init__(self, cluster: SlurmCluster, state_dir: Path, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.state_dir = state_dir
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.main_jobs: list[str] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.cluster.env, "PYTHONPATH": str(REPO)}
+
+    def start(self) -> None:
+        self.starts += 1
+        config = self.log_dir / "daemon.toml"
+        config.write_text('[policy]\nobjective = "speedup"\nredecide_every_s = 10.0\n')
+        log = (self.log_dir / f"daemon-{self.starts}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                *BFTRAINER,
+                "-v",
+                "daemon",
+                "--scheduler",
+                "slurm",
+                "--bf-partition",
+                "bf",
+                "--env",
+                f"SLURM_CONF={self.cluster.conf}",
+                "--state-dir",
+                str(self.state_dir),
+                "--config",
+                str(config),
+                "--poll-interval",
+                str(POLL_S),
+                "--horizon",
+                "0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(lambda: (self.state_dir / "daemon.lock").exists(), 30, "the daemon's lock")
+        wait_until(lambda: self.status()["daemon"]["pid"] == self.proc.pid, 30, "daemon up")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [*BFTRAINER, *args, "--state-dir", str(self.state_dir)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"bftrainer {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.cli("status", "--json"))
+
+    def trainer(self, trainer_id: str) -> dict[str, Any]:
+        return next(t for t in self.status()["trainers"] if t["id"] == trainer_id)
+
+    def submit(self, backend: str, work: int, max_nodes: int, *extra: str) -> str:
+        out = self.cli(
+            "submit",
+            str(EXAMPLE),
+            "--backend",
+            backend,
+            "--min-nodes",
+            "1",
+            "--max-nodes",
+            str(max_nodes),
+            "--work-samples",
+            str(work),
+            *extra,
+        )
+        return out.strip().splitlines()[-1]
+
+    def main_job(self, nodes: int, seconds: int) -> tuple[str, float]:
+        """Submit a main-partition job; returns its id and seconds from submit to RUNNING."""
+        t0 = time.monotonic()
+        job = self.cluster.sbatch(
+            "-p", "main", "-N", str(nodes), "-t", "2", "--wrap", f"sleep {seconds}"
+        )
+        self.main_jobs.append(job)
+        wait_until(
+            lambda: self.cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).strip() == "RUNNING",
+            60,
+            f"main job {job} running",
+        )
+        return job, time.monotonic() - t0
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        for pid_file in (self.state_dir / "trainers").glob("*/supervisor.pid"):
+            with contextlib.suppress(LaunchError):
+                Launcher.attach(pid_file.parent).kill()
+        if self.main_jobs:
+            self.cluster.run(["scancel", *self.main_jobs], check=False)
+        if (self.state_dir / "state.db").exists():
+            with Store.open(self.state_dir) as store:
+                jobs = [h.job_id for h in store.holders(live_only=False)]
+            if jobs:
+                self.cluster.run(["scancel", *jobs], check=False)
+
+
+@pytest.fixture
+def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
+    if (why := horovod_missing()) is not None:
+        pytest.skip(why)
+    state = tmp_path / "state"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    s = Service(slurm, state, logs)
+    try:
+        yield s
+    finally:
+        s.cleanup()
+        for log in sorted(logs.glob("daemon-*.log")):
+            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
+
+
+def allocations(state_dir: Path) -> dict[str, list[tuple[float, tuple[str, ...]]]]:
+    with Store.open(state_dir) as store:
+        return {
+            t.id: [(a.time_s, a.nodes) for a in store.allocation_history(t.id)]
+            for t in store.trainers()
+        }
+
+
+def check_allocations(state_dir: Path, limits: dict[str, tuple[int, int]]) -> None:
+    """Every allocation is 0 or within [n_min, n_max], and no node serves two trainers."""
+    history = allocations(state_dir)
+    events = sorted((t, tid, nodes) for tid, h in history.items() for t, nodes in h)
+    current: dict[str, tuple[str, ...]] = {}
+    for _, tid, nodes in events:
+        n_min, n_max = limits[tid]
+        assert not nodes or n_min <= len(nodes) <= n_max, (tid, nodes)
+        current[tid] = nodes
+        used = [n for ns in current.values() for n in ns]
+        assert len(used) == len(set(used)), f"a node serves two trainers: {current}"
+
+
+def resets(state_dir: Path, trainer_id: str) -> list[dict[str, Any]]:
+    records, _ = channel.read_metrics(state_dir / "trainers" / trainer_id, 0)
+    return [r for r in records if r.get("kind") == "reset"]
+
+
+def wait_done(service: Service, trainer_id: str, timeout_s: float) -> dict[str, Any]:
+    wait_until(
+        lambda: service.trainer(trainer_id)["state"] in ("done", "failed", "cancelled"),
+        timeout_s,
+        f"trainer {trainer_id} to finish",
+    )
+    t = service.trainer(trainer_id)
+    log = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_LOG
+    assert t["state"] == "done", f"{trainer_id}: {t}\n{log.read_text()[-4000:]}"
+    return t
+
+
+def test_two_trainers_shrink_and_grow_around_main_jobs(service: Service) -> None:
+    service.start()
+    work = 60_000
+    a = service.submit("horovod", work, 4, "--step-delay-s", "0.05")
+    b = service.submit("torchrun", work, 4, "--step-delay-s", "0.05")
+    wait_until(
+        lambda: all(service.trainer(t)["samples_done"] > 0 for t in (a, b)),
+        180,
+        "both trainers training",
+    )
+    status = service.status()
+    held = {p["node"] for p in status["pool"] if p["holder_state"] == "running"}
+    assert len(held) >= 2
+    # A main job that needs 6 of the 8 nodes: holders are preempted, the trainers shrink.
+    before = {t: len(resets(service.state_dir, t)) for t in (a, b)}
+    t_submit = time.time()
+    job, start_s = service.main_job(6, 25)
+    assert start_s < MAIN_START_LIMIT_S, f"main job {job} took {start_s:.1f} s to start"
+
+    def shrunk() -> bool:
+        trainers = [service.trainer(t) for t in (a, b)]
+        return sum(len(t["nodes"]) for t in trainers) <= 2
+
+    wait_until(shrunk, 60, "the trainers to give the main job's nodes back")
+    shrink_s = []
+    for t in (a, b):
+        new = resets(service.state_dir, t)[before[t] :]
+        if new:
+            shrink_s.append(new[0]["time_s"] - t_submit)
+    print(f"main job start {start_s:.1f} s; holder SIGTERM -> shrink {shrink_s}")
+    # The main job ends; its nodes come back and the trainers grow again.
+    wait_until(
+        lambda: sum(len(service.trainer(t)["nodes"]) for t in (a, b)) > 2,
+        120,
+        "the trainers to grow back",
+    )
+    for t in (a, b):
+        done = wait_done(service, t, 600)
+        assert done["samples_done"] == work
+        result = channel.read_result(service.state_dir / "trainers" / t)
+        assert result is not None and result["samples"] == work
+    check_allocations(service.state_dir, {a: (1, 4), b: (1, 4)})
+    # With no trainer left, the daemon holds nothing.
+    wait_until(
+        lambda: not [p for p in service.status()["pool"] if p["holder_state"]],
+        30,
+        "holders released",
+    )
+    assert service.stop() == 0
+
+
+def test_daemon_killed_and_restarted_loses_nothing(service: Service) -> None:
+    service.start()
+    work = 40_000
+    a = service.submit("horovod", work, 3, "--step-delay-s", "0.05")
+    wait_until(lambda: service.trainer(a)["samples_done"] > 0, 180, "the trainer training")
+    trainer_dir = service.state_dir / "trainers" / a
+    supervisor = int((trainer_dir / channel.SUPERVISOR_PID).read_text())
+    service.kill9()
+    samples_at_kill = service.trainer(a)["samples_done"]
+    time.sleep(3 * POLL_S)
+    # The trainer kept running without the daemon.
+    assert Launcher.attach(trainer_dir).alive()
+    service.start()
+    wait_until(lambda: service.trainer(a)["samples_done"] > samples_at_kill, 120, "progress")
+    # Re-attached, not restarted: the same supervisor, no new start-up of the workers.
+    assert int((trainer_dir / channel.SUPERVISOR_PID).read_text()) == supervisor
+    done = wait_done(service, a, 600)
+    assert done["samples_done"] == work
+    result = channel.read_result(trainer_dir)
+    assert result is not None and result["samples"] == work
+    with Store.open(service.state_dir) as store:
+        live_nodes = [h.node for h in store.holders(live_only=True)]
+    assert len(live_nodes) == len(set(live_nodes)), "a node held twice after the restart"
+    check_allocations(service.state_dir, {a: (1, 3)})
+    assert service.stop() == 0
