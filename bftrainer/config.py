@@ -124,15 +124,15 @@ def load_config(path: Path, base: C, tables: Mapping[str, Mapping[str, str]] = P
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     config = base
     for name, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: key {name!r} is outside a table (expected {_list(tables)})")
         if name not in tables:
             raise ConfigError(f"{path}: unknown table [{name}] (expected {_list(tables)})")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: {name!r} must be a table ([{name}])")
         keys = tables[name]
         for key, value in table.items():
             if key not in keys:
                 raise ConfigError(f"{path}: [{name}] unknown key {key!r} (expected {_list(keys)})")
-            config = _set(config, keys[key], value, f"{path}: [{name}]")
+            config = _set(config, keys[key], value, f"{path}: [{name}] ")
     return config
 
 
@@ -143,18 +143,18 @@ def with_overrides(base: C, values: Mapping[str, Any], names: Mapping[str, str] 
     for field_name, value in values.items():
         if value is not None:
             origin = (names or {}).get(field_name, field_name)
-            config = _set(config, field_name, value, origin)
+            config = _set(config, field_name, value, f"{origin}: ")
     return config
 
 
-def _set(config: C, field_name: str, value: Any, origin: str) -> C:
+def _set(config: C, field_name: str, value: Any, prefix: str) -> C:
     current = getattr(config, field_name)
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)  # TOML's 120 for 120.0
     try:
         return replace(config, **{field_name: value})
     except ConfigError as e:
-        raise ConfigError(f"{origin}: {e}") from None
+        raise ConfigError(f"{prefix}{e}") from None
 
 
 def _list(names: Iterable[str]) -> str:

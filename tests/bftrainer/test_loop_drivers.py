@@ -1,0 +1,196 @@
+"""The contract every trainer driver passes, under the real loop.
+
+``DRIVERS`` lists driver factories; a new driver (the daemon's live one) adds a line.
+A factory gets a temporary folder and returns a :class:`DriverCase`: the driver, jobs
+it can run to completion within ``horizon_s`` on ``nodes`` nodes, and the pool.
+The driver is wrapped in :class:`Checked`, which asserts the protocol at every call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bftrainer.config import Config
+from bftrainer.idle_monitor.events import PoolEvent
+from bftrainer.jobs import JobSpec
+from bftrainer.loop import (
+    Arrival,
+    Cancel,
+    Completion,
+    CurveReport,
+    Input,
+    Loop,
+    LoopState,
+    PoolChange,
+    Progress,
+    TimedSource,
+    TrainerDriver,
+    TrainerState,
+    VirtualClock,
+)
+from bftrainer.replay.pollux_sim import PolluxSimDriver, PolluxSimOptions
+from bftrainer.replay.simulator import SimulatedDriver
+from tests.bftrainer.test_loop import ScriptedDriver, job
+from tests.bftrainer.test_pollux_replay import toy_job, write_toy
+
+
+@dataclass
+class DriverCase:
+    driver: TrainerDriver
+    jobs: list[JobSpec]
+    horizon_s: float
+    pool: tuple[str, ...] = ("n0", "n1", "n2", "n3")
+
+
+def simulated(tmp: Path) -> DriverCase:
+    jobs = [
+        JobSpec("a", "m", 0.0, 1, 4, 5.0, 2.0, 4000.0, ((1.0, 10.0), (4.0, 40.0))),
+        JobSpec("b", "m", 30.0, 1, 4, 5.0, 2.0, 6000.0, ((1.0, 10.0), (4.0, 30.0))),
+        JobSpec("c", "m", 60.0, 1, 2, 5.0, 2.0, 1000.0, ((1.0, 5.0), (2.0, 10.0))),
+    ]
+    return DriverCase(SimulatedDriver(), jobs, 5000.0)
+
+
+def pollux(tmp: Path, batch_adapt: bool = True) -> DriverCase:
+    data = write_toy(tmp, epoch=20)
+    specs = [
+        toy_job(data, 10, jid="a"),
+        toy_job(data, 10, jid="b", submit_s=30.0, up_s=5.0),
+        toy_job(data, 20, jid="c", submit_s=60.0),
+    ]
+    options = PolluxSimOptions(batch_adapt=batch_adapt, noise=0.05, report_interval_s=20.0)
+    driver = PolluxSimDriver({s.id: j for s, j in specs}, data, options)
+    return DriverCase(driver, [s for s, _ in specs], 5000.0)
+
+
+def scripted(tmp: Path) -> DriverCase:
+    return DriverCase(ScriptedDriver(), [job("a", 300.0), job("b", 500.0, 30.0)], 5000.0)
+
+
+DRIVERS: dict[str, Callable[[Path], DriverCase]] = {
+    "simulated": simulated,
+    "pollux-adaptive": pollux,
+    "pollux-fixed-batch": lambda tmp: pollux(tmp, batch_adapt=False),
+    "scripted": scripted,
+}
+
+
+@dataclass
+class Checked:
+    """Wraps a driver and asserts the protocol on every call."""
+
+    inner: TrainerDriver
+    known: dict[str, TrainerState] = field(default_factory=dict)
+    now_s: float | None = None
+    completed: set[str] = field(default_factory=set)
+    cancelled: set[str] = field(default_factory=set)
+    reports: list[CurveReport] = field(default_factory=list)
+    processed: float = 0.0
+
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        assert self.now_s is None or now_s >= self.now_s, "the clock went back"
+        first = self.now_s is None
+        for t in trainers:
+            assert t.nodes, f"{t.id} was advanced without nodes"
+            assert t.id not in self.completed | self.cancelled
+            self.known[t.id] = t
+        before = {t.id: (t.nodes, dict(t.reported_curves), t.processed_samples) for t in trainers}
+        progress = self.inner.advance(trainers, now_s)
+        self.now_s = now_s
+        assert isinstance(progress, Progress)
+        assert math.isfinite(progress.processed_samples) and progress.processed_samples >= 0
+        if first:
+            assert progress.processed_samples == 0, "the first call only sets the clock"
+        gained = sum(t.processed_samples - before[t.id][2] for t in trainers)
+        assert progress.processed_samples == pytest.approx(gained, rel=1e-9, abs=1e-6)
+        self.processed += progress.processed_samples
+        for t in trainers:
+            nodes, curves, _ = before[t.id]
+            assert t.nodes == nodes, "a driver never moves nodes"
+            assert t.reported_curves == curves, "curves are reported as inputs, not written"
+        for r in progress.reports:
+            assert isinstance(r, CurveReport | Completion)
+            assert r.trainer_id in {t.id for t in trainers}, "a report of a trainer not run"
+            if isinstance(r, Completion):
+                assert r.trainer_id not in self.completed, "completion reported twice"
+                self.completed.add(r.trainer_id)
+            else:
+                assert r.metric in ("throughput", "goodput")
+                assert all(math.isfinite(n) and math.isfinite(v) for n, v in r.curve)
+                self.reports.append(r)
+        return progress
+
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        t = self.inner.next_wakeup_s(trainers, now_s)
+        assert t >= now_s, f"a wake-up in the past: {t} < {now_s}"
+        return t
+
+    def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        assert old_count > len(trainer.nodes)
+        cost = self.inner.preempt(trainer, old_count)
+        assert math.isfinite(cost) and cost >= 0
+        return cost
+
+    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
+        assert trainer.id not in self.completed | self.cancelled
+        cost = self.inner.rescale(trainer, nodes)
+        assert math.isfinite(cost) and cost >= 0
+        return cost
+
+    def cancel(self, trainer: TrainerState) -> None:
+        self.cancelled.add(trainer.id)
+        self.inner.cancel(trainer)
+
+
+def drive(case: DriverCase, extra: Sequence[tuple[float, Input]] = ()) -> tuple[Loop, Checked]:
+    checked = Checked(case.driver)
+    script = sorted([(j.submit_s, Arrival(j)) for j in case.jobs] + list(extra), key=lambda x: x[0])
+    source = TimedSource(script)
+    loop = Loop(
+        [source],
+        checked,
+        VirtualClock(0.0),
+        Config(policy="equal", redecide_every_s=30.0),
+        state=LoopState(now_s=0.0, pool=case.pool),
+    )
+    loop.run(until_s=case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)
+    return loop, checked
+
+
+@pytest.fixture(params=list(DRIVERS))
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
+    return DRIVERS[request.param](tmp_path)
+
+
+def test_every_job_completes_once_and_the_protocol_holds(case: DriverCase) -> None:
+    loop, checked = drive(case)
+    assert not loop.trainers, "every job completed within the horizon"
+    assert checked.completed == {j.id for j in case.jobs}
+    assert all(t.finished_s is not None for t in loop.finished)
+    assert checked.processed > 0
+
+
+def test_nodes_that_leave_and_come_back_are_survived(case: DriverCase) -> None:
+    churn: list[tuple[float, Input]] = [
+        (20.0, PoolChange(PoolEvent(20.0, left=frozenset({"n0", "n1"})))),
+        (45.0, PoolChange(PoolEvent(45.0, joined=frozenset({"n0"})))),
+        (70.0, PoolChange(PoolEvent(70.0, left=frozenset(case.pool) - {"n0", "n1"}))),
+        (90.0, PoolChange(PoolEvent(90.0, joined=frozenset(case.pool) - {"n0"}))),
+    ]
+    loop, checked = drive(case, churn)
+    assert not loop.trainers
+    assert checked.completed == {j.id for j in case.jobs}
+
+
+def test_a_cancelled_trainer_is_never_run_or_reported_again(case: DriverCase) -> None:
+    first = case.jobs[0].id
+    loop, checked = drive(case, [(10.0, Cancel(first))])
+    assert checked.cancelled == {first}
+    assert first not in checked.completed
+    assert checked.completed == {j.id for j in case.jobs} - {first}
+    assert [t.id for t in loop.finished if t.cancelled_s is not None] == [first]
