@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,7 +11,8 @@ from typing import Any
 
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
-from bftrainer.milp.dp import solve_counts
+from bftrainer.milp.dp import DeadlineError, dp_cells, solve_counts
+from bftrainer.milp.greedy import grow_greedily
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.node import build_node_model
 from bftrainer.milp.objective import TrainerTerms, admitted, build_terms, objective_of_counts
@@ -22,6 +24,11 @@ log = logging.getLogger(__name__)
 FORMULATIONS = ("count", "node")
 SOLVERS = ("highs", "cbc", "gurobi", "dp")
 DEFAULT_TIME_LIMIT_S = 10.0
+# The DP's check costs about 2.5 ns per (capacity, count) pair here (dp_cells): it runs
+# when it fits in this share of the time limit, else an unchecked "optimal" is reported
+# as ``unverified``. At the default 10 s: 2e9 pairs, e.g. 10,000 trainers on 3,000 nodes.
+DP_CELLS_PER_S = 4e8
+DP_SHARE_OF_LIMIT = 0.5
 
 
 class AllocatorConfigError(ValueError):
@@ -36,10 +43,13 @@ class AllocationBugError(RuntimeError):
 class Allocation:
     """The decision: node sets per trainer (waiting trainers get none).
 
-    ``status``: ``optimal``; ``time_limit`` (the solver's incumbent, better than the
-    current map); ``kept_current`` (time limit with no better incumbent: the current map
-    is kept, paper §3.6). ``objective`` is Eq. 16 of the returned allocation; ``bound`` the
-    best proven upper bound when the solver gives one.
+    ``status`` (docs/allocator.md, "Status"): ``optimal`` (the allocation is optimal:
+    the solver's proof agreed with the exact dynamic program, or the DP's answer was
+    used); ``time_limit`` (the solver stopped at the limit; the best of its incumbent,
+    the DP's answer when it applies, and the current map); ``kept_current`` (time
+    limit, nothing better than the current map, paper §3.6); ``unverified`` (the solver
+    says optimal, but the problem is too large for the DP's check). ``objective`` is
+    Eq. 16 of the returned allocation; ``bound`` the best proven upper bound, if known.
     """
 
     nodes: Mapping[str, tuple[str, ...]]
@@ -81,7 +91,13 @@ def allocate(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     mip_gap: float = DEFAULT_MIP_GAP,
 ) -> Allocation:
-    """Solve the BFTrainer model for ``problem`` and map the answer to nodes."""
+    """Solve the BFTrainer model for ``problem`` and map the answer to nodes.
+
+    ``time_limit_s`` covers the whole call (model building included). A MILP answer is
+    checked against the exact dynamic program whenever that fits in half the time
+    limit: it is the same optimum (docs/allocator.md), and a solver can
+    call a badly scaled model "optimal" when it is not.
+    """
     if formulation not in FORMULATIONS:
         raise AllocatorConfigError(
             f"formulation {formulation!r} is not one of {', '.join(FORMULATIONS)}"
@@ -90,49 +106,24 @@ def allocate(
         raise AllocatorConfigError(f"solver {solver!r} is not one of {', '.join(SOLVERS)}")
     if solver == "dp" and formulation != "count":
         raise AllocatorConfigError("the dp solver solves the count formulation only")
+    if not (math.isfinite(time_limit_s) and time_limit_s > 0):
+        raise AllocatorConfigError(f"time_limit_s is {time_limit_s!r}, expected seconds > 0")
     start = time.perf_counter()
+    deadline = start + time_limit_s
     terms = build_terms(problem)
     waiting = tuple(t.id for t in admitted(problem)[1])
     t_fwd = float(problem.t_fwd_s)
-    current = current_counts(terms)
-    current_nodes = {t.id: t.current for t in terms}
     status, bound = "optimal", None
     if not terms:  # nothing to decide; solvers reject empty models
         nodes: dict[str, tuple[str, ...]] = {}
         bound = 0.0
     elif solver == "dp":
         counts, bound = solve_counts(terms, len(problem.pool), t_fwd)
-        nodes = map_counts(current_nodes, counts, problem.pool)
+        nodes = map_counts({t.id: t.current for t in terms}, counts, problem.pool)
     else:
-        backend = MILP_SOLVERS[solver]()
-        if formulation == "count":
-            encoding = "sos2" if backend.native_sos2 else "per_count"
-            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
-            outcome = backend.solve(cm.milp, time_limit_s=time_limit_s, mip_gap=mip_gap)
-            decoded = cm.counts(outcome.x, terms) if outcome.x is not None else None
-            nodes = map_counts(current_nodes, decoded, problem.pool) if decoded is not None else {}
-        else:
-            nm = build_node_model(terms, problem.pool, t_fwd)
-            outcome = backend.solve(nm.milp, time_limit_s=time_limit_s, mip_gap=mip_gap)
-            nodes = nm.node_sets(outcome.x, terms) if outcome.x is not None else {}
-        bound = outcome.bound
-        if outcome.status is SolveStatus.INFEASIBLE:
-            # Cannot happen (0 nodes for all is feasible); treat as a solver fault.
-            raise AllocationBugError(f"{solver} reported the {formulation} model infeasible")
-        if outcome.status is SolveStatus.TIME_LIMIT:
-            keep_current = outcome.x is None or objective_of_counts(
-                terms, {k: len(v) for k, v in nodes.items()}, t_fwd
-            ) <= objective_of_counts(terms, current, t_fwd)
-            status = "kept_current" if keep_current else "time_limit"
-            if keep_current:
-                nodes = map_counts(current_nodes, current, problem.pool)
-            log.warning(
-                "%s hit its %.1f s limit on the %s model: %s",
-                solver,
-                time_limit_s,
-                formulation,
-                "keeping the current map" if keep_current else "using its incumbent",
-            )
+        nodes, status, bound = _solve_milp(
+            problem, terms, formulation, solver, deadline, time_limit_s, mip_gap
+        )
     all_nodes = {t.id: nodes.get(t.id, ()) for t in problem.trainers}
     broken = violations(problem, all_nodes)
     if broken:
@@ -148,3 +139,111 @@ def allocate(
         formulation=formulation,
         waiting=waiting,
     )
+
+
+def _solve_milp(
+    problem: Problem,
+    terms: list[TrainerTerms],
+    formulation: str,
+    solver: str,
+    deadline: float,
+    time_limit_s: float,
+    mip_gap: float,
+) -> tuple[dict[str, tuple[str, ...]], str, float | None]:
+    """The MILP's answer checked against the exact DP: (nodes, status, bound)."""
+    t_fwd = float(problem.t_fwd_s)
+    current_nodes = {t.id: t.current for t in terms}
+    current = current_counts(terms)
+    # The exact answer first (milliseconds at the paper's sizes): the check of the
+    # solver's "optimal", and the fallback when the solver stops at its limit.
+    exact: tuple[dict[str, int], float] | None = None
+    dp_s = DP_SHARE_OF_LIMIT * time_limit_s
+    if dp_cells(terms, len(problem.pool)) <= DP_CELLS_PER_S * dp_s:
+        try:
+            exact = solve_counts(terms, len(problem.pool), t_fwd, time.perf_counter() + dp_s)
+        except DeadlineError as e:
+            log.info("no exact check: %s", e)
+    backend = MILP_SOLVERS[solver]()
+    outcome = None
+    answer: dict[str, tuple[str, ...]] | None = None
+    if time.perf_counter() < deadline:
+        if formulation == "count":
+            encoding = "sos2" if backend.native_sos2 else "per_count"
+            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
+        else:
+            nm = build_node_model(terms, problem.pool, t_fwd)
+        remaining_s = deadline - time.perf_counter()
+        if remaining_s > 0:
+            milp = cm.milp if formulation == "count" else nm.milp
+            outcome = backend.solve(milp, time_limit_s=remaining_s, mip_gap=mip_gap)
+            if outcome.x is not None and outcome.status is not SolveStatus.INFEASIBLE:
+                if formulation == "count":
+                    answer = map_counts(current_nodes, cm.counts(outcome.x, terms), problem.pool)
+                else:
+                    answer = nm.node_sets(outcome.x, terms)
+    if outcome is not None and outcome.status is SolveStatus.INFEASIBLE and exact is None:
+        # Cannot happen (0 nodes for all is feasible): a numerical fault of the solver.
+        raise AllocationBugError(f"{solver} reported the {formulation} model infeasible")
+    timed_out = outcome is None or outcome.status is not SolveStatus.OPTIMAL
+    if answer is not None and violations(problem, answer):
+        log.error("%s/%s answer breaks constraints; not used", solver, formulation)
+        answer = None
+    value = (
+        objective_of_counts(terms, {k: len(v) for k, v in answer.items()}, t_fwd)
+        if answer is not None
+        else -math.inf
+    )
+    if exact is not None:
+        counts, best = exact
+        chosen = {k: len(v) for k, v in (answer or {}).items()}
+        if value < best - _tolerance(terms, t_fwd, counts, chosen):
+            if outcome is not None and outcome.status is not SolveStatus.TIME_LIMIT:
+                log.warning(
+                    "%s called the %s model %s with objective %.9g, but the exact optimum is "
+                    "%.9g (a badly scaled objective?): using the exact answer",
+                    solver,
+                    formulation,
+                    outcome.status,
+                    value,
+                    best,
+                )
+            answer = map_counts(current_nodes, counts, problem.pool)
+        if outcome is None or outcome.status is SolveStatus.TIME_LIMIT:
+            log.warning(
+                "%s stopped at the %.3g s limit on the %s model: using the exact DP's answer",
+                solver,
+                time_limit_s,
+                formulation,
+            )
+            return answer or {}, "time_limit", best
+        return answer or {}, "optimal", best
+    if not timed_out:
+        assert outcome is not None
+        return answer or {}, "unverified", outcome.bound
+    # No exact answer: the better of the incumbent and the current map grown greedily.
+    grown = grow_greedily(terms, len(problem.pool), t_fwd, current)
+    grown_value = objective_of_counts(terms, grown, t_fwd)
+    used = "using its incumbent"
+    if answer is None or grown_value > value:
+        answer, value, used = map_counts(current_nodes, grown, problem.pool), grown_value, ""
+    keep_current = value <= objective_of_counts(terms, current, t_fwd)
+    log.warning(
+        "%s hit its %.3g s limit on the %s model: %s",
+        solver,
+        time_limit_s,
+        formulation,
+        "keeping the current map"
+        if keep_current
+        else used or "using the current map grown greedily with free nodes",
+    )
+    if keep_current:
+        answer = map_counts(current_nodes, current, problem.pool)
+    bound = outcome.bound if outcome is not None else None
+    return answer or {}, "kept_current" if keep_current else "time_limit", bound
+
+
+def _tolerance(terms: list[TrainerTerms], t_fwd_s: float, *answers: Mapping[str, int]) -> float:
+    """How far two sums of Eq. 16 terms may differ by rounding alone: relative to the
+    terms the compared answers add up (the unused ones, however large, do not count)."""
+    scale = max(sum(abs(float(t.scores(t_fwd_s)[a.get(t.id, 0)])) for t in terms) for a in answers)
+    return 1e-9 * max(1.0, scale)

@@ -56,17 +56,20 @@ def build_count_model(
 
 
 def _per_count_model(terms: list[TrainerTerms], pool_size: int, t_fwd_s: float) -> CountModel:
+    # Built in one block, not per trainer: 10,000 trainers took 3 s one by one.
+    options = [np.flatnonzero(np.isfinite(t.scores(t_fwd_s))) for t in terms]
+    sizes = np.array([len(o) for o in options])
+    counts = np.concatenate(options)
+    costs = np.concatenate([t.scores(t_fwd_s)[o] for t, o in zip(terms, options, strict=True)])
     b = MilpBuilder()
-    cols, coefs = [], []
-    for t in terms:
-        scores = t.scores(t_fwd_s)
-        options = np.flatnonzero(np.isfinite(scores))
-        y = b.add_vars(len(options), ub=1.0, integral=True, cost=scores[options])
-        b.add_rows(1, np.zeros(len(y)), y, 1.0, lb=1.0, ub=1.0)  # one count per trainer
-        cols.append(y)
-        coefs.append(options.astype(float))
-    _capacity(b, cols, coefs, pool_size)
-    return CountModel(b.build(), tuple(cols), tuple(coefs))
+    y = b.add_vars(len(counts), ub=1.0, integral=True, cost=costs)
+    owner = np.repeat(np.arange(len(terms)), sizes)
+    b.add_rows(len(terms), owner, y, 1.0, lb=1.0, ub=1.0)  # one count per trainer
+    ends = np.cumsum(sizes)
+    cols = tuple(np.split(y, ends[:-1]))
+    coefs = tuple(c.astype(float) for c in options)
+    _capacity(b, list(cols), list(coefs), pool_size)
+    return CountModel(b.build(), cols, coefs)
 
 
 def _sos2_model(terms: list[TrainerTerms], pool_size: int, t_fwd_s: float) -> CountModel:

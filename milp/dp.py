@@ -9,20 +9,31 @@ equal-valued moves never cost a rescale. Exact and the fastest solver; the tests
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from bftrainer.milp.objective import TrainerTerms
 
 
+class DeadlineError(TimeoutError):
+    """The DP passed its deadline before it was done (only when given one)."""
+
+
 def knapsack(
-    terms: list[TrainerTerms], capacity: int, t_fwd_s: float
+    terms: list[TrainerTerms], capacity: int, t_fwd_s: float, deadline: float | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table."""
+    """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table.
+
+    ``deadline`` (``time.perf_counter()`` seconds): raise :class:`DeadlineError` past it.
+    """
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
     rows = np.arange(capacity + 1)
     for j, t in enumerate(terms):
+        if deadline is not None and time.perf_counter() > deadline:
+            raise DeadlineError(f"the DP passed its deadline after {j} of {len(terms)} trainers")
         scores = t.scores(t_fwd_s)[: capacity + 1]
         k = len(scores)
         # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.
@@ -36,12 +47,19 @@ def knapsack(
     return best, choices
 
 
-def solve_counts(
-    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float
-) -> tuple[dict[str, int], float]:
-    """The optimal count per trainer and its objective value."""
+def dp_cells(terms: list[TrainerTerms], pool_size: int) -> int:
+    """The size of the DP's work, (capacity, count) pairs over all trainers: about
+    2 ns each here (100 trainers of n_max 64 on 4,608 nodes: 3e7 pairs in 55 ms)."""
     cap = min(pool_size, sum(t.n_max for t in terms))
-    best, choices = knapsack(terms, cap, t_fwd_s)
+    return sum((cap + 1) * (min(t.n_max, cap) + 1) for t in terms)
+
+
+def solve_counts(
+    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, deadline: float | None = None
+) -> tuple[dict[str, int], float]:
+    """The optimal count per trainer and its objective value (``deadline``: see knapsack)."""
+    cap = min(pool_size, sum(t.n_max for t in terms))
+    best, choices = knapsack(terms, cap, t_fwd_s, deadline)
     counts: dict[str, int] = {}
     c = cap
     for j in range(len(terms) - 1, -1, -1):

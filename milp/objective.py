@@ -24,7 +24,7 @@ The table is built in three steps (``docs/allocator.md``, "Objectives"):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,9 @@ class TrainerTerms:
     rescale_down_s: float
     runnable: bool
     current_value: float  # O_j(C_j), from the full curve: the rate a rescale interrupts
+    _scores: dict[float, np.ndarray] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def c(self) -> int:
@@ -64,8 +67,12 @@ class TrainerTerms:
         """Eq. 16's term for every count 0..n_max; -inf where 0 < n < n_min.
 
         Exact at integer counts, which is all a node allocation can take: this is the
-        table the dynamic program maximises and the tests' oracle.
+        table the dynamic program maximises and the tests' oracle. Computed once per
+        ``t_fwd_s`` and read-only: the allocator reads it for every check.
         """
+        cached = self._scores.get(t_fwd_s)
+        if cached is not None:
+            return cached
         n = np.arange(self.n_max + 1)
         s = t_fwd_s * self.value(n)
         s[n > self.c] -= self.current_value * self.rescale_up_s
@@ -73,6 +80,8 @@ class TrainerTerms:
         s[(n > 0) & (n < self.n_min)] = -np.inf
         if not self.runnable:
             s[1:] = -np.inf
+        s.flags.writeable = False
+        self._scores[t_fwd_s] = s
         return s
 
 

@@ -16,6 +16,13 @@ OBJECTIVES = ("throughput", "speedup", "goodput")
 FAIRNESS_P_RANGE = (-10.0, 1.0)
 DEFAULT_T_FWD_S = 120.0
 DEFAULT_MAX_TRAINERS = 10
+# Limits of the input (docs/allocator.md, "Limits"): wide beyond any real use, and narrow
+# enough that Eq. 16's terms (up to T_fwd x value and value x cost, ~1e19) and the
+# per-count tables (one entry per node count) stay finite and small.
+RESCALE_MAX_S = 1e6
+T_FWD_MAX_S = 1e7
+CURVE_VALUE_MAX = 1e12
+NODES_MAX = 1_000_000
 
 
 class ProblemError(ValueError):
@@ -43,13 +50,15 @@ class TrainerSpec:
         where = f"trainer {self.id!r}"
         _check_int(self.n_min, f"{where}: n_min", minimum=1)
         _check_int(self.n_max, f"{where}: n_max", minimum=1)
+        if self.n_max > NODES_MAX:
+            raise ProblemError(f"{where}: n_max is {self.n_max}, expected <= {NODES_MAX:,}")
         if self.n_min > self.n_max:
             raise ProblemError(f"{where}: n_min {self.n_min} > n_max {self.n_max}")
         for name, value in (
             ("rescale_up", self.rescale_up_s),
             ("rescale_down", self.rescale_down_s),
         ):
-            _check_number(value, f"{where}: {name}", minimum=0.0)
+            _check_number(value, f"{where}: {name}", minimum=0.0, maximum=RESCALE_MAX_S)
         if not self.curve:
             raise ProblemError(f"{where}: curve is empty")
         previous = 0.0
@@ -57,8 +66,8 @@ class TrainerSpec:
             if len(point) != 2:
                 raise ProblemError(f"{where}: curve[{i}] is {point!r}, expected [nodes, value]")
             n, v = point
-            _check_number(n, f"{where}: curve[{i}] nodes", minimum=0.0)
-            _check_number(v, f"{where}: curve[{i}] value", minimum=0.0)
+            _check_number(n, f"{where}: curve[{i}] nodes", minimum=0.0, maximum=NODES_MAX)
+            _check_number(v, f"{where}: curve[{i}] value", minimum=0.0, maximum=CURVE_VALUE_MAX)
             if i and n <= previous:
                 raise ProblemError(
                     f"{where}: curve node counts must increase, got {n} after {previous}"
@@ -107,7 +116,7 @@ class Problem:
             seen: set[str] = set()
             dup = next(n for n in self.pool if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise ProblemError(f"pool lists node {dup!r} twice")
-        _check_number(self.t_fwd_s, "t_fwd", minimum=0.0)
+        _check_number(self.t_fwd_s, "t_fwd", minimum=0.0, maximum=T_FWD_MAX_S)
         if self.objective not in OBJECTIVES:
             raise ProblemError(
                 f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}"
@@ -228,13 +237,18 @@ def _string_list(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _check_number(value: Any, what: str, *, minimum: float) -> None:
+def _check_number(value: Any, what: str, *, minimum: float, maximum: float = math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(f"{what} is {value!r}, expected a number")
     if not math.isfinite(value):
         raise ProblemError(f"{what} is {value!r}, expected a finite number")
     if value < minimum:
         raise ProblemError(f"{what} is {value!r}, expected >= {minimum:g}")
+    if value > maximum:
+        raise ProblemError(
+            f"{what} is {value!r}, expected <= {maximum:g} (the allocator's limits: "
+            "docs/allocator.md)"
+        )
 
 
 def _check_int(value: Any, what: str, *, minimum: int) -> None:

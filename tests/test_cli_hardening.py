@@ -71,9 +71,9 @@ def numeric_options() -> list[tuple[list[str], click.Option]]:
                 walk(sub, [*path, name])
             return
         for p in command.params:
-            if isinstance(p, click.Option) and not p.is_flag:
-                if isinstance(p.type, Number | click.types._NumberParamTypeBase):
-                    found.append((path, p))
+            numeric = isinstance(p.type, Number | click.types._NumberParamTypeBase)
+            if isinstance(p, click.Option) and not p.is_flag and numeric:
+                found.append((path, p))
 
     walk(cli, [])
     return found
@@ -117,3 +117,25 @@ def test_sweep_values_are_checked_like_options(tmp_path: Path) -> None:
         code, out = run("replay", "--sweep", sweep, "--no-progress", "--out", str(tmp_path))
         assert code == 2, out
         assert "--sweep" in one_error_line(out)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (bytes(range(256)) * 4, "not UTF-8 text"),
+        (b'{"pool": ["\xff\xfe"], "trainers": []}', "not UTF-8 text"),
+        (b"\x89PNG\r\n\x1a\n" + bytes(100), "not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"\x00\x00", "not valid JSON"),
+    ],
+)
+def test_allocate_on_binary_or_foreign_files_gives_one_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "p.json"
+    path.write_bytes(content)
+    code, out = run("allocate", str(path))
+    assert code == 2
+    assert message in one_error_line(out)
+    result = CliRunner().invoke(cli, ["allocate", "-"], input=content)
+    assert result.exit_code == 2 and message in result.output

@@ -50,6 +50,10 @@ def allocate_cmd(
         data = json.load(problem_file)
     except json.JSONDecodeError as e:
         raise UsageError(f"{name}: not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{name}: not UTF-8 text ({e.reason}); expected JSON") from None
+    except RecursionError:
+        raise UsageError(f"{name}: JSON nested too deeply to be a problem") from None
     try:
         problem = problem_from_dict(data)
     except ProblemError as e:

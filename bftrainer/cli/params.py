@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from bftrainer.milp.problem import T_FWD_MAX_S
+
 
 class Number(click.ParamType):
     """A finite ``float`` (or ``int`` with ``integer=True``) within optional bounds.
@@ -91,4 +93,4 @@ SEED = Number(integer=True, min=0)
 # for ever.
 SYNTHETIC_HOURS = Number(min=0.0, min_open=True, max=366 * 24.0)
 # T_fwd as the allocator accepts it (docs/allocator.md, "Limits").
-T_FWD = Number(min=0.0, max=1e8)
+T_FWD = Number(min=0.0, max=T_FWD_MAX_S)

@@ -16,6 +16,8 @@ import numpy as np
 from bftrainer.milp.model import Milp, sos2_as_segments
 from bftrainer.milp.solvers.base import DEFAULT_MIP_GAP, SolveOutcome, SolverError, SolveStatus
 
+_CHECK_EVERY = 1024  # variables or rows between looks at the clock while building
+
 
 class CbcSolver:
     name = "cbc"
@@ -27,21 +29,35 @@ class CbcSolver:
         import pulp
 
         start = time.perf_counter()
+        deadline = start + time_limit_s
+
+        def out_of_time() -> SolveOutcome:
+            # PuLP builds in Python, about 5 us per variable or term: at 10,000 trainers
+            # the build alone can pass the limit.
+            return SolveOutcome(
+                SolveStatus.TIME_LIMIT, None, None, None, time.perf_counter() - start
+            )
+
         m = sos2_as_segments(milp)
         prob = pulp.LpProblem("bftrainer", pulp.LpMaximize)
-        xs = [
-            prob.add_variable(
-                f"x{i}",
-                lowBound=None if math.isinf(lo) else lo,
-                upBound=None if math.isinf(hi) else hi,
-                cat=pulp.LpInteger if integral else pulp.LpContinuous,
+        xs = []
+        for i, (lo, hi, integral) in enumerate(zip(m.lb, m.ub, m.integral, strict=True)):
+            if i % _CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                return out_of_time()
+            xs.append(
+                prob.add_variable(
+                    f"x{i}",
+                    lowBound=None if math.isinf(lo) else lo,
+                    upBound=None if math.isinf(hi) else hi,
+                    cat=pulp.LpInteger if integral else pulp.LpContinuous,
+                )
             )
-            for i, (lo, hi, integral) in enumerate(zip(m.lb, m.ub, m.integral, strict=True))
-        ]
         nz = np.flatnonzero(m.c)
         prob += pulp.LpAffineExpression([(xs[i], float(m.c[i])) for i in nz]) + m.offset
         A = m.A
         for r in range(m.num_rows):
+            if r % _CHECK_EVERY == 0 and time.perf_counter() > deadline:
+                return out_of_time()
             lo, hi = A.indptr[r], A.indptr[r + 1]
             expr = pulp.LpAffineExpression(
                 [(xs[i], float(v)) for i, v in zip(A.indices[lo:hi], A.data[lo:hi], strict=True)]
@@ -56,11 +72,14 @@ class CbcSolver:
                 prob += expr <= rub
         # PuLP 3 marks PULP_CBC_CMD deprecated for 4.0, which drops the bundled binary
         # (hence pulp<4 in pyproject.toml); it is the only CBC that needs no install.
+        remaining_s = deadline - time.perf_counter()
+        if remaining_s <= 0:
+            return out_of_time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(
                 msg=False,
-                timeLimit=max(float(time_limit_s), 1.0),
+                timeLimit=max(remaining_s, 0.1),
                 gapRel=mip_gap,
                 gapAbs=0.0,
                 # No ``threads``: any -threads value enters CBC 2.10's threaded code, which

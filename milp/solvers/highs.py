@@ -36,7 +36,6 @@ class HighsSolver:
         m = sos2_as_segments(milp)
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
-        h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", float(mip_gap))
         # The relative gap alone decides: gains can be tiny beside a rescale cost.
         h.setOptionValue("mip_abs_gap", 0.0)
@@ -64,6 +63,13 @@ class HighsSolver:
         )
         if status == highspy.HighsStatus.kError:
             raise SolverError("HiGHS rejected the model")
+        # The limit covers passing the model too (seconds at 10,000 trainers).
+        remaining_s = time_limit_s - (time.perf_counter() - start)
+        if remaining_s <= 0:
+            return SolveOutcome(
+                SolveStatus.TIME_LIMIT, None, None, None, time.perf_counter() - start
+            )
+        h.setOptionValue("time_limit", float(remaining_s))
         h.run()
         model_status = h.getModelStatus()
         info = h.getInfo()
