@@ -115,13 +115,21 @@ class LiveDriver:
 
     # ---- the TrainerDriver interface ------------------------------------------------
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        """Read every trainer's new reports; retire those whose supervisor ended.
+
+        Progress and curves are read for every launched trainer (a trainer at zero
+        nodes reports nothing new); an ended supervisor is noticed whether or not the
+        trainer holds nodes now: a crash at zero nodes must also free it."""
         processed = 0.0
+        running = {t.id: t for t in trainers}
         for trainer_id, launcher in list(self.launchers.items()):
-            processed += self._read_reports(trainer_id, launcher.trainer_dir)
             ended = launcher.poll()
+            gained = self._read_reports(trainer_id, launcher.trainer_dir)
+            if trainer_id in running:
+                running[trainer_id].processed_samples += gained
+            processed += gained
             if ended is None:
                 continue
-            processed += self._read_reports(trainer_id, launcher.trainer_dir)
             del self.launchers[trainer_id]
             result = channel.read_result(launcher.trainer_dir) if ended.state == "done" else None
             if ended.state == "done" and result is not None:
