@@ -112,8 +112,9 @@ class Trainer:
             except OSError:
                 continue
             line = b" ".join(cmd)
-            is_worker = cmd[1:3] == [b"-m", b"bftrainer.trainers.launch.worker"]
-            if is_worker and b"horovodrun" not in line and remote.alive(pid):
+            is_worker = b"bftrainer.trainers.launch.worker" in cmd and b"python" in cmd[0]
+            agent = b"torch.distributed.run" in cmd or b"horovodrun" in line
+            if is_worker and not agent and remote.alive(pid):
                 out.append(pid)
         return out
 
@@ -270,3 +271,113 @@ def scenario_rescale(launched: list[Trainer], tmp_path: Path, backend: str) -> T
     assert result["batch_sizes"] == [r["batch_size"] for r in t.resets()]
     assert result["resets"] == len(t.resets()) - 1
     return t
+
+
+def scenario_worker_killed(launched: list[Trainer], tmp_path: Path, backend: str) -> None:
+    """A worker SIGKILLed on 2 hosts costs at most the steps since the last commit."""
+    a, b, _ = LOCAL_HOSTS
+    t = start_trainer(
+        tmp_path, backend, [a, b], work=16_000, args=(*FAST_COMMITS, "--step-delay-s", "0.01")
+    )
+    launched.append(t)
+    first = t.wait_reset(2, 0)
+    t.wait_for(lambda: t.committed_steps() >= first["step"] + 20, "20 committed steps", 60)
+    victims = [p for p in t.worker_pids() if t.worker_rank(p) == 1]
+    assert victims, "no rank-1 worker found"
+    seen = len(t.resets())
+    committed_before = t.committed_steps()
+    os.kill(victims[0], 9)
+    t.wait_for(lambda: len(t.resets()) > seen, "a reset after the kill", RESCALE_TIMEOUT_S)
+    after = t.resets()[seen]
+    committed = {e["to_step"] for e in ledger_chain(t.ledger)}
+    # Resumed from a commit at or after the last one seen before the kill: what was lost
+    # is at most the steps since that commit.
+    assert after["step"] >= committed_before, (after["step"], committed_before)
+    assert after["step"] in committed | {0}, (after["step"], sorted(committed)[-5:])
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert_exact_epochs(t, DATASET)
+
+
+def scenario_zero_hosts_and_restart(launched: list[Trainer], tmp_path: Path, backend: str) -> None:
+    """Zero hosts: workers checkpoint and stop; hosts back: same step. Stopped and
+    started again: same step. The work and the epochs stay exact."""
+    a, b, _ = LOCAL_HOSTS
+    args = (*FAST_COMMITS, "--step-delay-s", "0.01")
+    t = start_trainer(tmp_path, backend, [a, b], work=20_000, args=args)
+    launched.append(t)
+    t.wait_reset(2, 0)
+    t.launcher.set_hosts([])
+    t.wait_for(lambda: not t.worker_pids(), "the workers to stop at zero hosts", 60)
+    assert t.launcher.poll() is None, "the supervisor must wait for hosts"
+    paused_at = t.checkpoint_step()
+    assert t.committed_steps() == paused_at
+    seen = len(t.resets())
+    t.launcher.set_hosts([a])
+    resumed = t.wait_reset(1, seen)
+    assert resumed["step"] == paused_at
+
+    t.launcher.stop(grace_s=60)
+    outcome = t.launcher.poll()
+    assert outcome is not None and outcome.state == "stopped", outcome
+    stopped_at = t.checkpoint_step()
+    assert t.committed_steps() == stopped_at > paused_at
+    seen = len(t.resets())
+    again = start_trainer(tmp_path, backend, [a], work=20_000, args=args)
+    launched.append(again)
+    restarted = again.wait_reset(1, seen)
+    assert restarted["step"] == stopped_at
+    result = again.finish()
+    assert result["samples"] == again.work
+    assert_exact_epochs(again, DATASET)
+
+
+def run_cli(
+    tmp_path: Path, backend: str, script: Path, *args: str, timeout_s: float = 180
+) -> tuple[int, str, Path]:
+    """``bftrainer run`` on one local host; (return code, stderr, trainer dir)."""
+    import subprocess
+
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n")
+    trainer_dir = tmp_path / f"run-{script.stem}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bftrainer",
+            "run",
+            "--backend",
+            backend,
+            "--hosts-file",
+            str(hosts),
+            "--trainer-dir",
+            str(trainer_dir),
+            str(script),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            remote.kill_tree(proc.pid)
+        pid_file = trainer_dir / channel.SUPERVISOR_PID
+        if pid_file.exists():
+            remote.kill_tree(int(pid_file.read_text()))
+    return proc.returncode, err, trainer_dir
+
+
+def assert_failed_cleanly(rc: int, err: str, trainer_dir: Path, reason: str) -> None:
+    """One clear line on stderr, exit.json failed with the reason, traceback in the log."""
+    assert rc == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("bftrainer run: trainer")]
+    assert len(lines) == 1 and reason in lines[0], err
+    exit_ = channel.read_exit(trainer_dir)
+    assert exit_ is not None and exit_["state"] == "failed" and reason in exit_["reason"]
+    log = (trainer_dir / channel.SUPERVISOR_LOG).read_text()
+    assert "Traceback (most recent call last)" in log and reason in log
