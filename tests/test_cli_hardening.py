@@ -67,7 +67,11 @@ def numeric_options() -> list[tuple[list[str], click.Option]]:
 
     def walk(command: click.Command, path: list[str]) -> None:
         if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
+            # list/get, not .commands: the top group imports its commands lazily.
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, name
                 walk(sub, [*path, name])
             return
         for p in command.params:
@@ -139,3 +143,35 @@ def test_allocate_on_binary_or_foreign_files_gives_one_line(
     assert message in one_error_line(out)
     result = CliRunner().invoke(cli, ["allocate", "-"], input=content)
     assert result.exit_code == 2 and message in result.output
+
+
+PROFILES = "job,nodes,throughput_samples_per_s\n" + "".join(
+    f"{j},{n},{100 * n}\n" for j in ("1-a", "2-b") for n in (1, 2, 4, 8)
+)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["1-a,10,5,1,8,1e6,0", "2-b,10,5,6,2,1e6,0"], "job 2 ('2-b'): n_min 6 > n_max 2"),
+        (["1-a,10,5,1,8,1e6,0", "1-a,10,5,1,4,1e6,0"], "id '1-a' also names job 1"),
+        (["1-a,10,5,1,16,1e6,0"], "curve ends at 8"),
+        (["1-a,1e9,5,1,8,1e6,0"], "rescale_up is 1000000000.0, expected <= 1e+06"),
+        (["1-a,10,5,1,8,0,0"], "work is 0.0 samples"),
+    ],
+)
+def test_a_bad_workload_is_refused_before_the_replay_starts(
+    tmp_path: Path, rows: list[str], message: str
+) -> None:
+    bounds = tmp_path / "x-Jbnd-1.csv"
+    bounds.write_text("job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\n" + "\n".join(rows) + "\n")
+    (tmp_path / "x-JNPs-1.csv").write_text(PROFILES)
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,node,idle\n0,a,1\n0,b,1\n36000,a,0\n")
+    out = tmp_path / "out"
+    code, text = run(
+        "replay", str(trace), "--jobs", str(bounds), "--no-progress", "--out", str(out)
+    )
+    assert code == 2, text
+    assert message in one_error_line(text)
+    assert not out.exists()  # refused before anything ran or was written

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -17,7 +18,42 @@ class UsageError(click.ClickException):
     exit_code = 2
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Command name -> "module:attribute". Modules are imported when their command runs (or
+# `--help` lists it), so that `bftrainer status` does not pay for the allocator's solvers
+# and matplotlib: a user on a busy login node waits for none of it.
+COMMANDS: dict[str, str] = {
+    "allocate": "bftrainer.cli.allocate:allocate_cmd",
+    "cancel": "bftrainer.cli.service:cancel_cmd",
+    "daemon": "bftrainer.cli.daemon:daemon_cmd",
+    "goodput": "bftrainer.cli.goodput:goodput",
+    "logs": "bftrainer.cli.service:logs_cmd",
+    "pool": "bftrainer.cli.pool:pool_cmd",
+    "replay": "bftrainer.cli.replay:replay_cmd",
+    "run": "bftrainer.cli.run:run_cmd",
+    "status": "bftrainer.cli.service:status_cmd",
+    "submit": "bftrainer.cli.service:submit_cmd",
+    "trace": "bftrainer.cli.trace:trace",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use (see ``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, attr = COMMANDS[cmd_name].split(":")
+        command = getattr(importlib.import_module(module), attr)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{COMMANDS[cmd_name]} is not a click command")
+        self.add_command(command, cmd_name)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bftrainer")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.option("-q", "--quiet", is_flag=True, help="Only errors.")
@@ -60,34 +96,6 @@ class JsonFormatter(logging.Formatter):
                 "msg": record.getMessage(),
             }
         )
-
-
-def _register() -> None:
-    # One line per command module; each module defines one click command or group.
-    from bftrainer.cli import allocate, goodput
-
-    cli.add_command(allocate.allocate_cmd)
-    cli.add_command(goodput.goodput)
-    from bftrainer.cli import pool
-
-    cli.add_command(pool.pool_cmd)
-    from bftrainer.cli import replay
-
-    cli.add_command(replay.replay_cmd)
-    from bftrainer.cli import trace
-
-    cli.add_command(trace.trace)
-    from bftrainer.cli.run import run_cmd
-
-    cli.add_command(run_cmd)
-    from bftrainer.cli import daemon, service
-
-    cli.add_command(daemon.daemon_cmd)
-    for command in (service.submit_cmd, service.status_cmd, service.cancel_cmd, service.logs_cmd):
-        cli.add_command(command)
-
-
-_register()
 
 
 def main() -> None:

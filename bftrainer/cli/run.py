@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import COUNT, SECONDS
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
@@ -51,8 +52,8 @@ def _read_host_file(path: Path) -> list[str]:
     help="Trainer directory [default: ./bftrainer-run-<script stem>].",
 )
 @click.option("--trainer-id", help="Trainer id [default: the script's stem].")
-@click.option("--max-hosts", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--min-hosts", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-hosts", type=COUNT, default=64, show_default=True)
+@click.option("--min-hosts", type=COUNT, default=1, show_default=True)
 @click.option(
     "--exec-mode",
     type=click.Choice(channel.EXEC_MODES),
@@ -61,7 +62,7 @@ def _read_host_file(path: Path) -> list[str]:
 @click.option("--ssh-arg", "ssh_args", multiple=True, help="Extra ssh argument (repeatable).")
 @click.option(
     "--stop-grace-s",
-    type=float,
+    type=SECONDS,
     default=30.0,
     show_default=True,
     help="Ctrl-C: time to checkpoint.",
