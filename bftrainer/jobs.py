@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -39,3 +41,43 @@ class JobSpec:
             return 0.0
         xs, ys = self.breakpoints
         return float(np.interp(nodes, xs, ys))
+
+
+class JobSpecError(ValueError):
+    """A workload the replay or daemon cannot run; the message names the job."""
+
+
+def check_workload(jobs: Sequence[JobSpec]) -> None:
+    """Refuse the whole workload up front if any job is bad, naming the first bad one.
+
+    Every job must be a valid allocator trainer (``TrainerSpec``: n_min <= n_max, a
+    curve that reaches n_max, costs within the allocator's limits), with positive
+    finite work, a plausible submit time, and an id no other job has. Checked once
+    before the replay starts, rather than when the job first reaches the allocator.
+    """
+    from bftrainer.idle_monitor.trace import check_epoch_s
+    from bftrainer.milp import ProblemError, TrainerSpec
+
+    seen: dict[str, int] = {}
+    for i, job in enumerate(jobs):
+        where = f"job {i + 1} ({job.id!r})"
+        if not isinstance(job.id, str) or not job.id:
+            raise JobSpecError(f"job {i + 1}: the id is empty")
+        if job.id in seen:
+            raise JobSpecError(f"{where}: id {job.id!r} also names job {seen[job.id] + 1}")
+        seen[job.id] = i
+        if not (math.isfinite(job.work_samples) and job.work_samples > 0):
+            raise JobSpecError(f"{where}: work is {job.work_samples!r} samples, expected > 0")
+        try:
+            check_epoch_s(job.submit_s)
+            TrainerSpec(
+                id=job.id,
+                n_min=job.n_min,
+                n_max=job.n_max,
+                rescale_up_s=job.rescale_up_s,
+                rescale_down_s=job.rescale_down_s,
+                curve=job.curve,
+            )
+        except (ProblemError, ValueError) as e:
+            reason = str(e).split(": ", 1)[-1] if str(e).startswith("trainer ") else str(e)
+            raise JobSpecError(f"{where}: {reason}") from None

@@ -30,7 +30,7 @@ from bftrainer.idle_monitor.trace import (
     TraceRangeError,
     load_trace,
 )
-from bftrainer.jobs import JobSpec
+from bftrainer.jobs import JobSpec, JobSpecError, check_workload
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import FAIRNESS_P_RANGE, OBJECTIVES
 from bftrainer.replay.output import summary_table, write_result
@@ -275,6 +275,10 @@ def replay_cmd(
         if pollux_workload is not None:
             raise UsageError("--pollux-workload needs --workload pollux (and no --jobs)")
         jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
+    try:
+        check_workload(jobs)  # the whole workload, before any replay starts
+    except JobSpecError as e:
+        raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     flags = {
         "t_fwd_s": t_fwd_s,
         "objective": objective,
