@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 (PyTorch + Gloo, no MPI) against torch 2.13 once, cache the wheel
+# outside the work tree, and install it into a Python environment.
+#
+#   scripts/build-horovod.sh [PYTHON]      # default: .venv/bin/python
+#
+# Horovod 0.28.1 (its last release) does not build against torch 2.13 as published: it
+# hard-codes C++14 and torch needs C++17 (../shared/notes/elastic-backends.md). We patch
+# CMAKE_CXX_STANDARD to 17 in the two CMakeLists.txt files of the sdist and build without
+# build isolation, so it compiles against the torch already installed. The first build
+# takes about 7 min on 2 cores; later runs install the cached wheel in seconds.
+#
+# Settings (environment): BFTRAINER_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/bftrainer),
+# HOROVOD_VERSION (0.28.1). The cache key includes the Python and torch versions, so a
+# wheel built for another torch is never installed.
+# Exit codes: 0 installed and `horovodrun --check-build` shows PyTorch and Gloo; 1 failure.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+PY=${1:-$HERE/.venv/bin/python}
+VERSION=${HOROVOD_VERSION:-0.28.1}
+CACHE=${BFTRAINER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/bftrainer}
+
+log() { echo "build-horovod: $*" >&2; }
+
+[ -x "$PY" ] || { log "no Python at $PY (run 'make venv' first)"; exit 1; }
+TORCH=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) \
+  || { log "torch is not installed in $PY (pip install torch==2.13.0)"; exit 1; }
+PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+KEY="horovod-$VERSION-$PYTAG-torch$TORCH"
+WHEELS="$CACHE/wheels/$KEY"
+BIN=$(dirname "$PY")
+
+check_build() {
+  local out
+  out=$("$BIN/horovodrun" --check-build 2>&1) || return 1
+  grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+}
+
+if "$PY" -c "import horovod.torch" 2>/dev/null && check_build; then
+  log "Horovod $VERSION already installed in $PY"
+  exit 0
+fi
+
+if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
+  log "building Horovod $VERSION for $PYTAG, torch $TORCH (about 7 min on 2 cores)"
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
+  tar -xzf "$WORK"/horovod-"$VERSION".tar.gz -C "$WORK"
+  SRC="$WORK/horovod-$VERSION"
+  for f in "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"; do
+    grep -q 'CMAKE_CXX_STANDARD 14' "$f" || { log "$f: CMAKE_CXX_STANDARD 14 not found"; exit 1; }
+    sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$f"
+  done
+  # Debian's cmake 3.25 accepts gloo's old cmake_minimum_required; pip's cmake 4 needs this.
+  export CMAKE_POLICY_VERSION_MINIMUM=3.5
+  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)"
+  "$PY" -m pip install --quiet wheel packaging "setuptools<81" cloudpickle psutil pyyaml cffi
+  "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC"
+  mkdir -p "$WHEELS"
+  mv "$WORK"/dist/horovod-*.whl "$WHEELS"/
+  log "cached $(ls "$WHEELS")"
+fi
+
+"$PY" -m pip install --quiet "$WHEELS"/horovod-*.whl
+check_build || { log "horovodrun --check-build does not show PyTorch and Gloo"; "$BIN/horovodrun" --check-build >&2 || true; exit 1; }
+log "Horovod $VERSION installed in $PY (PyTorch, Gloo)"
