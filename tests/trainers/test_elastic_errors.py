@@ -1,0 +1,129 @@
+"""Bad input to a trainer: one clear line, the trainer failed, its traceback in the log."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.supervisor import main as supervisor_main
+from tests.trainers.elastic_harness import (
+    EXAMPLE,
+    assert_failed_cleanly,
+    horovod_missing,
+    run_cli,
+)
+
+
+def test_missing_script_is_one_line_and_nothing_starts(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bftrainer",
+            "run",
+            "--backend",
+            "torchrun",
+            "--hosts-file",
+            str(hosts),
+            "--trainer-dir",
+            str(tmp_path / "t"),
+            str(tmp_path / "nope.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"Error: trainer script not found: {tmp_path / 'nope.py'}"
+    ]
+    assert not (tmp_path / "t").exists()
+
+
+def test_launcher_refuses_a_missing_script(tmp_path: Path) -> None:
+    spec = LaunchSpec("t", tmp_path / "nope.py", (), tmp_path / "t", "torchrun")
+    with pytest.raises(LaunchError, match=r"trainer script not found: .*nope\.py"):
+        Launcher.start(spec, ["localhost"])
+
+
+def test_supervisor_fails_when_the_script_went_away(tmp_path: Path) -> None:
+    script = tmp_path / "gone.py"
+    script.write_text("")
+    d = tmp_path / "t"
+    d.mkdir()
+    spec = LaunchSpec("t", script, (), d, "torchrun")
+    (d / channel.SPEC).write_text(spec.to_json())
+    script.unlink()
+    assert supervisor_main([str(d)]) == 1
+    exit_ = channel.read_exit(d)
+    assert exit_ is not None and exit_["state"] == "failed"
+    assert "trainer script not found" in exit_["reason"]
+
+
+def test_bad_hosts_file_is_one_line(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("node1:many\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bftrainer",
+            "run",
+            "--backend",
+            "torchrun",
+            "--hosts-file",
+            str(hosts),
+            str(EXAMPLE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {hosts}:1: expected 'host' or 'host:slots', got 'node1:many'"
+    ]
+
+
+@pytest.mark.slow
+def test_script_raising_at_import(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("raise ValueError('broken at import')\n")
+    rc, err, d = run_cli(tmp_path, "torchrun", script)
+    assert_failed_cleanly(rc, err, d, "broken.py: ValueError: broken at import")
+
+
+@pytest.mark.slow
+def test_invalid_batch_limits(tmp_path: Path) -> None:
+    rc, err, d = run_cli(
+        tmp_path,
+        "torchrun",
+        EXAMPLE,
+        "--work-samples",
+        "1000",
+        "--base-batch",
+        "100",
+        "--max-batch",
+        "10",
+    )
+    assert_failed_cleanly(rc, err, d, "max_batch_size 10 < base_batch_size 100")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torchrun", "horovod"])
+def test_script_raising_at_step_n(tmp_path: Path, backend: str) -> None:
+    if backend == "horovod" and horovod_missing():
+        pytest.skip(str(horovod_missing()))
+    rc, err, d = run_cli(
+        tmp_path, backend, EXAMPLE, "--work-samples", "100000", "--fail-at-step", "5"
+    )
+    assert_failed_cleanly(rc, err, d, "RuntimeError: failing on purpose at step 5")
