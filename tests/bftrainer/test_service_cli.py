@@ -1,0 +1,189 @@
+"""submit, status, cancel and logs: what a user sees, with a daemon lock held or not.
+
+The daemon itself runs in the end-to-end tests (test_daemon_e2e.py); here a test holds
+the state directory's lock as a running daemon does, so the commands' own behaviour is
+checked: ids, the JSON shape, errors in one line with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bftrainer.cli import cli
+from bftrainer.daemon import DEFAULT_RESCALE_S
+from bftrainer.state import DaemonLock, Store, ensure_state_dir
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    """A state directory with a live daemon lock (as ``bftrainer daemon`` holds it)."""
+    path = ensure_state_dir(tmp_path / "state")
+    Store.open(path).close()
+    with DaemonLock(path):
+        yield path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def submit(state_dir: Path, *args: str) -> tuple[int, str]:
+    return run("submit", str(EXAMPLE), *args, "--state-dir", str(state_dir))
+
+
+def test_submit_prints_the_id_last_and_queues_the_trainer(state_dir: Path) -> None:
+    code, out = submit(
+        state_dir,
+        "--lr",
+        "0.1",
+        "--max-nodes",
+        "4",
+        "--work-samples",
+        "1000",
+        "--backend",
+        "torchrun",
+    )
+    assert code == 0, out
+    first = out.strip().splitlines()[-1]
+    code, out = submit(
+        state_dir, "--rescale-up", "3", "--rescale-down", "1", "--backend", "torchrun"
+    )
+    second = out.strip().splitlines()[-1]
+    assert first != second and first < second  # sortable by submission
+    with Store.open(state_dir) as store:
+        a, b = store.trainer(first), store.trainer(second)
+    # Unknown options go to the script; the submit options are taken wherever they stand.
+    assert a.args == ("--lr", "0.1")
+    assert (a.max_nodes, a.work_samples, a.state, a.backend) == (4, 1000, "queued", "torchrun")
+    assert (a.rescale_up_s, a.rescale_down_s) == DEFAULT_RESCALE_S["torchrun"]
+    assert (b.rescale_up_s, b.rescale_down_s) == (3.0, 1.0)
+    assert os.path.isabs(a.script)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--min-nodes", "3", "--max-nodes", "2"], "--max-nodes 2 is below --min-nodes 3"),
+        (["--max-nodes", "0"], "--max-nodes"),
+        (["--work-samples", "nan"], "--work-samples"),
+        (["--rescale-up", "-1"], "--rescale-up"),
+    ],
+)
+def test_bad_limits_get_one_line(state_dir: Path, args: list[str], message: str) -> None:
+    code, out = submit(state_dir, "--backend", "torchrun", *args)
+    assert code == 2
+    (error,) = [line for line in out.splitlines() if line.startswith("Error:")]
+    assert message in error
+    with Store.open(state_dir) as store:
+        assert store.trainers() == []
+
+
+def test_a_missing_script_is_refused(state_dir: Path, tmp_path: Path) -> None:
+    code, out = run("submit", str(tmp_path / "nope.py"), "--state-dir", str(state_dir))
+    assert code == 2
+    assert out.strip().splitlines()[-1].endswith("nope.py: no such file")
+
+
+def test_no_daemon_running_is_an_error(tmp_path: Path) -> None:
+    path = ensure_state_dir(tmp_path / "state")
+    Store.open(path).close()
+    code, out = run("submit", str(EXAMPLE), "--state-dir", str(path))
+    assert code == 1
+    assert "no bftrainer daemon is running" in out
+    code, out = run("cancel", "t0001", "--state-dir", str(path))
+    assert code == 1 and "no bftrainer daemon is running" in out
+    # status works without a daemon, and says so.
+    code, out = run("status", "--state-dir", str(path))
+    assert code == 0 and "not running" in out
+
+
+def test_a_state_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    path = ensure_state_dir(tmp_path / "state")
+    Store.open(path).close()
+    path.chmod(0o777)
+    try:
+        code, out = run("status", "--state-dir", str(path))
+    finally:
+        path.chmod(0o700)
+    assert code == 1
+    assert "writable by group or others" in out
+
+
+def test_status_json_lists_the_pool_and_every_trainer(state_dir: Path) -> None:
+    _, out = submit(state_dir, "--backend", "torchrun", "--max-nodes", "2")
+    tid = out.strip().splitlines()[-1]
+    with Store.open(state_dir) as store:
+        store.set_trainer_state(tid, "running")
+        store.record_allocation(tid, ["node2", "node1"])
+        store.update_progress(tid, samples_done=640, throughput_sps=12.5, batch_size=64)
+        store.set_setting(
+            "pool",
+            {
+                "time_s": 1.0,
+                "stale": False,
+                "nodes": {
+                    "node1": {
+                        "window_s": None,
+                        "holder": "7",
+                        "holder_state": "running",
+                        "trainer": tid,
+                    },
+                    "node3": {
+                        "window_s": 600.0,
+                        "holder": None,
+                        "holder_state": None,
+                        "trainer": None,
+                    },
+                },
+            },
+        )
+    code, out = run("status", "--json", "--state-dir", str(state_dir))
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["daemon"]["pid"] == os.getpid()
+    assert [p["node"] for p in data["pool"]] == ["node1", "node3"]
+    (t,) = data["trainers"]
+    assert t["id"] == tid and t["state"] == "running"
+    assert t["nodes"] == ["node1", "node2"]
+    assert (t["samples_done"], t["throughput_sps"], t["batch_size"]) == (640, 12.5, 64)
+    code, out = run("status", "--state-dir", str(state_dir))
+    assert code == 0 and tid in out and "640" in out
+
+
+def test_cancel_flags_the_trainer_and_reports_finished_ones(state_dir: Path) -> None:
+    _, out = submit(state_dir, "--backend", "torchrun")
+    tid = out.strip().splitlines()[-1]
+    code, out = run("cancel", tid, "--state-dir", str(state_dir))
+    assert code == 0 and "cancel requested" in out
+    with Store.open(state_dir) as store:
+        assert store.trainer(tid).cancel_requested
+        store.set_trainer_state(tid, "cancelled")
+    code, out = run("cancel", tid, "--state-dir", str(state_dir))
+    assert code == 0 and "already ended: cancelled" in out
+    code, out = run("cancel", "t9999", "--state-dir", str(state_dir))
+    assert code == 1 and "t9999" in out
+
+
+def test_logs_prints_the_trainer_log(state_dir: Path, tmp_path: Path) -> None:
+    _, out = submit(state_dir, "--backend", "torchrun")
+    tid = out.strip().splitlines()[-1]
+    code, out = run("logs", tid, "--state-dir", str(state_dir))
+    assert code == 1 and "has not started yet" in out
+    trainer_dir = tmp_path / "t"
+    trainer_dir.mkdir()
+    (trainer_dir / "supervisor.log").write_text("Traceback (most recent call last):\nboom\n")
+    with Store.open(state_dir) as store:
+        store.set_launch(tid, trainer_dir=trainer_dir, supervisor="1")
+        store.set_trainer_state(tid, "failed", reason="boom")
+    code, out = run("logs", tid, "-f", "--state-dir", str(state_dir))
+    assert code == 0
+    assert "boom" in out
