@@ -6,13 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SshServer
 from tests.trainers.elastic_harness import (
+    DATASET,
+    FAST_COMMITS,
     Trainer,
+    assert_exact_epochs,
     horovod_missing,
     launched,
     scenario_rescale,
     scenario_worker_killed,
     scenario_zero_hosts_and_restart,
+    start_trainer,
 )
 
 __all__ = ["launched"]
@@ -37,3 +42,38 @@ def test_zero_hosts_and_stop_resume_from_the_checkpoint(
     launched: list[Trainer], tmp_path: Path
 ) -> None:
     scenario_zero_hosts_and_restart(launched, tmp_path, "horovod")
+
+
+@pytest.mark.slow
+@pytest.mark.sshd
+def test_a_host_reached_over_ssh(launched: list[Trainer], tmp_path: Path, sshd: SshServer) -> None:
+    """127.0.0.2 is not this machine's name: Horovod reaches it through the ssh shim,
+    which runs the real ssh with exec.json's arguments (to the test's sshd)."""
+    remote_host = "127.0.0.2"
+    t = start_trainer(
+        tmp_path,
+        "horovod",
+        ["localhost"],
+        work=12_000,
+        args=(*FAST_COMMITS, "--step-delay-s", "0.01"),
+        env={"BFTRAINER_HOROVOD_NIC": "lo"},  # 127.0.0.2 is this machine after all
+    )
+    launched.append(t)
+    t.launcher.set_exec(
+        "ssh",
+        {},
+        [
+            "-p", str(sshd.port), "-i", str(sshd.key), "-l", sshd.user,
+            "-o", f"HostName={sshd.host}", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={sshd.known_hosts}",
+            "-o", f"HostKeyAlias=[{sshd.host}]:{sshd.port}",
+        ],
+    )  # fmt: skip
+    t.wait_reset(1, 0)
+    t.launcher.set_hosts(["localhost", remote_host])
+    t.wait_reset(2, 1)
+    t.launcher.set_hosts(["localhost"])
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert_exact_epochs(t, DATASET)
+    assert f"bftrainer ssh shim: {remote_host} via ssh" in (t.dir / "supervisor.log").read_text()

@@ -163,6 +163,11 @@ def ssh_shim_main(argv: Sequence[str], trainer_dir: Path, shim_dir: Path) -> int
         target += ["bash", "-c", command]
     else:
         target = [real_ssh(shim_dir), *opts, *config.get("ssh_args", []), host, command]
+        mode = "ssh"
+    print(
+        f"bftrainer ssh shim: {host} via {mode if not is_local(host) else 'local'}", file=sys.stderr
+    )
+    sys.stderr.flush()
     os.execvp(target[0], target)
     return 255  # not reached
 
