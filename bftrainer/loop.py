@@ -50,8 +50,11 @@ new input is needed. Live sources report changes relative to the restored pool.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import select
 import threading
 import time
 from collections import deque
@@ -261,11 +264,18 @@ class VirtualClock:
 
 
 class WallClock:
-    """The daemon's clock: epoch seconds; ``wait_until`` sleeps, ``wake`` interrupts."""
+    """The daemon's clock: epoch seconds; ``wait_until`` sleeps, ``wake`` interrupts.
+
+    ``wake`` writes a byte to a pipe that the sleep selects on: no lock, so it is safe
+    from another thread and from a signal handler (a SIGTERM handler calling
+    ``Loop.request_stop``) alike.
+    """
 
     def __init__(self, time_fn: Callable[[], float] = time.time) -> None:
         self._time = time_fn
-        self._woken = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
 
     def now_s(self) -> float:
         return self._time()
@@ -273,12 +283,23 @@ class WallClock:
     def wait_until(self, t_s: float) -> float:
         delay = t_s - self._time()
         if delay > 0:
-            self._woken.wait(None if math.isinf(delay) else delay)
-        self._woken.clear()
+            select.select([self._read_fd], [], [], None if math.isinf(delay) else delay)
+        self._drain()
         return self._time()
 
     def wake(self) -> None:
-        self._woken.set()
+        with contextlib.suppress(BlockingIOError):  # the pipe is full: it is awake anyway
+            os.write(self._write_fd, b"!")
+
+    def _drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 # ---- sources -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -454,6 +455,23 @@ def test_the_wall_clock_loop_wakes_for_pushed_inputs_and_stops_on_request() -> N
     assert woke_s < 2.0  # it slept "forever" (nothing was due) and the put woke it
     assert [(s.arrivals, s.decided) for s in obs.steps] == [(0, True), (1, True)]
     assert loop.trainers["x"].nodes == ("a", "b")
+
+
+def test_a_signal_handler_stops_a_loop_that_sleeps_with_nothing_due() -> None:
+    clock = WallClock()
+    loop = Loop([Inbox()], ScriptedDriver(), clock, Config(), policy=RecordingPolicy(),
+                state=LoopState(now_s=clock.now_s(), pool=("a",)))  # fmt: skip
+    previous = signal.signal(signal.SIGALRM, lambda *_: loop.request_stop())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.perf_counter()
+        loop.run()  # nothing is ever due: it sleeps until the handler wakes it
+        elapsed = time.perf_counter() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        clock.close()
+    assert 0.2 < elapsed < 3.0
 
 
 def test_run_is_the_loop_in_one_call() -> None:
