@@ -71,15 +71,15 @@ def main() -> None:
         trace = trace.slice(start_s=start, end_s=start + args.hours * 3600)
     runs = {}
     configs = [("equal", ReplayConfig(policy="equal"))] + [
-        (f"milp-{s}", ReplayConfig(policy="milp", solver=s, t_fwd_s=120.0))
-        for s in args.solvers.split(",")
+        (f"milp-{s}", ReplayConfig(policy="milp", solver=s)) for s in args.solvers.split(",")
     ]
     for name, config in configs:
         s = replay(trace, jobs, config).summary
         runs[name] = {k: s[k] for k in FIELDS}
         print(name, json.dumps(runs[name]), flush=True)
     result = {
-        "setup": "Summit week 1, nodes 0:1024, hps-shufflenet 1000J, P_jmax 10, T_fwd 120 s",
+        "setup": "Summit week 1, nodes 0:1024, hps-shufflenet 1000J, P_jmax 10, default T_fwd",
+        "t_fwd_s": ReplayConfig().t_fwd_s,
         "runs": runs,
         "paper": PAPER,
         "reference_replayer": REFERENCE,
