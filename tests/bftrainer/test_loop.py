@@ -47,6 +47,7 @@ from bftrainer.loop import (
 )
 from bftrainer.milp.mapping import map_counts
 from bftrainer.policy import equal_share_counts
+from bftrainer.replay.simulator import SimulatedDriver
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -334,6 +335,22 @@ def test_a_clock_that_cannot_move_raises_instead_of_spinning() -> None:
     with pytest.raises(LoopStalledError, match="epoch milliseconds"):
         loop.run(until_s=start + 3600_000)
     assert time.perf_counter() - t0 < 5.0
+
+
+def test_the_simulated_driver_at_epoch_milliseconds_stops_with_a_clear_error() -> None:
+    """Issue 10's hang, with the real driver: at 1.6e12 a completion microseconds ahead
+    rounds to now, and the old loop called advance a million times at one instant."""
+    t0 = 1_612_915_732_000.0
+    jobs = [
+        JobSpec(f"j{i}", "m", t0, 1, 4, 18.0, 12.0, 3.3e7 + 7919 * i + 2,
+                ((1.0, 333.3), (4.0, 1111.1)))
+        for i in range(3)
+    ]  # fmt: skip
+    source = TimedSource((t0, Arrival(j)) for j in jobs)
+    loop = Loop([source], SimulatedDriver(), VirtualClock(t0), Config(policy="equal"),
+                state=LoopState(now_s=t0, pool=("a", "b", "c", "d")))  # fmt: skip
+    with pytest.raises(LoopStalledError, match="look like epoch milliseconds"):
+        loop.run(until_s=t0 + 3_600_000.0, stop=lambda lp: source.exhausted and not lp.trainers)
 
 
 def test_the_same_creeping_driver_is_fine_where_the_clock_can_move() -> None:
