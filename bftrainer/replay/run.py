@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bftrainer.config import Config, ConfigError
+from bftrainer.config import POLICY_TABLES, Config, ConfigError
 from bftrainer.idle_monitor.trace import Trace, format_time
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
@@ -60,7 +60,7 @@ class ReplayConfig(Config):
 
 # The replay's tables in a configuration file (``bftrainer replay --config``).
 REPLAY_TABLES: dict[str, dict[str, str]] = {
-    "policy": {name: name for name in Config.__dataclass_fields__},
+    **POLICY_TABLES,
     "replay": {"window_s": "window_s"},
 }
 
