@@ -40,6 +40,12 @@ class CommLostError(RuntimeError):
     """A collective failed because a peer went away: the backend restarts the workers."""
 
 
+class WorkerLeaving(RuntimeError):
+    """This worker got SIGTERM (its node is being taken back, e.g. a Slurm preemption):
+    it has committed with the others and now exits alone; the survivors go on from that
+    commit. Not a user error: the worker wrapper exits 143 without a failure record."""
+
+
 class ElasticState(Protocol):
     """What the runtime gives a backend: snapshot, load, and the step for sync's root."""
 

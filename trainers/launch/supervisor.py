@@ -10,7 +10,13 @@ session, so it survives the daemon) reads ``spec.json`` and then loops:
 * ``hosts`` empty (zero hosts): the workers are asked to stop (``stop.request``: they
   commit, rank 0 checkpoints, they exit 0); they start again when hosts come back;
 * a worker reports a user error (``failure.json``, from the worker wrapper), or the
-  backend ends: ``exit.json`` says done (``result.json`` exists), failed or stopped.
+  backend ends: ``exit.json`` says done (``result.json`` exists), failed or stopped;
+* the backend ends without a user error (workers lost: a node preempted under a
+  torchrun agent, a crash): it starts again from the last commit on the current hosts,
+  at most ``MAX_RESTARTS_WITHOUT_PROGRESS`` times without a new commit in between.
+
+A worker that gets SIGTERM (its node is being preempted) commits with the others at the
+next step and leaves alone (exit 143, see the runtime); under Horovod the others go on.
 
 SIGTERM (:meth:`Launcher.stop`) stops the workers the same way and ends ``stopped``.
 
@@ -54,6 +60,10 @@ from bftrainer.trainers.launch.worker import FAILURE
 logger = logging.getLogger("bftrainer.supervisor")
 
 POLL_S = 0.25
+# Workers lost without a user error are restarted from the last commit, this many times
+# in a row without progress, after waiting this long for the driver to drop lost hosts.
+MAX_RESTARTS_WITHOUT_PROGRESS = 3
+RESTART_SETTLE_S = 3.0
 WORKER = ("-m", "bftrainer.trainers.launch.worker")
 Hosts = list[tuple[str, int]]
 
@@ -293,6 +303,8 @@ class Supervisor:
         self.backend: Backend | None = None
         self.stop_requested = False
         self._bad_hosts_logged = ""
+        self._restarts = 0
+        self._last_commit: int | None = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.info("signal %d: stopping", signum)
@@ -313,6 +325,18 @@ class Supervisor:
                 self._bad_hosts_logged = str(e)
             return previous
         return hosts[: self.spec.max_hosts]
+
+    def _may_restart(self) -> bool:
+        """Whether lost workers may be restarted: at most MAX_RESTARTS_WITHOUT_PROGRESS
+        times in a row without a new commit (checkpoint) in between."""
+        try:
+            commit = (self.dir / channel.CHECKPOINT).stat().st_mtime_ns
+        except FileNotFoundError:
+            commit = None
+        if commit != self._last_commit:
+            self._last_commit, self._restarts = commit, 0
+        self._restarts += 1
+        return self._restarts <= MAX_RESTARTS_WITHOUT_PROGRESS
 
     def _failure(self) -> str | None:
         data = channel.read_json(self.dir / FAILURE)
@@ -379,7 +403,19 @@ class Supervisor:
                     if not backend.stopping:
                         err = last_error_line(self.dir / channel.SUPERVISOR_LOG)
                         why = f"{backend.name} exited with code {rc}" + (f": {err}" if err else "")
-                        return self.finish("failed", rc, why)
+                        if not self._may_restart():
+                            return self.finish("failed", rc, why)
+                        # No user error: workers were lost (a node preempted under them,
+                        # a crash). Start again from the last commit, on the hosts the
+                        # driver gives once it has seen the loss.
+                        logger.warning(
+                            "%s; no user error: restarting from the last commit (%d of %d)",
+                            why,
+                            self._restarts,
+                            MAX_RESTARTS_WITHOUT_PROGRESS,
+                        )
+                        time.sleep(RESTART_SETTLE_S)
+                        continue
                     logger.info(
                         "%s: workers stopped (code %d); hosts now %s", backend.name, rc, hosts
                     )

@@ -20,8 +20,10 @@ import traceback
 from pathlib import Path
 
 from bftrainer.trainers import channel
+from bftrainer.trainers.comm import WorkerLeaving
 
 FAILURE = "failure.json"
+LEFT_EXIT_CODE = 143  # 128 + SIGTERM: a worker that left on preemption
 
 
 def _rank() -> str:
@@ -79,6 +81,12 @@ def main(argv: list[str]) -> int:
         return code
     except KeyboardInterrupt:
         return 130
+    except WorkerLeaving as e:
+        # Preempted (SIGTERM): committed with the others and leaving alone. Non-zero, so
+        # that Horovod counts this host as failed (a worker that exits 0 makes Horovod
+        # end the whole job once the others finish), but not a user error.
+        print(f"bftrainer: {e}", file=sys.stderr)
+        return LEFT_EXIT_CODE
     except Exception as e:
         traceback.print_exc()
         sys.stderr.flush()
