@@ -52,7 +52,16 @@ class Service:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, **self.cluster.env, "PYTHONPATH": str(REPO)}
+        # Every "node" of the local cluster is this machine on 127.0.0.1: name the NIC,
+        # as a site names its interconnect, so that horovodrun does not probe each host's
+        # interfaces at every start (that probe timed out at a load average of 16).
+        return {
+            **os.environ,
+            **self.cluster.env,
+            "PYTHONPATH": str(REPO),
+            "BFTRAINER_HOROVOD_NIC": "lo",
+            "HOROVOD_START_TIMEOUT": "120",
+        }
 
     def start(self) -> None:
         self.starts += 1
@@ -306,3 +315,24 @@ def first_reset_at(service: Service, trainer_id: str, nodes: int, after_s: float
         if r["time_s"] > after_s and r["nodes"] == nodes:
             return float(r["time_s"])
     return None
+
+
+def test_a_crashing_trainer_is_failed_with_its_log_and_frees_its_nodes(service: Service) -> None:
+    service.start()
+    bad = service.submit("torchrun", 10_000, 2, "--fail-at-step", "3")
+    good = service.submit("torchrun", 3_000, 2)
+    wait_until(lambda: service.trainer(bad)["state"] in ("failed", "done"), 300, "the bad trainer")
+    t = service.trainer(bad)
+    assert t["state"] == "failed"
+    assert "failing on purpose" in t["reason"]
+    assert t["nodes"] == []
+    log = service.cli("logs", bad)
+    assert "Traceback" in log and "failing on purpose at step 3" in log
+    # The other trainer is not disturbed, and the freed nodes are released or reused.
+    assert wait_done(service, good, 300)["samples_done"] == 3_000
+    wait_until(
+        lambda: not [p for p in service.status()["pool"] if p["holder_state"]],
+        30,
+        "holders released",
+    )
+    assert service.stop() == 0
