@@ -3,6 +3,11 @@ traceback or a hang (issue 10)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
@@ -175,3 +180,113 @@ def test_a_bad_workload_is_refused_before_the_replay_starts(
     assert code == 2, text
     assert message in one_error_line(text)
     assert not out.exists()  # refused before anything ran or was written
+
+
+def replay_args(out: Path, *extra: str) -> list[str]:
+    return [
+        "replay",
+        "--synthetic-nodes",
+        "16",
+        "--synthetic-hours",
+        "2",
+        "--jobs-count",
+        "5",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_a_rerun_replaces_an_earlier_output_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, text = run(*replay_args(out, "--policy", "milp,equal"))
+    assert code == 0, text
+    assert (out / "milp-tfwd120").is_dir() and (out / "equal").is_dir()
+    code, text = run(*replay_args(out, "--policy", "equal"))
+    assert code == 0, text
+    assert not (out / "milp-tfwd120").exists() and not (out / "equal").exists()
+    assert (out / "summary.json").is_file() and (out / "events.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left
+
+
+def test_an_interrupted_rerun_leaves_the_earlier_output_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bftrainer.cli.replay as replay_cli
+
+    out = tmp_path / "out"
+    assert run(*replay_args(out))[0] == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay_cli, "plot_costs", interrupted)
+    result = CliRunner().invoke(cli, replay_args(out, "--seed", "7"))
+    assert result.exit_code != 0
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("kind", ["foreign-folder", "file"])
+def test_replay_refuses_an_out_it_did_not_write_before_running(tmp_path: Path, kind: str) -> None:
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("mine")
+    else:
+        out.mkdir()
+        (out / "thesis.tex").write_text("mine")
+    code, text = run(*replay_args(out))
+    assert code == 2
+    assert "--out" in one_error_line(text)
+    assert (out.read_text() if kind == "file" else (out / "thesis.tex").read_text()) == "mine"
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid="], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@pytest.mark.parametrize("when", ["workers-starting", "workers-replaying"])
+def test_ctrl_c_during_a_multi_policy_replay_prints_no_worker_traceback(
+    tmp_path: Path, when: str
+) -> None:
+    # A trace long enough that two replays of it take minutes.
+    rows = ["time,node,idle", *(f"1612915200,n{n},1" for n in range(64))]
+    state = dict.fromkeys(range(64), 1)
+    for k in range(1, 4000):
+        node = (k * 37) % 64
+        state[node] ^= 1
+        rows.append(f"{1612915200 + 600 * k},n{node},{state[node]}")
+    trace = tmp_path / "long.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    args = ["replay", str(trace), "--jobs-count", "3000", "--policy", "milp,equal"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bftrainer", *args, "--no-progress", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: Ctrl-C is SIGINT to the whole group
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        assert len(children(proc.pid)) >= 2, "the worker processes never started"
+        if when == "workers-replaying":
+            time.sleep(5)
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in err, err
+    assert "KeyboardInterrupt" not in err, err
+    assert proc.returncode != 0
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.csv"]

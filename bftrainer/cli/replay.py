@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+import pickle
+import signal
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import click
 from tqdm import tqdm
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
     COUNT,
     POSITIVE,
@@ -307,6 +310,10 @@ def replay_cmd(
                 raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
         configs = [replace(base, policy=p) for p in names]
     try:
+        check_output_dir(out_dir, OUTPUT_MARKER)  # before the run, not after an hour of it
+    except OutputDirError as e:
+        raise UsageError(f"--out {e}") from None
+    try:
         outcomes = _run_all(trace, jobs, configs, progress, factory)
     except ReplayError as e:
         raise UsageError(str(e)) from None
@@ -315,7 +322,29 @@ def replay_cmd(
         if rep is not None:
             end_s = r.metrics.start_s + r.summary["hours"] * 3600
             r.summary.update(pollux_summary(r.trainers, end_s, rep))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    reports = [(r, rep) for r, rep in outcomes if rep is not None]
+    try:
+        with replaced_on_success(out_dir, OUTPUT_MARKER) as tmp:
+            _write_outputs(tmp, results, reports, bool(sweep))
+    except OutputDirError as e:
+        raise UsageError(f"--out {e}") from None
+    click.echo(summary_table(results))
+    if reports:
+        click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
+    click.echo(f"\nwrote {out_dir}/")
+
+
+# An earlier replay's folder holds this file; only such a folder is replaced.
+OUTPUT_MARKER = "summary.json"
+
+
+def _write_outputs(
+    out_dir: Path,
+    results: list[ReplayResult],
+    reports: list[tuple[ReplayResult, PolluxReport]],
+    sweep: bool,
+) -> None:
+    """Every output file, into ``out_dir`` (a fresh folder: see cli/outdir.py)."""
     if len(results) == 1:
         write_result(results[0], out_dir)
     else:
@@ -327,15 +356,10 @@ def replay_cmd(
     plot_costs(results, out_dir / "costs.png")
     if sweep:
         plot_sweep(results, out_dir / "utilization_vs_tfwd.png")
-    reports = [(r, rep) for r, rep in outcomes if rep is not None]
     for r, rep in reports:
         write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if len(results) > 1 else out_dir)
     if len(reports) > 1:
         plot_efficiency([(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
-    click.echo(summary_table(results))
-    if reports:
-        click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
-    click.echo(f"\nwrote {out_dir}/")
 
 
 def _label(r: ReplayResult) -> str:
@@ -413,6 +437,21 @@ def _run_one(
     return replay(trace, jobs, config, driver=driver), driver.report()
 
 
+# A worker's copy of the inputs every run shares (see _run_all).
+_inputs: tuple[Trace, list[JobSpec], PolluxDriverFactory | None] | None = None
+
+
+def _load_inputs(path: str) -> None:
+    global _inputs
+    _inputs = pickle.loads(Path(path).read_bytes())
+
+
+def _run_config(config: ReplayConfig) -> Run:
+    assert _inputs is not None, "the pool's initializer did not run"
+    trace, jobs, factory = _inputs
+    return _run_one((trace, jobs, config, factory))
+
+
 def _run_all(
     trace: Trace,
     jobs: list[JobSpec],
@@ -427,16 +466,30 @@ def _run_all(
         # variable when they import numpy.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-            results = list(
-                tqdm(
-                    pool.map(_run_one, [(trace, jobs, c, factory) for c in configs]),
-                    total=len(configs),
-                    desc="replays",
-                    unit="run",
-                    disable=not progress or None,
+        # Ctrl-C reaches every process of the terminal's group. Workers are born
+        # ignoring it (SIG_IGN survives exec, so it holds while they import): none prints
+        # a traceback, and the pool's exit terminates them. This process ignores it only
+        # while it starts them: milliseconds, as the shared inputs go through a file, not
+        # the start. Tasks hold only a config: a large task blocked in the pool's pipe
+        # would hang the pool's exit once its workers are gone.
+        with tempfile.TemporaryDirectory(prefix="bftrainer-replay-") as tmp:
+            inputs = Path(tmp) / "inputs.pickle"
+            inputs.write_bytes(pickle.dumps((trace, jobs, factory)))
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                pool = spawn.Pool(workers, _load_inputs, (str(inputs),))
+            finally:
+                signal.signal(signal.SIGINT, handler)
+            with pool:
+                results = list(
+                    tqdm(
+                        pool.imap(_run_config, configs),
+                        total=len(configs),
+                        desc="replays",
+                        unit="run",
+                        disable=not progress or None,
+                    )
                 )
-            )
         return results
     with tqdm(total=1000, desc=configs[0].policy, unit="‰", disable=not progress or None) as bar:
 
