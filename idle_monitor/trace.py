@@ -499,16 +499,30 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> int:
     ``.parquet`` writes Parquet (needs pyarrow), ``.gz`` gzip-compressed CSV, anything else
     CSV. The ``window_s`` column is written only when the trace knows some window. Returns
     the number of rows. For recording live, use ``TraceWriter``.
+
+    Written to a temporary file beside ``path`` and renamed over it when complete, so an
+    interrupted write never leaves a cut-off trace (or half of an earlier one's rewrite).
     """
-    out = Path(path)
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.partial{final.suffix}")
+    try:
+        count = _write_trace_to(trace, tmp, final)
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
+
+
+def _write_trace_to(trace: Trace, out: Path, final: Path) -> int:
+    """``write_trace`` into ``out``, in the format ``final``'s suffix names."""
     rows = list(trace_rows(trace))
     with_windows = _has_windows(trace)
-    if out.suffix == ".parquet":
+    if final.suffix == ".parquet":
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError as exc:  # pragma: no cover - pyarrow is an optional dependency
-            raise TraceFormatError(f"{out}: writing Parquet needs pyarrow") from exc
+            raise TraceFormatError(f"{final}: writing Parquet needs pyarrow") from exc
         columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
         data = {
             "time": pa.array(columns[0], pa.string()),
@@ -520,7 +534,7 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> int:
         pq.write_table(pa.table(data), out)
         return len(rows)
     width = len(WRITER_COLUMNS) if with_windows else len(REQUIRED_COLUMNS)
-    opener: Any = gzip.open if out.suffix == ".gz" else open
+    opener: Any = gzip.open if final.suffix == ".gz" else open
     with opener(out, "wt", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(WRITER_COLUMNS[:width])

@@ -258,3 +258,35 @@ def test_a_trace_in_memory_outside_the_epoch_range_is_refused() -> None:
     with pytest.raises(TraceRangeError, match="plausible range"):
         Trace(nodes=("a",), initial_idle=frozenset(), start_s=0.0, end_s=1e17, events=())
     assert format_time(1e30) == "1e+30 (epoch s)"  # error messages never fail themselves
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.csv.gz"])
+def test_an_interrupted_write_trace_leaves_the_earlier_file_whole(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+
+    import bftrainer.idle_monitor.trace as trace_module
+
+    path = tmp_path / name
+    trace = load_trace(write(tmp_path, SMALL))
+    write_trace(trace, path)
+    before = path.read_bytes()
+
+    class CutOff:
+        """A csv writer interrupted after the header (Ctrl-C, a full disk)."""
+
+        def __init__(self, f: object, **kwargs: object) -> None:
+            self.inner = csv.writer(f, **kwargs)  # type: ignore[call-overload]
+
+        def writerow(self, row: object) -> None:
+            self.inner.writerow(row)
+
+        def writerows(self, rows: object) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trace_module, "csv", type("csv", (), {"writer": CutOff}))
+    with pytest.raises(KeyboardInterrupt):
+        write_trace(trace, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"t.csv", name})
