@@ -38,6 +38,16 @@ def synthetic_data(n: int, features: int, classes: int, seed: int) -> tuple[torc
     return x, y
 
 
+def build_model(features: int, hidden: int, classes: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, classes),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=8192, help="data set size")
@@ -59,13 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
 
     x, y = synthetic_data(args.samples, args.features, args.classes, args.seed)
-    model = nn.Sequential(
-        nn.Linear(args.features, args.hidden),
-        nn.ReLU(),
-        nn.Linear(args.hidden, args.hidden),
-        nn.ReLU(),
-        nn.Linear(args.hidden, args.classes),
-    )
+    model = build_model(args.features, args.hidden, args.classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     steps = 0
 

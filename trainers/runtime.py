@@ -42,7 +42,7 @@ import numpy as np
 from bftrainer.trainers import channel
 from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
 from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
-from bftrainer.trainers.comm import Comm, make_comm
+from bftrainer.trainers.comm import Comm, WorkerLeaving, make_comm
 from bftrainer.trainers.goodput import BatchLimits, BatchLimitsError, NoFeasibleConfigError
 from bftrainer.trainers.lr_scaling import RULES
 from bftrainer.trainers.sampler import ElasticSampler
@@ -63,7 +63,7 @@ class RuntimeOptions:
 
     work_samples: int | None = None
     work_epochs: int | None = None
-    commit_every_steps: int = 50
+    commit_every_steps: int | None = None  # by time only unless given
     commit_every_s: float = 10.0
     report_every_s: float = 10.0
     base_batch: int = 64
@@ -209,13 +209,23 @@ class ElasticRuntime:
         self.probe = TorchGradientProbe(self.agent, model, optimizer)
         self.progress = _Progress()
         self._pending: list[tuple[int, list[int]]] = []
-        self._stop_signal = False
-        self._writer = channel.ChannelWriter(self.trainer_dir) if self.comm.rank == 0 else None
+        self._leaving = False
+        self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
         self._stop_file = self.trainer_dir / channel.STOP_REQUEST
         self.stopped = False
         self._load_from_disk()
+
+    @property
+    def _writer_of_rank0(self) -> channel.ChannelWriter | None:
+        """Rank 0's writer of the trainer directory, None on other ranks. Looked up at
+        each use: after an elastic reset another process may be rank 0."""
+        if self.comm.rank != 0:
+            return None
+        if self._channel_writer is None:
+            self._channel_writer = channel.ChannelWriter(self.trainer_dir)
+        return self._channel_writer
 
     # -- state -------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -282,28 +292,41 @@ class ElasticRuntime:
         return local, accum
 
     def _reset(self) -> None:
-        """At the start and after every reset: agent's configuration, LR, step plan."""
+        """At the start and after every reset: agent's configuration, LR, step plan.
+
+        Rank 0 decides and the others take its decision and its agent state: each rank
+        times its own steps and samples its own gradient noise, so their agents drift
+        apart between resets, and ranks that chose different batches would train on
+        different samples.
+        """
         comm = self.comm
         replicas = comm.size
         nodes = max(1, replicas // max(1, comm.local_size))
         choice = None
-        try:
-            choice = self.agent.best_config(nodes)
-        except NoFeasibleConfigError as e:
-            logger.warning("agent: %s; using the base batch", e)
+        if comm.rank == 0:
+            try:
+                choice = self.agent.best_config(nodes)
+            except NoFeasibleConfigError as e:
+                logger.warning("agent: %s; using the base batch", e)
         if choice is not None:
-            local, accum = choice.local_bsz, choice.accum_steps
+            local, accum, source = choice.local_bsz, choice.accum_steps, "agent"
         else:
             local, accum = self._base_config(replicas)
+            source = "base"
+        if replicas > 1:
+            mine = (local, accum, source, self.agent.state()) if comm.rank == 0 else None
+            local, accum, source, agent_state = comm.broadcast_object(mine)
+            if comm.rank != 0:
+                self.agent.restore(agent_state)
         config = self.agent.set_config(nodes, local, accum)
         self._set_lr()
         p = self.progress
         p.resets += 1
         p.batch_sizes.append(config.batch_size)
         self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.monotonic()
-        if self._writer is not None:
+        if self._writer_of_rank0 is not None:
             record = self.agent.metrics()
-            self._writer.reset(
+            self._writer_of_rank0.reset(
                 nodes=nodes,
                 batch_size=config.batch_size,
                 local_bsz=local,
@@ -312,7 +335,7 @@ class ElasticRuntime:
                 replicas=replicas,
                 step=p.step,
                 samples_done=p.samples_done,
-                source="agent" if choice is not None else "base",
+                source=source,
                 record=record.to_dict(),
             )
         logger.info(
@@ -325,8 +348,9 @@ class ElasticRuntime:
             p.step,
         )
 
-    def _set_lr(self) -> None:
-        factor = self.agent.lr_factor
+    def _set_lr(self, factor: float | None = None) -> None:
+        if factor is None:
+            factor = self.agent.lr_factor
         for group, lr0 in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = lr0 * factor
 
@@ -340,7 +364,11 @@ class ElasticRuntime:
             signal.signal(signal.SIGTERM, previous)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop_signal = True
+        # SIGTERM reaches only the workers of the node being taken back (Slurm sends it
+        # to the holder's steps on preemption): this worker leaves at the next step,
+        # after everyone has committed; the others go on. Stopping the whole trainer is
+        # the supervisor's stop request (stop.request), not a signal.
+        self._leaving = True
 
     def _train(self) -> dict[str, Any] | None:
         torch = self.torch
@@ -351,8 +379,10 @@ class ElasticRuntime:
         opts = self.opts
         cfg = agent.config
         nflat = sum(q.numel() for q in self.params)
-        flat = torch.zeros(nflat + 3)
+        # grads, then: commit, stop, hosts updated, leaving (flags), rank 0's LR factor
+        flat = torch.zeros(nflat + 5)
         track_ids = self.on_commit is not None
+        every_steps = opts.commit_every_steps
         while p.samples_done < self.work_samples:
             t0 = time.perf_counter()
             plan = sampler.plan(
@@ -363,24 +393,32 @@ class ElasticRuntime:
             for ids in micro:
                 if len(ids):
                     loss = self.loss_fn(self.model, self.fetch(ids))
-                    (loss * (len(ids) / plan.count)).backward()
+                    if len(ids) != plan.count:  # the step's mean over all its samples
+                        loss = loss * (len(ids) / plan.count)
+                    loss.backward()
             now = time.monotonic()
-            flat.zero_()
+            # Decisions that depend on a clock, a file or a signal, as flags that ride
+            # on the gradient all-reduce: every rank then acts on the same step.
+            commit_due = stop = hosts_updated = leaving = 0.0
             if rank == 0:
                 if now - self._last_commit_t >= opts.commit_every_s:
-                    flat[nflat] = 1.0
+                    commit_due = 1.0
                 if now - self._last_stop_check_t >= STOP_CHECK_EVERY_S:
                     self._last_stop_check_t = now
                     if self._stop_file.exists():
-                        flat[nflat + 1] = 1.0
-            if self._stop_signal:
-                flat[nflat + 1] = 1.0
+                        stop = 1.0
+            if self._leaving:
+                leaving = 1.0
             if comm.hosts_updated:
-                flat[nflat + 2] = 1.0
-            self._allreduce_grads(flat, nflat)
-            commit_due = bool(flat[nflat] > 0)
-            stop = bool(flat[nflat + 1] > 0)
-            hosts_updated = bool(flat[nflat + 2] > 0)
+                hosts_updated = 1.0
+            if replicas > 1:
+                # Only rank 0's LR factor counts: the ranks' noise estimates differ, and
+                # different learning rates would make their models drift apart.
+                lr_factor = agent.lr_factor if rank == 0 else 0.0
+                flat[nflat:] = torch.tensor((commit_due, stop, hosts_updated, leaving, lr_factor))
+                self._allreduce_grads(flat, nflat)
+                commit_due, stop, hosts_updated, leaving, lr_factor = flat[nflat:].tolist()
+                self._set_lr(lr_factor)
             self.probe.after_backward()
             self.optimizer.step()
             sampler.advance(plan)
@@ -390,7 +428,8 @@ class ElasticRuntime:
                 mine = [int(i) for ids in micro for i in ids]
                 self._pending.append((plan.epoch, mine))
             agent.observe_step(time.perf_counter() - t0)
-            self._set_lr()
+            if replicas == 1:
+                self._set_lr()
             if rank == 0 and now - self._last_report_t >= opts.report_every_s:
                 self._report()
             done = p.samples_done >= self.work_samples
@@ -398,10 +437,14 @@ class ElasticRuntime:
                 done
                 or stop
                 or hosts_updated
+                or leaving
                 or commit_due
-                or p.step - p.committed_step >= opts.commit_every_steps
+                or (every_steps is not None and p.step - p.committed_step >= every_steps)
             ):
                 self._commit()  # Horovod: raises HostsUpdatedInterrupt after a host change
+            if self._leaving and not done:
+                logger.info("SIGTERM: leaving at step %d (committed)", p.step)
+                raise WorkerLeaving(f"rank {rank} left at step {p.step} on SIGTERM")
             if stop and not done:
                 self.stopped = True
                 logger.info("stopped at step %d (checkpointed)", p.step)
@@ -409,8 +452,6 @@ class ElasticRuntime:
         return self._finish()
 
     def _allreduce_grads(self, flat: Any, nflat: int) -> None:
-        if self.comm.size == 1:
-            return
         offset = 0
         for q in self.params:
             n = q.numel()
@@ -424,9 +465,10 @@ class ElasticRuntime:
             offset += n
 
     def _report(self) -> None:
-        assert self._writer is not None
         self._last_report_t = time.monotonic()
-        self._writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
+        writer = self._writer_of_rank0
+        if writer is not None:
+            writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
 
     def _commit(self) -> None:
         """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy."""
@@ -456,9 +498,10 @@ class ElasticRuntime:
             "batch_sizes": list(p.batch_sizes),
             "epochs": p.samples_done / self.num_samples,
         }
-        if self._writer is not None:
-            self._writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
-            self._writer.result(result)
+        writer = self._writer_of_rank0
+        if writer is not None:
+            writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
+            writer.result(result)
             print(json.dumps(result, sort_keys=True), flush=True)
         return result
 

@@ -253,7 +253,12 @@ def scenario_rescale(launched: list[Trainer], tmp_path: Path, backend: str) -> T
     """Hosts 1 -> 3 -> 2 -> 1 during training; exact work, epochs, agent choices."""
     a, b, c = LOCAL_HOSTS
     t = start_trainer(
-        tmp_path, backend, [a], work=60_000, args=(*FAST_COMMITS, "--step-delay-s", "0.01")
+        tmp_path,
+        backend,
+        [a],
+        work=60_000,
+        # Bounded batches keep each phase from eating the work on a fast machine.
+        args=(*FAST_COMMITS, "--step-delay-s", "0.01", "--max-batch", "256"),
     )
     launched.append(t)
     seen = 0
