@@ -5,11 +5,19 @@ replay applies) goes to a ``TraceWriter``: appended, flushed and fsync'ed per re
 nothing already observed is lost. Files rotate by size: the next file starts with a full
 snapshot, so each file replays on its own. A restart continues the newest file in the
 output folder, without a second snapshot.
+
+Nodes nobody could see are recorded busy, so a replay never counts them: a poll whose
+node states cannot be read (an outage) records every node busy from when it began, and
+a restart records every node busy just after the file's last row, for the time the
+recorder was not running (the gap). An orderly stop (SIGINT, SIGTERM, ``polls``) closes
+the file with a repeat row at the last poll, so the quiet stretch after the last change
+is part of the trace.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -21,9 +29,14 @@ from pathlib import Path
 from types import FrameType
 
 from bftrainer.idle_monitor.source import LivePoolSource, Reading
-from bftrainer.idle_monitor.trace import TraceFormatError, TraceWriter
+from bftrainer.idle_monitor.trace import TraceFormatError, TraceWriter, format_time
 
 log = logging.getLogger(__name__)
+
+
+# An unseen stretch starts this long after the last recorded row (a trace's times are
+# strictly increasing per event; a millisecond survives the microsecond time format).
+GAP_AFTER_S = 0.001
 
 
 class RecorderError(RuntimeError):
@@ -63,6 +76,7 @@ class Recorder:
         self.config = config or RecorderConfig()
         self._clock = clock
         self._writer: TraceWriter | None = None
+        self._seen_s = -math.inf  # the last poll: a reading's time, or an outage's start
         self.records = 0
         self.rows = 0
 
@@ -92,8 +106,16 @@ class Recorder:
             raise RecorderError(f"output {self.out_dir} is not a folder")
         existing = self.files()
         path = existing[-1] if existing else self._new_path(self._clock())
-        self._writer = TraceWriter(path)
+        try:
+            self._writer = TraceWriter(path)
+        except (TraceFormatError, OSError) as exc:
+            reason = str(exc) if isinstance(exc, TraceFormatError) else f"{path}: {exc}"
+            raise RecorderError(
+                f"cannot continue the newest trace file: {reason}; move it out of "
+                f"{self.out_dir} or record into another folder"
+            ) from None
         log.info("recording to %s (%d bytes already)", path, self._writer.size_bytes)
+        self._mark_unseen(self._writer.last_s + GAP_AFTER_S, "the recorder was not running")
         return path
 
     @property
@@ -101,13 +123,34 @@ class Recorder:
         return self._writer.path if self._writer else None
 
     def close(self) -> None:
+        """Close the file, first marking its end at the last poll (a repeat row)."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            try:
+                self._writer.mark_end(self._seen_s)
+            finally:
+                self._writer.close()
+                self._writer = None
+
+    def _mark_unseen(self, time_s: float, why: str) -> int:
+        """Every node busy from ``time_s``: nobody could see them (an outage, a gap)."""
+        assert self._writer is not None
+        if not any(self._writer.state.values()) or not math.isfinite(time_s):
+            return 0
+        time_s = max(time_s, self._writer.last_s + GAP_AFTER_S)
+        rows = self._writer.write(time_s, dict.fromkeys(self._writer.state, False))
+        log.warning(
+            "%s: recorded %d idle node(s) as busy from %s: %s",
+            self._writer.path.name,
+            rows,
+            format_time(time_s),
+            why,
+        )
+        return rows
 
     def _rotate(self, reading: Reading) -> None:
         assert self._writer is not None
         old = self._writer.path
+        self._writer.mark_end(self._seen_s)
         self._writer.close()
         self._writer = TraceWriter(self._new_path(reading.time_s))
         # The new file's first write is the full snapshot, so it replays on its own.
@@ -129,7 +172,12 @@ class Recorder:
         assert self._writer is not None
         reading = self.source.read()
         if reading is None:
-            return 0
+            # An outage: the node states could not be read, so nobody sees the nodes.
+            self._seen_s = max(self.source.last_poll_s, self._writer.last_s + GAP_AFTER_S)
+            rows = self._mark_unseen(self._seen_s, "their states could not be read")
+            self.rows += rows
+            return rows
+        self._seen_s = reading.time_s
         try:
             rows = self._write(reading)
         except TraceFormatError as exc:

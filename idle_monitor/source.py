@@ -241,7 +241,11 @@ class LivePoolSource:
                 now_s - self._nodes_failed_s,
             )
         self._states, self._nodes_failed_s = states, None
-        return self._reading(states, now_s)
+        # Stamp the record with when the node states were in hand, not when the poll
+        # began: the claims may have taken a minute of retries before them, and a node
+        # seen idle now may not have been idle then.
+        read_s = max(self._clock(), now_s)
+        return self._reading(replace(states, time_s=read_s), read_s)
 
     def _reading(self, states: NodeStates, now_s: float) -> Reading:
         claims = self._claims.take_back_s if self._claims else {}
@@ -275,6 +279,11 @@ class LivePoolSource:
     @property
     def last_reading(self) -> Reading | None:
         return self._last_reading
+
+    @property
+    def last_poll_s(self) -> float:
+        """When the last ``read`` began (-inf before the first)."""
+        return self._last_poll_s
 
     # ------------------------------------------------------------------ pool
 

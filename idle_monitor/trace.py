@@ -601,7 +601,12 @@ class TraceWriter:
         if complete == 0:
             self._append_lines([",".join(self._columns) + "\n"])
             return
-        text = data.decode("utf-8")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(
+                f"{self._path}: not a trace (not UTF-8 text at byte {exc.start}); left untouched"
+            ) from None
         reader = csv.reader(io.StringIO(text, newline=""))
         header = next(reader)
         header_trace = _parse_rows(self._path, header, reader, strict=False, line_word="line")
@@ -673,6 +678,31 @@ class TraceWriter:
         self._last_s = when_s
         self._next_event_index += 1
         return len(changes)
+
+    def mark_end(self, time_s: float) -> int:
+        """Repeat one node's state at ``time_s``: a row that changes nothing but says the
+        trace was watched until then (docs/traces.md). 0 rows if ``time_s`` adds no time
+        or nothing was recorded yet."""
+        if self._file.closed or not self._state:
+            return 0
+        text = format_time(time_s)
+        when_s = parse_time_s(text)
+        if when_s <= self._last_s:
+            return 0
+        node = min(self._state)
+        values = {"time": text, "node": node, "idle": "1" if self._state[node] else "0"}
+        values["event_index"] = str(self._next_event_index)
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerow([values.get(c, "") for c in self._columns])
+        self._append_lines([buffer.getvalue()])
+        self._last_s = when_s
+        self._next_event_index += 1
+        return 1
+
+    @property
+    def last_s(self) -> float:
+        """The time of the last recorded row (-inf for a file with none)."""
+        return self._last_s
 
     def _append_lines(self, chunks: list[str]) -> None:
         self._file.write("".join(chunks))

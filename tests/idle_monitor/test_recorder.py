@@ -11,13 +11,15 @@ import threading
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from bftrainer.cli import cli
 from bftrainer.idle_monitor.lsf import LsfScheduler
 from bftrainer.idle_monitor.recorder import Recorder, RecorderConfig, RecorderError
 from bftrainer.idle_monitor.runner import ReplayRunner, recorded
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
-from bftrainer.idle_monitor.trace import load_trace
+from bftrainer.idle_monitor.trace import Trace, load_trace
 from tests.conftest import wait_until
 
 FIXTURES = Path(__file__).resolve().parents[2] / "idle_monitor" / "fixtures"
@@ -125,7 +127,7 @@ def test_rotation_by_size_each_file_replays_alone(tmp_path: Path) -> None:
     assert previous_end == seq[-1]
 
 
-def test_failed_reading_writes_nothing_and_clock_going_back_starts_a_new_file(
+def test_failed_reading_records_an_outage_and_clock_going_back_starts_a_new_file(
     tmp_path: Path,
 ) -> None:
     clock = Clock()
@@ -137,7 +139,8 @@ def test_failed_reading_writes_nothing_and_clock_going_back_starts_a_new_file(
         "sinfo", [recorded(stderr="Unable to contact slurm controller", returncode=1)]
     )
     clock.t += 10
-    assert recorder.record_once() == 0
+    assert recorder.record_once() == 1  # n0, idle, is busy while nobody can see it
+    assert recorder.record_once() == 0  # still out: nothing new
     runner.set_replies("sinfo", [recorded(sinfo({"n1"}, 3))])
     clock.t -= 3600  # the clock was stepped back
     recorder.record_once()
@@ -228,3 +231,157 @@ def test_lsf_recorder_windows_in_file(tmp_path: Path) -> None:
     trace = load_trace(path)
     assert trace.initial_windows_s["a01n08"] == 7800.0
     assert trace.initial_windows_s["a01n02"] is None
+
+
+# ---------------------------------------------------------------------- issue 10
+
+
+class SlowClaims(ReplayRunner):
+    """squeue retries for a minute (the controller restarts) before sinfo is read."""
+
+    def __init__(self, replies: dict, clock: Clock, delay_s: float) -> None:
+        super().__init__(replies)
+        self.clock, self.delay_s = clock, delay_s
+
+    def run(self, argv, **kwargs):  # type: ignore[no-untyped-def, override]
+        if argv[0] == "squeue":
+            self.clock.t += self.delay_s
+        return super().run(argv, **kwargs)
+
+
+def pool_at(trace: Trace, time_s: float) -> set[str]:
+    state = set(trace.initial_idle)
+    for event in trace.events:
+        if event.time_s > time_s:
+            break
+        state = (state | event.joined) - event.left
+    return state
+
+
+def test_a_record_is_stamped_when_its_node_states_were_read(tmp_path: Path) -> None:
+    clock = Clock()
+    runner = SlowClaims(
+        {
+            "sinfo": [recorded(sinfo({"n0"}, 2))],
+            "squeue": [recorded("")],
+            "scontrol": [recorded("")],
+        },
+        clock,
+        delay_s=60.0,
+    )
+    source = LivePoolSource(SlurmScheduler(), runner, PoolConfig(), clock=clock)
+    recorder = Recorder(source, tmp_path)
+    began = clock.t
+    recorder.record_once()
+    recorder.close()
+    trace = load_trace(recorder.files()[-1])
+    assert trace.start_s == began + 60.0  # not back-dated to the poll's start
+    assert source.last_reading is not None and source.last_reading.time_s == began + 60.0
+
+
+def test_an_outage_is_recorded_so_a_replay_counts_no_unseen_node(tmp_path: Path) -> None:
+    clock = Clock()
+    source, runner = slurm_source(clock)
+    recorder = Recorder(source, tmp_path)
+    t0 = clock.t
+    runner.set_replies("sinfo", [recorded(sinfo({"n0", "n1"}, 3))])
+    recorder.record_once()
+    down = recorded(
+        stderr="slurm_load_partitions: Unable to contact slurm controller", returncode=1
+    )
+    for k in (1, 2, 3):
+        clock.t = t0 + 10 * k
+        runner.set_replies("sinfo", [down])
+        recorder.record_once()
+    clock.t = t0 + 40
+    runner.set_replies("sinfo", [recorded(sinfo({"n1", "n2"}, 3))])
+    recorder.record_once()
+    recorder.close()
+    trace = load_trace(recorder.files()[-1], strict=True)
+    assert pool_at(trace, t0 + 5) == {"n0", "n1"}
+    assert pool_at(trace, t0 + 10) == set()  # from the first poll that could not see
+    assert pool_at(trace, t0 + 39) == set()
+    assert pool_at(trace, t0 + 40) == {"n1", "n2"}
+
+
+@pytest.mark.parametrize("stop", ["polls", "event"])
+def test_an_orderly_stop_closes_the_trace_at_the_last_poll(tmp_path: Path, stop: str) -> None:
+    clock = Clock()
+    source, runner = slurm_source(clock)
+    runner.set_replies("sinfo", [recorded(sinfo({"n0"}, 2))])
+    recorder = Recorder(source, tmp_path, RecorderConfig(interval_s=0.01))
+    t0 = clock.t
+
+    class Ticking(threading.Event):
+        """Each wait between polls is 10 s of the fake clock; stops after 5 polls."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            clock.t += 10
+            if stop == "event" and clock.t > t0 + 40:
+                self.set()
+            return self.is_set()
+
+    recorder.run(Ticking(), polls=5 if stop == "polls" else None)
+    trace = load_trace(recorder.files()[-1], strict=True)
+    assert trace.start_s == t0
+    assert not trace.events  # the state never changed...
+    assert trace.end_s == t0 + 40  # ...and the quiet stretch up to the last poll is kept
+
+
+def test_a_restart_marks_the_gap_while_nobody_recorded(tmp_path: Path) -> None:
+    clock = Clock()
+    source, runner = slurm_source(clock)
+    runner.set_replies("sinfo", [recorded(sinfo({"n0", "n1"}, 2))])
+    first = Recorder(source, tmp_path)
+    t0 = clock.t
+    first.record_once()
+    # kill -9: no close, no end row
+    first._writer._file.close()  # type: ignore[union-attr]
+    clock.t = t0 + 3600
+    source2, runner2 = slurm_source(clock)
+    runner2.set_replies("sinfo", [recorded(sinfo({"n0", "n1"}, 2))])
+    second = Recorder(source2, tmp_path)
+    second.record_once()
+    second.close()
+    (path,) = tmp_path.glob("pool-*.csv")
+    trace = load_trace(path, strict=True)
+    assert pool_at(trace, t0) == {"n0", "n1"}
+    assert pool_at(trace, t0 + 1) == set()  # the gap: nobody was looking
+    assert pool_at(trace, t0 + 3599) == set()
+    assert pool_at(trace, t0 + 3600) == {"n0", "n1"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\n", "not UTF-8 text"),
+        (b"time,node,idle\n2021-02-10 00:00:00,a,yes\n", "unknown idle value"),
+        (b"name,age\nalice,3\n", "missing required column"),
+        (b"time,node,idle\n1612915732000,a,1\n", "milliseconds"),
+    ],
+)
+def test_a_damaged_or_foreign_newest_file_gets_one_clear_line(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    out = tmp_path / "logs"
+    out.mkdir()
+    bad = out / "pool-20990101T000000Z.csv"
+    bad.write_bytes(content)
+    source, _ = slurm_source(Clock())
+    with pytest.raises(RecorderError, match=r"pool-20990101T000000Z\.csv") as info:
+        Recorder(source, out).open()
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert bad.read_bytes() == content  # left untouched
+    result = CliRunner().invoke(
+        cli, ["trace", "record", "--scheduler", "slurm", "--polls", "1", "--out", str(out)]
+    )
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_a_newest_file_that_is_a_folder_gets_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "pool-x.csv").mkdir()
+    source, _ = slurm_source(Clock())
+    with pytest.raises(RecorderError, match=r"pool-x\.csv"):
+        Recorder(source, tmp_path).open()
