@@ -40,7 +40,7 @@ import csv
 import logging
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -209,7 +209,12 @@ class ThroughputModel:
     """Fitted parameters and what the fit saw.
 
     ``max_nodes_seen`` feeds the exploration cap; ``rmsle`` is the fit's error on its
-    own observations (without the regularisation term).
+    own observations (without the regularisation term). ``free_params`` is how many
+    parameters the fit chose (the others fixed or tied by what was seen) and
+    ``distinct_configs`` how many different (nodes, replicas, local_bsz, accum_steps)
+    it saw: no more configs than free parameters is an under-determined fit (the
+    others were fixed by assumption), whose RMSLE (0 when it interpolates) says nothing
+    about predictions elsewhere.
     """
 
     params: ThroughputParams
@@ -217,6 +222,13 @@ class ThroughputModel:
     observations: int
     max_nodes_seen: int
     max_replicas_seen: int
+    # Diagnostics of the fit, not part of the model: not compared, not serialised.
+    free_params: int = field(default=0, compare=False)
+    distinct_configs: int = field(default=0, compare=False)
+
+    @property
+    def under_determined(self) -> bool:
+        return self.distinct_configs <= self.free_params
 
     def step_time_s(
         self,
@@ -319,6 +331,8 @@ def fit_throughput(observations: Sequence[StepObservation]) -> ThroughputModel:
         observations=len(observations),
         max_nodes_seen=int(np.max(n)),
         max_replicas_seen=int(np.max(k)),
+        free_params=len(free),
+        distinct_configs=len({(a, b, c, d) for a, b, c, d in zip(n, k, m, s, strict=True)}),
     )
 
 

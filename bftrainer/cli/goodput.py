@@ -44,11 +44,23 @@ def fit_cmd(obs_file: Path, as_json: bool) -> None:
         [o.local_bsz for o in observations],
         [o.accum_steps for o in observations],
     )
+    if model.under_determined:
+        click.echo(
+            f"warning: under-determined fit: {model.distinct_configs} distinct "
+            f"(nodes, replicas, local_bsz, accum_steps) observation(s) for "
+            f"{model.free_params} fitted parameter(s), {7 - model.free_params} more fixed "
+            "by assumption; the RMSLE says nothing about other configurations: observe "
+            "more node counts and batch sizes",
+            err=True,
+        )
     if as_json:
         out = {
             "params": model.params.to_dict(),
             "rmsle": model.rmsle,
             "predicted_step_time_s": [float(t) for t in predicted],
+            "free_params": model.free_params,
+            "distinct_configs": model.distinct_configs,
+            "under_determined": model.under_determined,
         }
         click.echo(json.dumps(out, indent=2))
         return

@@ -34,7 +34,15 @@ def test_json_output_has_params_rmsle_and_one_prediction_per_row(tmp_path: Path)
     result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "obs.csv"), "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    assert set(out) == {"params", "rmsle", "predicted_step_time_s"}
+    assert set(out) == {
+        "params",
+        "rmsle",
+        "predicted_step_time_s",
+        "free_params",
+        "distinct_configs",
+        "under_determined",
+    }
+    assert out["under_determined"] is False and out["distinct_configs"] == 16
     assert set(out["params"]) == set(TRUE.to_dict())
     assert out["rmsle"] < 0.01
     assert len(out["predicted_step_time_s"]) == len(rows)
@@ -70,3 +78,23 @@ def test_bad_input_exits_2_naming_file_and_line(tmp_path: Path, text: str, match
 def test_missing_file_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["goodput", "fit", str(tmp_path / "none.csv")])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        ["1,32,0,0.5"],  # one observation
+        ["1,32,0,0.5", "1,32,0,0.52", "1,32,0,0.49"],  # repeats of one configuration
+        ["1,32,0,0.5", "2,32,0,0.3"],  # two configurations, more free parameters
+    ],
+)
+def test_an_under_determined_fit_says_so(tmp_path: Path, rows: list[str]) -> None:
+    path = tmp_path / "obs.csv"
+    path.write_text("nodes,local_bsz,accum_steps,step_time_s\n" + "\n".join(rows) + "\n")
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "under-determined fit" in result.stderr
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(path), "--json"])
+    out = json.loads(result.stdout)
+    assert out["under_determined"] is True
+    assert out["distinct_configs"] <= out["free_params"]
