@@ -36,7 +36,7 @@ import json
 import logging
 import posixpath
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -529,6 +529,9 @@ class LsfScheduler(Scheduler):
         return self.host_pattern is None or bool(self.host_pattern.fullmatch(host))
 
     # ------------------------------------------------------------------ nodes
+
+    def requirements(self, env: Callable[[str], str | None]) -> tuple[list[str], list[str]]:
+        return ["bhosts", "bslots", *(["bjobs"] if self.bf_queues else [])], []
 
     def read_nodes(self, runner: CommandRunner, now_s: float) -> NodeStates:
         argv = self.bhosts_argv()

@@ -77,6 +77,7 @@ class Recorder:
         self._clock = clock
         self._writer: TraceWriter | None = None
         self._seen_s = -math.inf  # the last poll: a reading's time, or an outage's start
+        self._gap_from_s = -math.inf  # a continued file's unrecorded stretch starts here
         self.records = 0
         self.rows = 0
 
@@ -115,7 +116,8 @@ class Recorder:
                 f"{self.out_dir} or record into another folder"
             ) from None
         log.info("recording to %s (%d bytes already)", path, self._writer.size_bytes)
-        self._mark_unseen(self._writer.last_s + GAP_AFTER_S, "the recorder was not running")
+        # Marked at the first poll, so a start that fails (no scheduler) writes nothing.
+        self._gap_from_s = self._writer.last_s + GAP_AFTER_S
         return path
 
     @property
@@ -170,6 +172,9 @@ class Recorder:
         if self._writer is None:
             self.open()
         assert self._writer is not None
+        if math.isfinite(self._gap_from_s):
+            self.rows += self._mark_unseen(self._gap_from_s, "the recorder was not running")
+            self._gap_from_s = -math.inf
         reading = self.source.read()
         if reading is None:
             # An outage: the node states could not be read, so nobody sees the nodes.

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -172,6 +173,15 @@ class CommandRunner(ABC):
     def where(self) -> str:
         """Where commands run, for messages: ``local`` or ``ssh user@host:port``."""
 
+    def env_value(self, name: str) -> str | None:
+        """A variable of the commands' environment, as far as this runner knows it."""
+        return None
+
+    def missing(self, programs: Sequence[str], files: Sequence[str]) -> list[str]:
+        """What is known to be absent: programs not on PATH, files that cannot be read.
+        Only a runner that can look cheaply says anything (the local one)."""
+        return []
+
     @abstractmethod
     def _run_once(
         self, argv: tuple[str, ...], env: dict[str, str], timeout_s: float
@@ -252,6 +262,23 @@ class LocalRunner(CommandRunner):
     @property
     def where(self) -> str:
         return "local"
+
+    def env_value(self, name: str) -> str | None:
+        return self.env.get(name, os.environ.get(name))
+
+    def missing(self, programs: Sequence[str], files: Sequence[str]) -> list[str]:
+        path = self.env_value("PATH")
+        problems = [
+            f"{p} is not on PATH ({path})" for p in programs if not shutil.which(p, path=path)
+        ]
+        for f in files:
+            if not os.path.isfile(f):
+                problems.append(
+                    f"{f} does not exist" if not os.path.exists(f) else f"{f} is not a file"
+                )
+            elif not os.access(f, os.R_OK):
+                problems.append(f"{f} is not readable")
+        return problems
 
     def _run_once(
         self, argv: tuple[str, ...], env: dict[str, str], timeout_s: float

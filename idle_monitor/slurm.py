@@ -385,6 +385,12 @@ class SlurmScheduler(Scheduler):
     def scontrol_argv() -> list[str]:
         return ["scontrol", "show", "res", "-o"]
 
+    def requirements(self, env: Callable[[str], str | None]) -> tuple[list[str], list[str]]:
+        # A SLURM_CONF naming no file makes every command retry for its whole timeout
+        # and then say only "timed out" (124 s at the defaults).
+        conf = env("SLURM_CONF")
+        return ["sinfo", "squeue", "scontrol"], [conf] if conf else []
+
     def read_nodes(self, runner: CommandRunner, now_s: float) -> NodeStates:
         argv = self.sinfo_argv()
         kinds: dict[str, str]

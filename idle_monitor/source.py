@@ -98,6 +98,12 @@ class Scheduler(ABC):
     def read_claims(self, runner: CommandRunner, now_s: float) -> Claims:
         """Claims on nodes now; raises ``CommandError`` (incl. ``CommandOutputError``)."""
 
+    def requirements(self, env: Callable[[str], str | None]) -> tuple[list[str], list[str]]:
+        """The programs every poll runs and the files they need (``env`` reads the
+        commands' environment), for ``CommandRunner.missing``: what can be checked
+        before a first poll times out."""
+        return [], []
+
 
 @dataclass(frozen=True)
 class PoolConfig:

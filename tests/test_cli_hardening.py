@@ -290,3 +290,53 @@ def test_ctrl_c_during_a_multi_policy_replay_prints_no_worker_traceback(
     assert proc.returncode != 0
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.csv"]
+
+
+def fake_programs(tmp_path: Path, *names: str) -> Path:
+    """Programs that leave a mark when run: a check must come before any of them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in names:
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran-{name}\nsleep 30\n")
+        script.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("command", [["pool"], ["trace", "record", "--polls", "1"]])
+@pytest.mark.parametrize("how", ["--env", "environment"])
+def test_a_missing_slurm_conf_is_named_before_any_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str], how: str
+) -> None:
+    bin_dir = fake_programs(tmp_path, "sinfo", "squeue", "scontrol")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    conf = tmp_path / "nowhere" / "slurm.conf"
+    args = [*command, "--scheduler", "slurm"]
+    if command[0] == "trace":
+        args += ["--out", str(tmp_path / "logs")]
+    if how == "--env":
+        args += ["--env", f"SLURM_CONF={conf}"]
+    else:
+        monkeypatch.setenv("SLURM_CONF", str(conf))
+    started = time.monotonic()
+    code, out = run(*args)
+    assert code == 1, out
+    assert f"{conf} does not exist" in one_error_line(out)
+    assert time.monotonic() - started < 10
+    assert not list(tmp_path.glob("ran-*"))  # refused before running anything
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "programs"),
+    [("slurm", ["sinfo", "squeue", "scontrol"]), ("lsf", ["bhosts", "bslots"])],
+)
+def test_scheduler_commands_not_on_path_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheduler: str, programs: list[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    code, out = run("pool", "--scheduler", scheduler)
+    assert code == 1
+    line = one_error_line(out)
+    for program in programs:
+        assert f"{program} is not on PATH" in line

@@ -220,6 +220,18 @@ def build_source(
     return LivePoolSource(sched, runner, config)
 
 
+def check_source(source: LivePoolSource) -> None:
+    """Refuse, naming it, what can be known before a first poll: programs missing from
+    PATH, a config file (SLURM_CONF) that does not exist. Otherwise each command would
+    retry for its whole timeout and then say only that it timed out."""
+    runner = source.runner
+    problems = runner.missing(*source.scheduler.requirements(runner.env_value))
+    if problems:
+        raise click.ClickException(
+            f"cannot read {source.scheduler.name} ({runner.where}): {'; '.join(problems)}"
+        )
+
+
 def reading_json(reading: Reading) -> dict[str, Any]:
     """``{"time": ISO-8601, "nodes": {"node1": {"window_s": float | None}}}``."""
     from bftrainer.idle_monitor.trace import format_time
@@ -257,6 +269,7 @@ def pool_cmd(as_json: bool, **options: Any) -> None:
     (the recorder and the daemon apply it across polls).
     """
     source = build_source(**options)
+    check_source(source)
     try:
         reading = source.read()
     finally:

@@ -11,7 +11,7 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, Number
-from bftrainer.cli.pool import build_source, source_options
+from bftrainer.cli.pool import build_source, check_source, source_options
 from bftrainer.idle_monitor.recorder import (
     Recorder,
     RecorderConfig,
@@ -69,6 +69,12 @@ def record(
         path = recorder.open()
     except (RecorderError, TraceInUseError) as exc:
         raise UsageError(f"--out {out_dir}: {exc}") from None
+    try:
+        check_source(source)
+    except click.ClickException:
+        recorder.close()
+        source.runner.close()
+        raise
     click.echo(f"recording {options['scheduler']} pool to {path}", err=True)
     stop = threading.Event()
     try:
