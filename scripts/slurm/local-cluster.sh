@@ -13,6 +13,12 @@
 # apt-get install missing packages when root).
 # Only the SLURM_CONF line goes to stdout; progress and errors go to stderr.
 # Exit codes: 0 ok, 1 failure, 3 Slurm absent and cannot be installed (not root).
+#
+# For tests on a single-user machine only: AuthType=auth/none lets any local user claim
+# any uid while the cluster runs. The state folder (config the root daemons load, pid
+# files this script kills by) must be the caller's own: it is created 0700, and refused
+# if it is a symlink, not a folder, or owned by someone else. A pid is signalled only if
+# it is a slurmctld/slurmd of the caller started with this folder's slurm.conf.
 set -euo pipefail
 
 NNODES=${NNODES:-8}
@@ -26,6 +32,53 @@ CONF="$STATE_DIR/slurm.conf"
 PACKAGES=(slurmctld slurmd slurm-client)
 
 log() { echo "local-cluster: $*" >&2; }
+
+secure_state_dir() {
+  # Create the state folder 0700 or accept it only if it is already the caller's own
+  # folder; a folder in world-writable /var/tmp may have been made by anyone.
+  # $1 = create: make it if absent (start); otherwise an absent folder is fine.
+  local uid owner
+  uid=$(id -u)
+  if [ "${1:-}" = create ]; then
+    mkdir -p -- "$(dirname -- "$STATE_DIR")"
+    mkdir -m 0700 -- "$STATE_DIR" 2>/dev/null || true
+  elif [ ! -e "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ]; then
+    return 0
+  fi
+  if [ -L "$STATE_DIR" ] || [ ! -d "$STATE_DIR" ]; then
+    log "refusing $STATE_DIR: it is a symlink or not a folder"
+    exit 1
+  fi
+  owner=$(stat -c %u -- "$STATE_DIR")
+  if [ "$owner" != "$uid" ]; then
+    log "refusing $STATE_DIR: owned by uid $owner, not by you (uid $uid); remove it or set SLURM_LOCAL_DIR"
+    exit 1
+  fi
+  chmod 0700 -- "$STATE_DIR"
+}
+
+our_daemon() {
+  # $1 pid, $2 program: true only for that program, run by the caller, started with
+  # -f $CONF (so a pid file holding any other pid never gets it signalled).
+  local pid=$1 prog=$2 args=() i
+  [[ "$pid" =~ ^[1-9][0-9]{0,9}$ ]] || return 1
+  [ -r "/proc/$pid/cmdline" ] || return 1
+  [ "$(stat -c %u "/proc/$pid" 2>/dev/null)" = "$(id -u)" ] || return 1
+  mapfile -d '' args <"/proc/$pid/cmdline" 2>/dev/null || return 1
+  [ "${#args[@]}" -ge 3 ] && [ "$(basename -- "${args[0]}")" = "$prog" ] || return 1
+  for ((i = 1; i < ${#args[@]} - 1; i++)); do
+    [ "${args[i]}" = -f ] && [ "${args[i + 1]}" = "$CONF" ] && return 0
+  done
+  return 1
+}
+
+pid_of() {
+  # $1 pid file, $2 program: the pid in it if it is ours (see our_daemon), else nothing.
+  local pid
+  [ -f "$1" ] && [ ! -L "$1" ] || return 1
+  pid=$(head -c 32 -- "$1" | tr -d '[:space:]')
+  our_daemon "$pid" "$2" && echo "$pid"
+}
 
 have_slurm() { command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sinfo >/dev/null; }
 
@@ -67,12 +120,10 @@ write_conf() {
   mv "$tmp" "$CONF"
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-
 running() {
-  [ -f "$CONF" ] && pid_alive "$STATE_DIR/run/slurmctld.pid" || return 1
+  [ -f "$CONF" ] && pid_of "$STATE_DIR/run/slurmctld.pid" slurmctld >/dev/null || return 1
   local n
-  for n in $(node_names); do pid_alive "$STATE_DIR/run/slurmd-$n.pid" || return 1; done
+  for n in $(node_names); do pid_of "$STATE_DIR/run/slurmd-$n.pid" slurmd >/dev/null || return 1; done
   SLURM_CONF=$CONF timeout 10 sinfo -h -o %D >/dev/null 2>&1
 }
 
@@ -112,27 +163,36 @@ start() {
 
 stop_daemons() {
   # TERM every daemon at once, wait up to 10 s for all, then KILL what is left.
-  local f pid pids=() i
+  local f pid pids=() i prog
   for f in "$STATE_DIR"/run/slurmd-*.pid "$STATE_DIR/run/slurmctld.pid"; do
-    [ -s "$f" ] || continue
-    pid=$(cat "$f")
-    if kill -0 "$pid" 2>/dev/null; then
+    [ -e "$f" ] || continue
+    prog=slurmd
+    [ "$(basename -- "$f")" = slurmctld.pid ] && prog=slurmctld
+    if pid=$(pid_of "$f" "$prog"); then
       kill -TERM "$pid" 2>/dev/null || true
       pids+=("$pid")
+    elif [ -s "$f" ]; then
+      log "not signalling the pid in $f: not a $prog of yours started with $CONF"
     fi
-    rm -f "$f"
+    rm -f -- "$f"
   done
+  [ "${#pids[@]}" -gt 0 ] || return 0
   for i in $(seq 1 100); do
     local alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [ "$alive" = 0 ] && return 0
     sleep 0.1
   done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    # Checked again: a pid that exited meanwhile may belong to someone else by now.
+    if our_daemon "$pid" slurmd || our_daemon "$pid" slurmctld; then
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
 }
 
 stop() {
-  if [ -f "$CONF" ] && pid_alive "$STATE_DIR/run/slurmctld.pid"; then
+  if [ -f "$CONF" ] && pid_of "$STATE_DIR/run/slurmctld.pid" slurmctld >/dev/null; then
     # Cancel jobs first: a job step's slurmstepd outlives a stopped slurmd.
     SLURM_CONF=$CONF scancel --full --user "$(id -un)" 2>/dev/null || true
     local deadline=$((SECONDS + 20))
@@ -154,6 +214,10 @@ status() {
   return 1
 }
 
+case "${1:-}" in
+  start) secure_state_dir create ;;
+  stop | status) secure_state_dir ;;
+esac
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
