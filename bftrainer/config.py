@@ -8,7 +8,8 @@ A file has a ``[policy]`` table with any of :class:`Config`'s fields::
     objective = "throughput"   # throughput | speedup | goodput
     formulation = "count"      # count | node
     solver = "highs"           # highs | cbc | gurobi | dp
-    t_fwd_s = 120.0            # the allocator's look-ahead T_fwd
+    t_fwd_s = "auto"           # the allocator's look-ahead T_fwd, s; "auto": from the
+                               # pool's churn (bftrainer/churn.py)
     time_limit_s = 10.0        # solver limit per decision
     fairness_p = 1.0           # Pollux's fairness knob, -10..1
     fair_share_speedup = false
@@ -32,9 +33,9 @@ from bftrainer.loop import Policy
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import (
     DEFAULT_MAX_TRAINERS,
-    DEFAULT_T_FWD_S,
     FAIRNESS_P_RANGE,
     OBJECTIVES,
+    T_FWD_MAX_S,
 )
 from bftrainer.policy import POLICIES
 
@@ -67,7 +68,7 @@ class Config:
     objective: str = "throughput"
     formulation: str = "count"
     solver: str = "highs"
-    t_fwd_s: float = DEFAULT_T_FWD_S
+    t_fwd_s: float | str = "auto"  # seconds, or "auto" (bftrainer/churn.py)
     time_limit_s: float = 10.0
     fairness_p: float = 1.0
     fair_share_speedup: bool = False
@@ -79,7 +80,16 @@ class Config:
         _choice("objective", self.objective, OBJECTIVES)
         _choice("formulation", self.formulation, FORMULATIONS)
         _choice("solver", self.solver, SOLVERS)
-        _number("t_fwd_s", self.t_fwd_s, lo=0.0, lo_open=False, allow_inf=False)
+        if isinstance(self.t_fwd_s, int) and not isinstance(self.t_fwd_s, bool):
+            object.__setattr__(self, "t_fwd_s", float(self.t_fwd_s))  # TOML's 120
+        if self.t_fwd_s != "auto":
+            if isinstance(self.t_fwd_s, str):
+                raise ConfigError(f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or seconds')
+            _number("t_fwd_s", self.t_fwd_s, lo=0.0, lo_open=False, allow_inf=False)
+            if self.t_fwd_s > T_FWD_MAX_S:
+                raise ConfigError(
+                    f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or a number <= {T_FWD_MAX_S:g}'
+                )
         _number("time_limit_s", self.time_limit_s, lo=0.0, lo_open=True, allow_inf=False)
         _number(
             "fairness_p", self.fairness_p, lo=FAIRNESS_P_RANGE[0], lo_open=False, allow_inf=False

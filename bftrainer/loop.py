@@ -18,7 +18,10 @@ modes differ only in what is plugged in:
   it itself); ``next_wakeup_s`` says when it next has something to report (a completion
   at current rates, a report timer). A wake-up is not an event: nothing is recorded
   unless it brings an input or a decision.
-- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers.
+- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers, from the
+  pool, the trainers and the pool's churn (:class:`~bftrainer.churn.Churn`: the loop's
+  rolling window of the pool changes it applied, the same in both modes; the milp
+  policy's ``t_fwd_s = "auto"`` reads it).
 
 One step, in this order: wait for the earliest of the sources' next poll, the driver's
 wake-up, a rate-limited re-decision and ``until_s``; ``driver.advance`` to the clock's
@@ -62,6 +65,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from bftrainer.churn import Churn, ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 
@@ -122,14 +126,16 @@ class Decision:
     nodes: Mapping[str, tuple[str, ...]]
     status: str = "optimal"
     solve_s: float = 0.0
+    t_fwd_s: float | None = None  # the look-ahead used, for a policy that has one
 
 
 class Policy(Protocol):
     @property
     def name(self) -> str: ...
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
-        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``; pure."""
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``, knowing the
+        pool's recent ``churn``; pure."""
         ...
 
 
@@ -369,6 +375,7 @@ class Step:
     solve_s: float
     cancels: int = 0
     latency_s: float = 0.0  # inputs seen -> node sets handed to the driver (wall time)
+    t_fwd_s: float | None = None  # the decision's look-ahead (milp policy), else None
 
 
 class Observer(Protocol):
@@ -438,6 +445,8 @@ class Loop:
         self._stalled = 0
         self._pending: dict[str, float] = {}
         self._reports: list[Input] = []
+        # The pool's churn, from the changes this loop applies (a restart watches anew).
+        self.churn = ChurnWindow(start_s=state.now_s)
 
     # ---- driving --------------------------------------------------------------------------
     def state(self) -> LoopState:
@@ -583,6 +592,8 @@ class Loop:
             self.pool[n] = None
         self._add("joined", len(event.joined))
         self._add("left", len(left))
+        if left or event.joined:
+            self.churn.observe(self.now_s)
         self._dirty = True
 
     def _arrive(self, job: JobSpec) -> None:
@@ -614,7 +625,11 @@ class Loop:
         if not (self._dirty or redecide):
             return None
         admitted = self.admitted()
-        decision = self.policy.decide(tuple(self.pool), admitted) if admitted else Decision({})
+        decision = (
+            self.policy.decide(tuple(self.pool), admitted, self.churn.snapshot(self.now_s))
+            if admitted
+            else Decision({})
+        )
         for t in admitted:
             new = decision.nodes.get(t.id, ())
             if new != t.nodes:
@@ -651,6 +666,7 @@ class Loop:
             solve_s=decision.solve_s if decision else 0.0,
             cancels=int(p.get("cancels", 0)),
             latency_s=latency_s,
+            t_fwd_s=decision.t_fwd_s if decision else None,
         )
         self._pending = {}
         if decision is not None:

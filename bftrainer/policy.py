@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bftrainer.churn import Churn, auto_t_fwd_s
 from bftrainer.loop import Decision, Policy, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
@@ -22,13 +23,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MilpPolicy:
     """The BFTrainer allocator (``docs/allocator.md``) at every event, with the
-    settings of ``config`` (T_fwd, objective, formulation, solver, time limit, fairness)."""
+    settings of ``config`` (T_fwd, objective, formulation, solver, time limit, fairness).
+    ``t_fwd_s = "auto"``: T_fwd from the pool's churn (bftrainer/churn.py)."""
 
     config: Config
     name: str = "milp"
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
         c = self.config
+        t_fwd = auto_t_fwd_s(churn) if c.t_fwd_s == "auto" else float(c.t_fwd_s)
         problem = Problem(
             pool=pool,
             trainers=tuple(
@@ -43,7 +46,7 @@ class MilpPolicy:
                 )
                 for t in trainers
             ),
-            t_fwd_s=c.t_fwd_s,
+            t_fwd_s=t_fwd,
             objective=c.objective,
             max_trainers=max(len(trainers), 1),
             fairness_p=c.fairness_p,
@@ -52,7 +55,7 @@ class MilpPolicy:
         result = allocate(
             problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s
         )
-        return Decision(dict(result.nodes), result.status, result.solve_s)
+        return Decision(dict(result.nodes), result.status, result.solve_s, t_fwd)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class EqualSharePolicy:
 
     name: str = "equal"
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
         counts = equal_share_counts([(t.id, t.job.n_min, t.job.n_max) for t in trainers], len(pool))
         current = {t.id: t.nodes for t in trainers}
         return Decision(map_counts(current, counts, pool))

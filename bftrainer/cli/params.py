@@ -92,5 +92,19 @@ SEED = Number(integer=True, min=0)
 # A synthetic trace is generated event by event: a year at most, so a typo cannot run
 # for ever.
 SYNTHETIC_HOURS = Number(min=0.0, min_open=True, max=366 * 24.0)
-# T_fwd as the allocator accepts it (docs/allocator.md, "Limits").
-T_FWD = Number(min=0.0, max=T_FWD_MAX_S)
+
+
+class TFwd(Number):
+    """T_fwd: ``auto`` (from the pool's churn, bftrainer/churn.py) or seconds."""
+
+    def describe(self) -> str:
+        return f"auto or {super().describe()}"
+
+    def parse(self, value: Any) -> int | float | str | None:  # type: ignore[override]
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return super().parse(value)
+
+
+# T_fwd as the allocator accepts it (docs/allocator.md, "Limits"), or auto.
+T_FWD = TFwd(min=0.0, max=T_FWD_MAX_S)

@@ -176,7 +176,7 @@ FLAG_NAMES = {
     "--tfwd",
     "t_fwd_s",
     type=T_FWD,
-    help=f"T_fwd of the milp policy, s (default {DEFAULT.t_fwd_s:g}).",
+    help="T_fwd of the milp policy: seconds, or auto (from the pool's churn; the default).",
 )
 @click.option(
     "--objective",
@@ -248,7 +248,7 @@ def replay_cmd(
     interval_s: float,
     config_path: str | None,
     policies: str | None,
-    t_fwd_s: float | None,
+    t_fwd_s: float | str | None,
     objective: str | None,
     formulation: str | None,
     solver: str | None,
@@ -364,17 +364,18 @@ def _write_outputs(
 
 def _label(r: ReplayResult) -> str:
     c = r.config
-    return f"milp-tfwd{c.t_fwd_s:g}" if c.policy == "milp" else c.policy
+    tfwd = c.t_fwd_s if isinstance(c.t_fwd_s, str) else f"{c.t_fwd_s:g}"
+    return f"milp-tfwd{tfwd}" if c.policy == "milp" else c.policy
 
 
-def _sweep_values(text: str) -> list[float]:
+def _sweep_values(text: str) -> list[float | str]:
     key, _, values = text.partition("=")
     if key.strip() != "tfwd" or not values:
-        raise UsageError(f"--sweep {text!r}: expected tfwd=V1,V2,... (seconds)")
+        raise UsageError(f"--sweep {text!r}: expected tfwd=V1,V2,... (seconds or auto)")
     out = [T_FWD.parse(v) for v in values.split(",")]
     if any(v is None for v in out):
         raise UsageError(f"--sweep {text!r}: each T_fwd must be {T_FWD.describe()} (seconds)")
-    return [float(v) for v in out if v is not None]
+    return [v if isinstance(v, str) else float(v) for v in out if v is not None]
 
 
 def _load(

@@ -12,7 +12,7 @@ from typing import Any
 
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import Step
-from bftrainer.replay.run import ReplayResult
+from bftrainer.replay.run import ReplayResult, t_fwd_label
 
 TRAINER_COLUMNS = [
     "id",
@@ -76,7 +76,7 @@ def summary_table(results: Sequence[ReplayResult]) -> str:
     rows = [
         (
             "policy",
-            lambda s: s["policy"] + (f" T_fwd={s['t_fwd']:g}" if s["policy"] == "milp" else ""),
+            lambda s: s["policy"] + (f" T_fwd={t_fwd_label(s)}" if s["policy"] == "milp" else ""),
         ),
         ("events", lambda s: f"{s['events']:,}"),
         ("hours", lambda s: f"{s['hours']:.1f}"),

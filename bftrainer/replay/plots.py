@@ -10,12 +10,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from bftrainer.replay.run import ReplayResult
+from bftrainer.replay.run import ReplayResult, t_fwd_label
 
 
 def _label(r: ReplayResult) -> str:
     s = r.summary
-    return f"milp (T_fwd={s['t_fwd']:g} s)" if s["policy"] == "milp" else s["policy"]
+    return f"milp (T_fwd={t_fwd_label(s)} s)" if s["policy"] == "milp" else s["policy"]
 
 
 def plot_windows(results: Sequence[ReplayResult], path: Path) -> None:
@@ -52,9 +52,15 @@ def plot_costs(results: Sequence[ReplayResult], path: Path) -> None:
 
 def plot_sweep(results: Sequence[ReplayResult], path: Path) -> None:
     """U against T_fwd (the paper's Fig. 9)."""
-    pts = sorted((r.summary["t_fwd"], 100 * r.summary["utilization_efficiency"]) for r in results)
+    fixed = [r for r in results if not isinstance(r.summary["t_fwd"], str)]
+    pts = sorted((r.summary["t_fwd"], 100 * r.summary["utilization_efficiency"]) for r in fixed)
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    for r in results:  # auto: a line at its U, across the fixed values
+        if isinstance(r.summary["t_fwd"], str):
+            u = 100 * r.summary["utilization_efficiency"]
+            ax.axhline(u, ls="--", color="gray", label=f"T_fwd={t_fwd_label(r.summary)}")
+            ax.legend(fontsize=7)
     ax.set_xscale("log")
     ax.set_xlabel("T_fwd (s)")
     ax.set_ylabel("U (%)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -183,6 +183,7 @@ def _result(
     summary: dict[str, Any] = {
         **{k: v for k, v in asdict(config).items() if k not in ("window_s", "t_fwd_s")},
         "t_fwd": config.t_fwd_s,
+        **t_fwd_range(decided),
         "window_hours": config.window_s / 3600,
         "start": format_time(start_s),
         "end": format_time(end_s),
@@ -206,3 +207,29 @@ def _result(
         "events_per_s": len(m.steps) / wall_s if wall_s > 0 else None,
     }
     return ReplayResult(config, summary, m, trainers, windows, end_s)
+
+
+def t_fwd_range(decided: list[Step]) -> dict[str, float | None]:
+    """The T_fwd the policy used over the run (auto varies with the pool's churn): the
+    smallest, the median over decisions and the largest; None without a look-ahead."""
+    used = sorted(s.t_fwd_s for s in decided if s.t_fwd_s is not None)
+    if not used:
+        return {"t_fwd_min": None, "t_fwd_median": None, "t_fwd_max": None}
+    return {
+        "t_fwd_min": used[0],
+        "t_fwd_median": statistics.median(used),
+        "t_fwd_max": used[-1],
+    }
+
+
+def t_fwd_label(summary: Mapping[str, Any]) -> str:
+    """``120`` for a fixed T_fwd; ``auto (10-3600, median 118)`` for auto, in seconds."""
+    t = summary["t_fwd"]
+    if not isinstance(t, str):
+        return f"{t:g}"
+    if summary.get("t_fwd_min") is None:
+        return t
+    return (
+        f"{t} ({summary['t_fwd_min']:.0f}-{summary['t_fwd_max']:.0f}, "
+        f"median {summary['t_fwd_median']:.0f})"
+    )

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from bftrainer.cli import cli
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
-from bftrainer.milp.problem import DEFAULT_T_FWD_S
 from bftrainer.policy import POLICIES, EqualSharePolicy, MilpPolicy
 from bftrainer.replay.run import REPLAY_TABLES, ReplayConfig
 
@@ -23,8 +22,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_defaults_come_from_one_place() -> None:
-    assert Config().t_fwd_s == DEFAULT_T_FWD_S
-    assert ReplayConfig().t_fwd_s == DEFAULT_T_FWD_S
+    assert Config().t_fwd_s == "auto"  # from the pool's churn (tests/bftrainer/test_churn.py)
+    assert ReplayConfig().t_fwd_s == "auto"
     assert Config().redecide_every_s == 60.0
 
 
@@ -83,7 +82,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[policy]\nt_fwd_s = -5\n", "t_fwd_s = -5.0: expected a number >= 0"),
         ("[policy]\nt_fwd_s = nan\n", "t_fwd_s = nan: expected a finite number"),
         ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number > 0"),
-        ("[policy]\nt_fwd_s = '120'\n", "t_fwd_s = '120': expected a number"),
+        ("[policy]\nt_fwd_s = '120'\n", "t_fwd_s = '120': expected \"auto\" or seconds"),
         ("[policy]\nmax_trainers = 2.5\n", "max_trainers = 2.5: expected a whole number"),
         ("[policy]\nmax_trainers = 0\n", "max_trainers = 0: expected a number >= 1"),
         ("[policy]\nfairness_p = 2\n", "fairness_p = 2.0: expected a number in [-10, 1]"),

@@ -118,7 +118,9 @@ class RecordingPolicy:
         self.seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.log = log
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState]) -> Decision:
+    def decide(
+        self, pool: tuple[str, ...], trainers: list[TrainerState], churn: object = None
+    ) -> Decision:
         self.seen.append((pool, tuple(t.id for t in trainers)))
         if self.log is not None:
             self.log.append(("decide", math.nan, (pool, tuple(t.id for t in trainers))))
