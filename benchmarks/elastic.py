@@ -1,0 +1,235 @@
+"""Elastic trainers: rescale latency per backend, and the runtime's per-step overhead.
+
+Two measurements, one run:
+
+* ``overhead``: the example's MLP (examples/train_mlp.py, batch 64, one torch thread) in
+  a plain PyTorch loop (shuffled ids, fetch, forward, backward, SGD step) against the
+  same loop run by :class:`ElasticRuntime` on one process with its default options
+  (sampler plan, agent bookkeeping and gradient probe, learning rate per step, stop
+  check, commits to disk, reports). Runs alternate; times are the process's CPU time
+  (robust to other work on a shared machine); the ratio is of medians of the mean
+  step time. Goal: <= 2%.
+* ``rescale``: the example under the real launcher on local hosts; the host list is
+  changed (1 -> 2 grow, then 2 -> 1 shrink) and the latency is from the moment
+  ``hosts`` was rewritten to the reset record of the new size (the workers then take
+  their first step at it). Median of ``--runs`` runs per backend.
+
+    python benchmarks/elastic.py [--runs 3] [--backends torchrun,horovod] [--only overhead|rescale]
+
+Writes benchmarks/results/elastic.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bftrainer.trainers import channel
+from bftrainer.trainers.comm import SingleComm
+from bftrainer.trainers.launch.base import Launcher, LaunchSpec
+from bftrainer.trainers.runtime import ElasticRuntime, RuntimeOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train_mlp.py"
+GOAL_RATIO = 0.02
+BATCH = 64
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("train_mlp", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _setup(ex: Any, samples: int) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    x, y = ex.synthetic_data(samples, 32, 10, 0)
+    model = ex.build_model(32, 64, 10)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y
+
+
+def plain_run(ex: Any, steps: int, samples: int) -> float:
+    """CPU seconds of ``steps`` steps of the plain loop."""
+    model, opt, x, y = _setup(ex, samples)
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(samples, generator=g)
+    t0 = time.process_time()
+    pos = 0
+    for _ in range(steps):
+        if pos + BATCH > samples:
+            order, pos = torch.randperm(samples, generator=g), 0
+        ids = order[pos : pos + BATCH]
+        pos += BATCH
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(x[ids]), y[ids]).backward()
+        opt.step()
+    return time.process_time() - t0
+
+
+def runtime_run(ex: Any, steps: int, samples: int, trainer_dir: Path) -> float:
+    """CPU seconds of ``steps`` steps of the same loop under ElasticRuntime (one
+    process), including its start (first configuration) and end (final report)."""
+    model, opt, x, y = _setup(ex, samples)
+
+    def fetch(ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(ids)
+        return x[idx], y[idx]
+
+    def loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    for f in trainer_dir.glob("*"):
+        f.unlink()
+    opts = RuntimeOptions(work_samples=steps * BATCH, trainer_dir=str(trainer_dir))
+    rt = ElasticRuntime(opts, model, opt, x, loss, fetch=fetch, comm=SingleComm(), script="bench")
+    t0 = time.process_time()
+    result = rt.run()
+    elapsed = time.process_time() - t0
+    assert result is not None and result["steps"] == steps
+    return elapsed
+
+
+def overhead(steps: int, repeats: int) -> dict[str, Any]:
+    """Per-step cost from runs of ``steps`` and ``3 x steps`` steps: the difference
+    cancels what a run pays once (the runtime's start and final report)."""
+    torch.set_num_threads(1)
+    ex = _example()
+    samples = 8192
+    plain, rt, fixed = [], [], []
+    with tempfile.TemporaryDirectory() as d:
+        plain_run(ex, 200, samples)  # warm up
+        runtime_run(ex, 200, samples, Path(d))
+        for _ in range(repeats):
+            p1, p3 = plain_run(ex, steps, samples), plain_run(ex, 3 * steps, samples)
+            r1 = runtime_run(ex, steps, samples, Path(d))
+            r3 = runtime_run(ex, 3 * steps, samples, Path(d))
+            plain.append((p3 - p1) / (2 * steps))
+            rt.append((r3 - r1) / (2 * steps))
+            fixed.append(r1 - steps * rt[-1] - (p1 - steps * plain[-1]))
+    p, r = statistics.median(plain), statistics.median(rt)
+    return {
+        "steps": [steps, 3 * steps],
+        "repeats": repeats,
+        "plain_step_ms": p * 1e3,
+        "runtime_step_ms": r * 1e3,
+        "overhead_ratio": (r - p) / p,
+        "runtime_once_per_run_ms": statistics.median(fixed) * 1e3,
+        "goal_ratio": GOAL_RATIO,
+        "met": (r - p) / p <= GOAL_RATIO,
+    }
+
+
+def _reset_after(d: Path, nodes: int, t: float, timeout_s: float = 180) -> float:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records, _ = channel.read_metrics(d, 0)
+        for r in records:
+            if r.get("kind") == "reset" and r["nodes"] == nodes and r["time_s"] >= t:
+                return float(r["time_s"]) - t
+        time.sleep(0.1)
+    raise TimeoutError(f"{d}: no reset to {nodes} node(s) within {timeout_s} s")
+
+
+def _wait_commit_after(d: Path, t: float, timeout_s: float = 120) -> None:
+    """A checkpoint written after ``t`` (the workers run at the new size)."""
+    path = d / channel.CHECKPOINT
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_mtime > t:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{d}: no commit after the rescale")
+
+
+def rescale(backend: str, runs: int) -> dict[str, Any]:
+    grow, shrink, start = [], [], []
+    hosts = ["localhost", "127.0.0.1"]
+    for i in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp) / "t"
+            spec = LaunchSpec(
+                trainer_id=f"bench{i}",
+                script=EXAMPLE,
+                args=(
+                    "--work-samples",
+                    "100000000",
+                    "--commit-every-s",
+                    "1",
+                    "--step-delay-s",
+                    "0.005",
+                ),
+                trainer_dir=d,
+                backend=backend,
+                max_hosts=2,
+                python=sys.executable,
+            )
+            t0 = time.time()
+            launcher = Launcher.start(spec, hosts[:1])
+            try:
+                start.append(_reset_after(d, 1, t0))
+                _wait_commit_after(d, time.time())
+                t = time.time()
+                launcher.set_hosts(hosts)
+                grow.append(_reset_after(d, 2, t))
+                _wait_commit_after(d, time.time())
+                t = time.time()
+                launcher.set_hosts(hosts[:1])
+                shrink.append(_reset_after(d, 1, t))
+                _wait_commit_after(d, time.time())
+                launcher.stop(grace_s=30)
+            finally:
+                launcher.kill()
+        print(
+            f"{backend} run {i}: start {start[-1]:.1f} s, grow {grow[-1]:.1f} s, "
+            f"shrink {shrink[-1]:.1f} s",
+            file=sys.stderr,
+        )
+    return {
+        "runs": runs,
+        "start_s": start,
+        "grow_s": grow,
+        "shrink_s": shrink,
+        "median_start_s": statistics.median(start),
+        "median_grow_s": statistics.median(grow),
+        "median_shrink_s": statistics.median(shrink),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--backends", default="torchrun,horovod")
+    parser.add_argument("--only", choices=["overhead", "rescale"])
+    args = parser.parse_args()
+    out: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
+    out["load_avg_before"] = os.getloadavg()
+    if args.only in (None, "overhead"):
+        out["overhead"] = overhead(args.steps, args.repeats)
+        print(json.dumps(out["overhead"]), file=sys.stderr)
+    if args.only in (None, "rescale"):
+        out["rescale"] = {b: rescale(b, args.runs) for b in args.backends.split(",")}
+    out["load_avg_after"] = os.getloadavg()
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "elastic.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
