@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, POSITIVE, SEED, SYNTHETIC_HOURS
+from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES
 from bftrainer.cli.trace_record import record
 from bftrainer.idle_monitor.synthetic import (
     DEFAULT_NODES,
@@ -113,7 +113,7 @@ def stats(
 @trace.command("synth")
 @click.option(
     "--nodes",
-    type=COUNT,
+    type=SYNTHETIC_NODES,
     default=DEFAULT_NODES,
     show_default=True,
     help="Nodes; fewer than Summit's 4,608 are a slice of a Summit-sized machine.",
