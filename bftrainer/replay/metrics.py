@@ -8,6 +8,10 @@
   the workload's curve, interpolated for fractional N. For a workload of several models
   the curve is their mean (exactly the paper's definition for a one-model set).
 - U = A_e / A_s, over the whole replay and per window (6 h by default, Fig. 10).
+- The limit U_max = A_max / A_s, with A_max the integral of P_best(N(t)) over the
+  replay: what a zero-cost, clairvoyant policy would process, giving the best split of
+  the pool at every instant and paying nothing to rescale or for preemptions. With
+  concave curves the pool's fluctuation alone keeps U_max below 1 (P_best is concave).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class MetricsRecorder:
     preemption_cost_samples: float = 0.0
     steps: list[Step] = field(default_factory=list)
     windows: dict[int, Window] = field(default_factory=dict)
+    # Seconds spent at each pool size N(t): the limit's integral of P_best(N(t)).
+    pool_size_s: dict[int, float] = field(default_factory=dict)
 
     def _window(self, t_s: float) -> Window:
         k = max(0, int((t_s - self.start_s) // self.window_s))
@@ -54,6 +60,7 @@ class MetricsRecorder:
 
     def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed_samples: float) -> None:
         self.resource_node_s += pool_nodes * (t1_s - t0_s)
+        self.pool_size_s[pool_nodes] = self.pool_size_s.get(pool_nodes, 0.0) + (t1_s - t0_s)
         self.processed_samples += processed_samples
         rate = processed_samples / (t1_s - t0_s)
         t = t0_s
@@ -113,6 +120,12 @@ def baseline_samples(elapsed_s: float, resource_node_s: float, best: np.ndarray)
         return 0.0
     n_eq = resource_node_s / elapsed_s
     return elapsed_s * float(np.interp(n_eq, np.arange(len(best)), best))
+
+
+def limit_samples(pool_size_s: dict[int, float], best: np.ndarray) -> float:
+    """A_max: the integral of P_best(N(t)) dt, from the seconds spent at each pool size
+    (``best`` must cover the largest). Whole nodes: no interpolation."""
+    return float(sum(best[n] * seconds for n, seconds in sorted(pool_size_s.items())))
 
 
 def utilization(achieved: float, baseline: float) -> float:

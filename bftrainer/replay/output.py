@@ -82,6 +82,8 @@ def summary_table(results: Sequence[ReplayResult]) -> str:
         ("hours", lambda s: f"{s['hours']:.1f}"),
         ("eq. nodes", lambda s: f"{s['eq_nodes']:.1f}"),
         ("U (A_e / A_s)", lambda s: _pct(s["utilization_efficiency"])),
+        ("limit U_max", lambda s: _pct(s["utilization_limit"])),
+        ("U / U_max", lambda s: _pct(s["utilization_share_of_limit"])),
         ("samples processed", lambda s: f"{s['samples_processed']:.3e}"),
         ("rescale cost", lambda s: f"{s['rescale_cost_samples']:.3e}"),
         ("preemption cost", lambda s: f"{s['preemption_cost_samples']:.3e}"),

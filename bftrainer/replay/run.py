@@ -32,6 +32,7 @@ from bftrainer.replay.metrics import (
     MetricsRecorder,
     baseline_samples,
     best_split_sps,
+    limit_samples,
     reference_curve,
     utilization,
 )
@@ -152,10 +153,13 @@ def _result(
 ) -> ReplayResult:
     elapsed = end_s - start_s
     curve = reference_curve(jobs)
-    peak_pool = max([s.pool_nodes for s in m.steps] + [1])
+    peak_pool = max([s.pool_nodes for s in m.steps] + list(m.pool_size_s) + [1])
     best = best_split_sps(curve, config.max_trainers, peak_pool + 1)
     achieved = m.processed_samples - m.rescale_cost_samples - m.preemption_cost_samples
     baseline = baseline_samples(elapsed, m.resource_node_s, best)
+    u = utilization(achieved, baseline)
+    limit = limit_samples(m.pool_size_s, best)
+    u_max = utilization(limit, baseline)
     windows = []
     for k in sorted(m.windows):
         w = m.windows[k]
@@ -194,7 +198,10 @@ def _result(
         "eq_nodes": m.resource_node_s / elapsed if elapsed > 0 else 0.0,
         "samples_processed": achieved,
         "baseline_samples": baseline,
-        "utilization_efficiency": utilization(achieved, baseline),
+        "utilization_efficiency": u,
+        "limit_samples": limit,
+        "utilization_limit": u_max,
+        "utilization_share_of_limit": utilization(u, u_max) if math.isfinite(u_max) else math.nan,
         "rescale_cost_samples": m.rescale_cost_samples,
         "preemption_cost_samples": m.preemption_cost_samples,
         "trainers_arrived": len(trainers),
