@@ -3,8 +3,10 @@
 **The rule.** T_fwd = ``K`` x the mean time between pool events over the last
 ``WINDOW_S`` seconds (time watched / events seen; with no event seen, the time watched
 counts as one gap), clamped to [``T_FWD_MIN_S``, ``T_FWD_MAX_S``]. A pool that changes
-every 80 s gets 120 s (the paper's value for Summit); one that has not changed for an
-hour gets the maximum, so a rescale that pays back over an hour is made.
+every 80 s (Summit's) gets 160 s, where U is flat between 120 and 300 s; one that has
+not changed for half an hour gets the maximum, so a rescale that pays back within an
+hour is made. ``K`` = 2 was the best of 1, 1.5, 2 and 3 on the worse of the Summit week
+and the synthetic day (docs/benchmarks.md, "T_fwd auto").
 
 The loop owns one :class:`ChurnWindow`, fed by the pool changes it applies (``observe``)
 in both modes -- a trace in the replay, the live source in the daemon -- and hands the
@@ -18,8 +20,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-# Chosen by the sweep in docs/benchmarks.md ("T_fwd auto").
-K = 1.5
+K = 2.0
 WINDOW_S = 3600.0
 T_FWD_MIN_S = 10.0
 T_FWD_MAX_S = 3600.0

@@ -202,10 +202,10 @@ def test_a_rerun_replaces_an_earlier_output_whole(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code, text = run(*replay_args(out, "--policy", "milp,equal"))
     assert code == 0, text
-    assert (out / "milp-tfwd120").is_dir() and (out / "equal").is_dir()
+    assert (out / "milp-tfwdauto").is_dir() and (out / "equal").is_dir()
     code, text = run(*replay_args(out, "--policy", "equal"))
     assert code == 0, text
-    assert not (out / "milp-tfwd120").exists() and not (out / "equal").exists()
+    assert not (out / "milp-tfwdauto").exists() and not (out / "equal").exists()
     assert (out / "summary.json").is_file() and (out / "events.csv").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left
 

@@ -35,10 +35,10 @@ def t_fwd_after(events: list[float], now_s: float, start_s: float = 0.0) -> floa
 
 
 # ---- the rule on scripted sequences ------------------------------------------------------
-def test_steady_churn_every_80_s_gives_the_papers_120_s() -> None:
+def test_steady_churn_every_80_s_gives_k_times_80_s() -> None:
     events = [80.0 * i for i in range(1, 100)]  # 2.2 h of an event every 80 s
     assert t_fwd_after(events, 99 * 80.0) == pytest.approx(K * 80.0, rel=0.03)
-    assert K * 80.0 == 120.0
+    assert K * 80.0 == 160.0  # U is flat from 120 s to 300 s on Summit (docs/benchmarks.md)
 
 
 def test_a_static_pool_grows_t_fwd_to_the_maximum() -> None:
@@ -53,7 +53,7 @@ def test_a_burst_shortens_t_fwd_and_leaves_with_the_window() -> None:
     steady = [80.0 * i for i in range(1, 46)]  # an hour at one event per 80 s
     burst = [3600.0 + 0.1 * i for i in range(1, 101)]  # 100 events in 10 s
     during = t_fwd_after(steady + burst, 3610.0)
-    assert during == pytest.approx(K * 3600.0 / 145, rel=0.05)  # ~37 s
+    assert during == pytest.approx(K * 3600.0 / 145, rel=0.05)  # ~50 s
     assert T_FWD_MIN_S <= during < 60.0
     # an hour of quiet later, the burst is out of the window
     assert t_fwd_after(steady + burst, 3610.0 + 3600.0) == T_FWD_MAX_S
@@ -129,8 +129,8 @@ TRACES = SHARED / "bftrainer-traces"
 WEEK = TRACES / "summit_week1_node_events.csv.gz"
 JOBS = TRACES / "hps-shufflenet-Jbnd-1000J.csv"
 # U of auto may trail the best fixed value by this much (points of U / 100): the sweep in
-# docs/benchmarks.md has auto 0.9070 against 120 s's 0.9072 (the spread of the
-# top three fixed values, 60-300 s, is 0.0015).
+# docs/benchmarks.md has auto 0.90700 against 120 s's 0.90715 (the spread of the top
+# three fixed values, 60-300 s, is 0.0015).
 TOLERANCE = 0.001
 
 

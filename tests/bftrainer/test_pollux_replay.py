@@ -396,7 +396,7 @@ def test_cli_pollux_replay_writes_the_efficiency_outputs(tmp_path: Path) -> None
         assert 0 < r["mean_statistical_efficiency"] <= 1
         assert r["mean_jct_s"] > 0 and r["p95_jct_s"] >= r["median_jct_s"]
     for name in ("efficiency.csv", "pollux_trainers.csv", "efficiency.png"):
-        assert (out / "milp-tfwd120" / name).stat().st_size > 0
+        assert (out / "milp-tfwdauto" / name).stat().st_size > 0
     assert (out / "efficiency.png").read_bytes().startswith(b"\x89PNG")
 
 
