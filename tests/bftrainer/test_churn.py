@@ -149,3 +149,15 @@ def test_auto_does_not_lose_u_on_the_summit_week() -> None:
     }
     best = max(v for t, v in u.items() if t != "auto")
     assert u["auto"] >= best - TOLERANCE, u
+
+
+def test_the_daemon_reads_auto_and_seconds_from_its_file(tmp_path: Path) -> None:
+    from bftrainer.daemon import DaemonConfig, load_daemon_config
+
+    assert DaemonConfig().t_fwd_s == "auto"
+    path = tmp_path / "daemon.toml"
+    path.write_text("[policy]\nt_fwd_s = 90\n")
+    assert load_daemon_config(path, {}).t_fwd_s == 90.0
+    path.write_text('[policy]\nt_fwd_s = "later"\n')
+    with pytest.raises(ConfigError, match="t_fwd_s = 'later': expected \"auto\" or seconds"):
+        load_daemon_config(path, {})
