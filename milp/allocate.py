@@ -172,7 +172,9 @@ def _solve_milp(
             cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
         else:
             nm = build_node_model(terms, problem.pool, t_fwd)
-        remaining_s = deadline - time.perf_counter()
+        # Keep time for what follows the solver (the greedy fallback, mapping, checks:
+        # about 0.1 ms per trainer), so the whole call ends near the limit.
+        remaining_s = deadline - time.perf_counter() - min(1e-4 * len(terms), 0.2 * time_limit_s)
         if remaining_s > 0:
             milp = cm.milp if formulation == "count" else nm.milp
             outcome = backend.solve(milp, time_limit_s=remaining_s, mip_gap=mip_gap)
@@ -181,6 +183,13 @@ def _solve_milp(
                     answer = map_counts(current_nodes, cm.counts(outcome.x, terms), problem.pool)
                 else:
                     answer = nm.node_sets(outcome.x, terms)
+    if exact is None and answer is None:
+        # The solver gave nothing (not run, or no incumbent): the time left to the DP.
+        try:
+            left_s = deadline - min(1e-4 * len(terms), 0.2 * time_limit_s)
+            exact = solve_counts(terms, len(problem.pool), t_fwd, left_s)
+        except DeadlineError as e:
+            log.info("no exact answer either: %s", e)
     if outcome is not None and outcome.status is SolveStatus.INFEASIBLE and exact is None:
         # Cannot happen (0 nodes for all is feasible): a numerical fault of the solver.
         raise AllocationBugError(f"{solver} reported the {formulation} model infeasible")

@@ -26,14 +26,21 @@ def knapsack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table.
 
-    ``deadline`` (``time.perf_counter()`` seconds): raise :class:`DeadlineError` past it.
+    ``deadline`` (``time.perf_counter()`` seconds): raise :class:`DeadlineError` once the
+    pace so far says it would finish past it.
     """
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
     rows = np.arange(capacity + 1)
+    began = time.perf_counter()
     for j, t in enumerate(terms):
-        if deadline is not None and time.perf_counter() > deadline:
-            raise DeadlineError(f"the DP passed its deadline after {j} of {len(terms)} trainers")
+        if deadline is not None and j:
+            now = time.perf_counter()
+            # Give up as soon as the pace so far cannot make it: not at the deadline.
+            if now + (now - began) * (len(terms) - j) / j > deadline:
+                raise DeadlineError(
+                    f"the DP would pass its deadline ({j} of {len(terms)} trainers done)"
+                )
         scores = t.scores(t_fwd_s)[: capacity + 1]
         k = len(scores)
         # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.

@@ -8,12 +8,16 @@ and cut its time at 100 x 4,608 by about a third.
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 import numpy as np
 
 from bftrainer.milp.model import Milp, sos2_as_segments
 from bftrainer.milp.solvers.base import DEFAULT_MIP_GAP, SolveOutcome, SolverError, SolveStatus
+
+log = logging.getLogger(__name__)
 
 # HiGHS' presolve costs more than it saves on small models and pays off on large ones.
 # Measured on the allocator benchmark (CPU ms, median of 5 seeds, same optima): with
@@ -21,6 +25,17 @@ from bftrainer.milp.solvers.base import DEFAULT_MIP_GAP, SolveOutcome, SolverErr
 # (6,500) 416 -> 1,912; on the Summit replay's own problems (~470 columns) the median
 # fell from 37 to 8 ms and the mean stayed the same.
 PRESOLVE_OFF_MAX_COLUMNS = 3000
+# ...but HiGHS's presolve never looks at the clock: at 10,000 trainers (650,000 columns)
+# it ran 11 s against a 3 s limit. Past this size presolve is off, and a callback
+# interrupts the solve at the limit (the solver's own check comes seconds late there).
+PRESOLVE_ON_MAX_COLUMNS = 100_000
+# A large model spends seconds to tens of seconds in phases that check neither the clock
+# nor the callback (650,000 columns: 47 s against an 8 s limit; 195,000: 9 s against 2 s;
+# 97,500 with presolve: 15 s against 10 s). Past this size it is attempted only with at
+# least LARGE_MODEL_MIN_LIMIT_S; otherwise the allocator's exact DP or greedy fallback
+# answers within the limit.
+UNBOUNDED_MIN_COLUMNS = 20_000
+LARGE_MODEL_MIN_LIMIT_S = 60.0
 
 
 class HighsSolver:
@@ -34,12 +49,21 @@ class HighsSolver:
 
         start = time.perf_counter()
         m = sos2_as_segments(milp)
+        large = m.num_vars > PRESOLVE_ON_MAX_COLUMNS
+        if m.num_vars > UNBOUNDED_MIN_COLUMNS and time_limit_s < LARGE_MODEL_MIN_LIMIT_S:
+            log.warning(
+                "HiGHS not run: %d columns cannot be stopped at a %.3g s limit (needs %g s)",
+                m.num_vars,
+                time_limit_s,
+                LARGE_MODEL_MIN_LIMIT_S,
+            )
+            return SolveOutcome(SolveStatus.TIME_LIMIT, None, None, None, 0.0)
         h = highspy.Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("mip_rel_gap", float(mip_gap))
         # The relative gap alone decides: gains can be tiny beside a rescale cost.
         h.setOptionValue("mip_abs_gap", 0.0)
-        if m.num_vars <= PRESOLVE_OFF_MAX_COLUMNS:
+        if m.num_vars <= PRESOLVE_OFF_MAX_COLUMNS or large:
             h.setOptionValue("presolve", "off")
         inf = highspy.kHighsInf
         A = m.A
@@ -70,6 +94,16 @@ class HighsSolver:
                 SolveStatus.TIME_LIMIT, None, None, None, time.perf_counter() - start
             )
         h.setOptionValue("time_limit", float(remaining_s))
+        if large:
+            deadline = time.perf_counter() + remaining_s
+
+            def stop_at_limit(event: Any) -> None:  # a HighsCallbackEvent
+                if time.perf_counter() > deadline:
+                    event.interrupt()
+
+            h.cbSimplexInterrupt += stop_at_limit
+            h.cbIpmInterrupt += stop_at_limit
+            h.cbMipInterrupt += stop_at_limit
         h.run()
         model_status = h.getModelStatus()
         info = h.getInfo()

@@ -219,3 +219,14 @@ def test_a_time_limit_with_a_real_solver_returns_no_worse_than_the_current_map()
         assert result.status in {"time_limit", "optimal"}
         assert sum(result.counts.values()) == 300
         assert violations(problem, result.nodes) == []
+
+
+def test_ten_thousand_trainers_respect_the_time_limit_and_use_the_pool() -> None:
+    # The case: HiGHS spent 41 s against 10 s, then kept a map of 0 of 1,000 nodes.
+    problem = many_trainers(10_000, 1_000)
+    started = time.monotonic()
+    result = allocate(problem, solver="highs", time_limit_s=10)
+    assert time.monotonic() - started < 10 + 2  # a little past it at most: not 41 s
+    assert result.status == "time_limit"
+    assert sum(result.counts.values()) == 1_000
+    assert violations(problem, result.nodes) == []
