@@ -232,6 +232,9 @@ class HorovodComm:
     def commit(self) -> None:
         """Save in memory, then raise ``HostsUpdatedInterrupt`` if hosts changed."""
         self._state.commit()
+        # No interrupt: this rank's notifications were drained and rank 0 saw nothing
+        # newer (a stale one), so stop asking for a commit at every step.
+        self._state.update_pending = False
 
     def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
         from horovod.common.elastic import State

@@ -210,6 +210,7 @@ class ElasticRuntime:
         self.progress = _Progress()
         self._pending: list[tuple[int, list[int]]] = []
         self._leaving = False
+        self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
         self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
@@ -250,6 +251,7 @@ class ElasticRuntime:
     def load_snapshot(self, snap: dict[str, Any]) -> None:
         self.model.load_state_dict(snap["model"])
         self.optimizer.load_state_dict(snap["optimizer"])
+        self._lr_factor_set = None  # the loaded groups carry the LR of the snapshot
         self.sampler.load_state_dict(snap["sampler"])
         self.agent.restore(copy.deepcopy(snap["agent"]))
         pr = snap["progress"]
@@ -351,6 +353,9 @@ class ElasticRuntime:
     def _set_lr(self, factor: float | None = None) -> None:
         if factor is None:
             factor = self.agent.lr_factor
+        if factor == self._lr_factor_set:
+            return
+        self._lr_factor_set = factor
         for group, lr0 in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = lr0 * factor
 

@@ -98,6 +98,8 @@ class ElasticSampler:
         if not 0 <= rank < plan.replicas:
             raise SamplerError(f"rank {rank} is not in 0..{plan.replicas - 1}")
         ids = self.order(plan.epoch)[plan.start : plan.start + plan.count]
+        if plan.replicas == 1 and plan.accum_steps == 0:
+            return [ids]  # the common single-process step, without the splits
         b = split_evenly(plan.count, plan.replicas)
         mine = ids[b[rank] : b[rank + 1]]
         m = split_evenly(len(mine), plan.accum_steps + 1)

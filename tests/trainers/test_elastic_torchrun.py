@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch import remote
 from tests.trainers.elastic_harness import (
+    EXAMPLE,
+    RESCALE_TIMEOUT_S,
     Trainer,
     launched,
     scenario_rescale,
@@ -34,3 +44,42 @@ def test_zero_hosts_and_stop_resume_from_the_checkpoint(
     launched: list[Trainer], tmp_path: Path
 ) -> None:
     scenario_zero_hosts_and_restart(launched, tmp_path, "torchrun")
+
+
+@pytest.mark.slow
+def test_bftrainer_run_ctrl_c_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    """Ctrl-C: the workers checkpoint, exit.json says stopped, the command exits 130; the
+    same command resumes from that step."""
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("localhost\n")
+    d = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "bftrainer", "run", "--backend", "torchrun", "--hosts-file",
+        str(hosts), "--trainer-dir", str(d), str(EXAMPLE), "--work-samples", "6000",
+        "--step-delay-s", "0.02", "--commit-every-s", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RESCALE_TIMEOUT_S
+        while not (d / channel.CHECKPOINT).exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "no first commit"
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            remote.kill_tree(proc.pid)
+        if (d / channel.SUPERVISOR_PID).exists():
+            remote.kill_tree(int((d / channel.SUPERVISOR_PID).read_text()))
+    assert proc.returncode == 130, err
+    assert (channel.read_exit(d) or {}).get("state") == "stopped"
+    assert channel.read_result(d) is None
+    stopped_at = torch.load(d / channel.CHECKPOINT, weights_only=False)["progress"]["step"]
+    assert stopped_at > 0
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["samples"] == 6000
+    resets, _ = channel.read_metrics(d, 0)
+    steps = [r["step"] for r in resets if r["kind"] == "reset"]
+    assert stopped_at in steps[1:], (stopped_at, steps)
