@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -198,8 +199,27 @@ def fragment_cdf(lengths_s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return x, by_count, by_time
 
 
+PLOT_NAMES = ("fragments_cdf.png", "events_12h.png")
+
+
 def write_plots(trace: Trace, directory: Path) -> list[Path]:
-    """Write ``fragments_cdf.png`` (Fig. 1) and ``events_12h.png`` (Fig. 6) into ``directory``."""
+    """Write ``fragments_cdf.png`` (Fig. 1) and ``events_12h.png`` (Fig. 6) into ``directory``.
+
+    Both are drawn to temporary files, then both renamed: an interrupted run leaves no
+    new plot beside an old one of another trace, and no temporary file.
+    """
+    try:
+        written = _draw_plots(trace, directory)
+        for p in written:
+            os.replace(_partial(p), p)
+    finally:
+        for name in PLOT_NAMES:
+            _partial(directory / name).unlink(missing_ok=True)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    return written
+
+
+def _draw_plots(trace: Trace, directory: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,7 +244,7 @@ def write_plots(trace: Trace, directory: Path) -> list[Path]:
     ax.set_title(f"{title}: {x.size} idle fragments")
     fig.tight_layout()
     path = directory / "fragments_cdf.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(_partial(path), dpi=120, format="png")
     plt.close(fig)
     written.append(path)
 
@@ -262,11 +282,14 @@ def write_plots(trace: Trace, directory: Path) -> list[Path]:
     ax.set_title(f"{title}: {len(trace.nodes)} nodes, from {format_time(trace.start_s)}")
     fig.tight_layout()
     path = directory / "events_12h.png"
-    fig.savefig(path, dpi=120)
+    fig.savefig(_partial(path), dpi=120, format="png")
     plt.close(fig)
     written.append(path)
-    log.info("wrote %s", ", ".join(str(p) for p in written))
     return written
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f".{path.name}.partial")
 
 
 def format_summary(summary: TraceSummary, *, load_s: float | None = None) -> Sequence[str]:

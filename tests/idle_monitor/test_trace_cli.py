@@ -115,3 +115,22 @@ def test_summit_week_as_the_reference_replayer_sees_it() -> None:
     assert stats["nodes"] == 1024
     assert stats["events"] == 6457
     assert round(stats["duration_h"], 1) == 147.6
+
+
+def test_an_interrupted_plots_run_leaves_the_earlier_plots_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import bftrainer.idle_monitor.trace_stats as trace_stats
+
+    path = tmp_path / "t.csv"
+    path.write_text(SMALL)
+    plots = tmp_path / "plots"
+    assert run("trace", "stats", str(path), "--plots", str(plots))[0] == 0
+    before = {p.name: p.read_bytes() for p in plots.iterdir()}
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # after the first plot was drawn
+
+    monkeypatch.setattr(trace_stats, "window_stats", interrupted)
+    CliRunner().invoke(cli, ["trace", "stats", str(path), "--nodes", "0:1", "--plots", str(plots)])
+    assert {p.name: p.read_bytes() for p in plots.iterdir()} == before
