@@ -340,3 +340,20 @@ def test_scheduler_commands_not_on_path_are_named(
     line = one_error_line(out)
     for program in programs:
         assert f"{program} is not on PATH" in line
+
+
+@pytest.mark.parametrize("which", ["bounds", "profiles"])
+@pytest.mark.parametrize("content", [bytes(range(128, 256)) * 8, b"job,Tcup\x00,x\n1,2\x00\n"])
+def test_a_binary_job_file_gives_one_line(tmp_path: Path, which: str, content: bytes) -> None:
+    bounds = tmp_path / "x-Jbnd-1.csv"
+    profiles = tmp_path / "x-JNPs-1.csv"
+    bounds.write_text("job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\n1-a,10,5,1,8,1e6,0\n")
+    profiles.write_text(PROFILES)
+    (bounds if which == "bounds" else profiles).write_bytes(content)
+    trace = tmp_path / "t.csv"
+    trace.write_text(GOOD_TRACE)
+    code, text = run(
+        "replay", str(trace), "--jobs", str(bounds), "--no-progress", "--out", str(tmp_path / "o")
+    )
+    assert code == 2, text
+    assert "x-J" in one_error_line(text)

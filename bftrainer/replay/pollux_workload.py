@@ -150,6 +150,8 @@ def read_pollux_workload(
             rows = list(enumerate(reader, start=2))
     except OSError as e:
         raise PolluxWorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise PolluxWorkloadError(f"{path}: not a CSV text file ({e})") from None
     jobs, apps = [], {}
     for line, row in rows:
         where = f"{path}:{line}"

@@ -84,6 +84,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
             return [(i + 2, row) for i, row in enumerate(reader)]
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise WorkloadError(f"{path}: not a CSV text file ({e})") from None
 
 
 def _float(text: str, where: str, name: str) -> float:
