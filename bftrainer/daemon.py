@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -259,7 +259,7 @@ class StepLog:
             log.info(
                 "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
                 "(joined %d, left %d, arrivals %d, completions %d) %s in %.1f ms, "
-                "latency %.1f ms",
+                "latency %.1f ms, T_fwd %s",
                 step.time_s,
                 step.pool_nodes,
                 step.allocated_nodes,
@@ -272,6 +272,7 @@ class StepLog:
                 step.status,
                 step.solve_s * 1e3,
                 step.latency_s * 1e3,
+                "-" if step.t_fwd_s is None else f"{step.t_fwd_s:.0f} s",
             )
 
 
@@ -369,9 +370,12 @@ class Daemon:
         log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
 
 
-def load_daemon_config(path: Path | None, overrides: dict[str, object]) -> DaemonConfig:
-    """The daemon's settings: defaults, then the TOML file's, then the flags'."""
+def load_daemon_config(
+    path: Path | None, overrides: Mapping[str, object], names: Mapping[str, str] | None = None
+) -> DaemonConfig:
+    """The daemon's settings: defaults, then the TOML file's, then ``overrides`` (those not
+    None; ``names`` maps a field to the flag that set it, for errors)."""
     config = DaemonConfig()
     if path is not None:
         config = load_config(path, config, DAEMON_TABLES)
-    return with_overrides(config, overrides)
+    return with_overrides(config, overrides, names)

@@ -12,10 +12,12 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import POSITIVE
+from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
 from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders
+from bftrainer.policy import POLICIES
 from bftrainer.state import (
     DaemonLock,
     DaemonRunningError,
@@ -37,6 +39,12 @@ log = logging.getLogger(__name__)
     type=click.Path(dir_okay=False, path_type=Path),
     help="TOML file with [policy] and [daemon] tables (docs/deployment.md); flags win.",
 )
+@click.option(
+    "--policy",
+    type=click.Choice(sorted(POLICIES)),
+    help="The allocation policy (default milp).",
+)
+@policy_options
 @click.option(
     "--poll-interval",
     "poll_interval_s",
@@ -65,6 +73,7 @@ log = logging.getLogger(__name__)
 def daemon_cmd(
     state_dir: Path | None,
     config_path: Path | None,
+    policy: str | None,
     poll_interval_s: float | None,
     holder_script: Path | None,
     holder_args: tuple[str, ...],
@@ -78,9 +87,11 @@ def daemon_cmd(
     """
     from bftrainer.daemon import Daemon, load_daemon_config
 
+    flags = {**policy_flags(source), "policy": policy, "poll_interval_s": poll_interval_s}
     holders_of = _holder_factory(source, holder_script, holder_args, job_name)
     try:
-        config = load_daemon_config(config_path, {"poll_interval_s": poll_interval_s})
+        names = {**FLAG_NAMES, "policy": "--policy", "poll_interval_s": "--poll-interval"}
+        config = load_daemon_config(config_path, flags, names)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     path = resolve_state_dir(state_dir)

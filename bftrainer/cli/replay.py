@@ -10,6 +10,7 @@ import signal
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 from tqdm import tqdm
@@ -17,13 +18,14 @@ from tqdm import tqdm
 from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
-    COUNT,
     POSITIVE,
     SEED,
     SYNTHETIC_HOURS,
     T_FWD,
     Number,
 )
+from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
+from bftrainer.cli.policy_options import policy_flags, policy_options
 from bftrainer.cli.trace import parse_node_range, parse_time_option
 from bftrainer.config import ConfigError, load_config, with_overrides
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
@@ -34,8 +36,6 @@ from bftrainer.idle_monitor.trace import (
     load_trace,
 )
 from bftrainer.jobs import JobSpec, JobSpecError, check_workload
-from bftrainer.milp import FORMULATIONS, SOLVERS
-from bftrainer.milp.problem import FAIRNESS_P_RANGE, OBJECTIVES
 from bftrainer.replay.output import summary_table, write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
 from bftrainer.replay.pollux_sim import (
@@ -66,18 +66,7 @@ from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workl
 from bftrainer.replay.zoo import ZOO_SPS
 
 DEFAULT = ReplayConfig()
-FLAG_NAMES = {
-    "t_fwd_s": "--tfwd",
-    "objective": "--objective",
-    "formulation": "--formulation",
-    "solver": "--solver",
-    "time_limit_s": "--time-limit",
-    "fairness_p": "--fairness-p",
-    "fair_share_speedup": "--fair-share-speedup",
-    "max_trainers": "--max-parallel",
-    "redecide_every_s": "--redecide-every",
-    "window_s": "--window-hours",
-}
+FLAG_NAMES = {**POLICY_FLAG_NAMES, "window_s": "--window-hours"}
 
 
 @click.command("replay")
@@ -172,51 +161,7 @@ FLAG_NAMES = {
     "policies",
     help=f"Comma list of {', '.join(POLICIES)} (default {DEFAULT.policy}).",
 )
-@click.option(
-    "--tfwd",
-    "t_fwd_s",
-    type=T_FWD,
-    help="T_fwd of the milp policy: seconds, or auto (from the pool's churn; the default).",
-)
-@click.option(
-    "--objective",
-    type=click.Choice(list(OBJECTIVES)),
-    help=f"Default {DEFAULT.objective}.",
-)
-@click.option(
-    "--formulation", type=click.Choice(FORMULATIONS), help=f"Default {DEFAULT.formulation}."
-)
-@click.option("--solver", type=click.Choice(SOLVERS), help=f"Default {DEFAULT.solver}.")
-@click.option(
-    "--time-limit",
-    "time_limit_s",
-    type=Number(min=0.01),
-    help=f"Solver limit per decision, s (default {DEFAULT.time_limit_s:g}).",
-)
-@click.option(
-    "--fairness-p",
-    type=Number(min=FAIRNESS_P_RANGE[0], max=FAIRNESS_P_RANGE[1]),
-    help="Pollux's fairness knob for the milp objective (1: plain sum; -1: Pollux's; "
-    f"default {DEFAULT.fairness_p:g}).",
-)
-@click.option(
-    "--fair-share-speedup/--no-fair-share-speedup",
-    default=None,
-    help="Value each trainer as speedup over its fair share of the pool (default off).",
-)
-@click.option(
-    "--max-parallel",
-    "max_trainers",
-    type=COUNT,
-    help=f"P_jmax: trainers at once (default {DEFAULT.max_trainers}).",
-)
-@click.option(
-    "--redecide-every",
-    "redecide_every_s",
-    type=Number(min=0.0),
-    help="A reported curve re-decides at most this often, s "
-    f"(default {DEFAULT.redecide_every_s:g}).",
-)
+@policy_options
 @click.option(
     "--window-hours",
     type=POSITIVE,
@@ -248,19 +193,11 @@ def replay_cmd(
     interval_s: float,
     config_path: str | None,
     policies: str | None,
-    t_fwd_s: float | str | None,
-    objective: str | None,
-    formulation: str | None,
-    solver: str | None,
-    time_limit_s: float | None,
-    fairness_p: float | None,
-    fair_share_speedup: bool | None,
-    max_trainers: int | None,
-    redecide_every_s: float | None,
     window_hours: float | None,
     sweep: str | None,
     out_dir: Path,
     progress: bool,
+    **policy: Any,
 ) -> None:
     """Replay TRACE (or the embedded synthetic default) with simulated trainers.
 
@@ -283,15 +220,7 @@ def replay_cmd(
     except JobSpecError as e:
         raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     flags = {
-        "t_fwd_s": t_fwd_s,
-        "objective": objective,
-        "formulation": formulation,
-        "solver": solver,
-        "time_limit_s": time_limit_s,
-        "fairness_p": fairness_p,
-        "fair_share_speedup": fair_share_speedup,
-        "max_trainers": max_trainers,
-        "redecide_every_s": redecide_every_s,
+        **policy_flags(policy),
         "window_s": window_hours * 3600 if window_hours is not None else None,
     }
     try:
