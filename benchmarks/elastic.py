@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bftrainer.trainers import channel
@@ -61,21 +62,35 @@ def _setup(ex: Any, samples: int) -> tuple[Any, Any, torch.Tensor, torch.Tensor]
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y
 
 
+def _fetch_fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+    """The user's fetch, the same in both loops: numpy ids to a batch."""
+
+    def fetch(ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(ids)
+        return x[idx], y[idx]
+
+    return fetch
+
+
+def _loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
 def plain_run(ex: Any, steps: int, samples: int) -> float:
-    """CPU seconds of ``steps`` steps of the plain loop."""
+    """CPU seconds of ``steps`` steps of the plain loop (same fetch and loss)."""
     model, opt, x, y = _setup(ex, samples)
-    loss_fn = torch.nn.functional.cross_entropy
-    g = torch.Generator().manual_seed(0)
-    order = torch.randperm(samples, generator=g)
+    fetch = _fetch_fn(x, y)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(samples)
     t0 = time.process_time()
     pos = 0
     for _ in range(steps):
         if pos + BATCH > samples:
-            order, pos = torch.randperm(samples, generator=g), 0
+            order, pos = rng.permutation(samples), 0
         ids = order[pos : pos + BATCH]
         pos += BATCH
         opt.zero_grad(set_to_none=False)
-        loss_fn(model(x[ids]), y[ids]).backward()
+        _loss(model, fetch(ids)).backward()
         opt.step()
     return time.process_time() - t0
 
@@ -84,18 +99,12 @@ def runtime_run(ex: Any, steps: int, samples: int, trainer_dir: Path) -> float:
     """CPU seconds of ``steps`` steps of the same loop under ElasticRuntime (one
     process), including its start (first configuration) and end (final report)."""
     model, opt, x, y = _setup(ex, samples)
-
-    def fetch(ids: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.as_tensor(ids)
-        return x[idx], y[idx]
-
-    def loss(model: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
-
     for f in trainer_dir.glob("*"):
         f.unlink()
     opts = RuntimeOptions(work_samples=steps * BATCH, trainer_dir=str(trainer_dir))
-    rt = ElasticRuntime(opts, model, opt, x, loss, fetch=fetch, comm=SingleComm(), script="bench")
+    rt = ElasticRuntime(
+        opts, model, opt, x, _loss, fetch=_fetch_fn(x, y), comm=SingleComm(), script="bench"
+    )
     t0 = time.process_time()
     result = rt.run()
     elapsed = time.process_time() - t0
