@@ -125,9 +125,9 @@ class LiveDriver:
         for trainer_id, launcher in list(self.launchers.items()):
             ended = launcher.poll()
             gained = self._read_reports(trainer_id, launcher.trainer_dir)
-            if trainer_id in running:
+            if trainer_id in running:  # the loop's progress counts running trainers
                 running[trainer_id].processed_samples += gained
-            processed += gained
+                processed += gained
             if ended is None:
                 continue
             del self.launchers[trainer_id]

@@ -8,9 +8,10 @@ The driver is wrapped in :class:`Checked`, which asserts the protocol at every c
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from bftrainer.loop import (
     TrainerDriver,
     TrainerState,
     VirtualClock,
+    WallClock,
 )
 from bftrainer.replay.pollux_sim import PolluxSimDriver, PolluxSimOptions
 from bftrainer.replay.simulator import SimulatedDriver
@@ -45,6 +47,8 @@ class DriverCase:
     jobs: list[JobSpec]
     horizon_s: float
     pool: tuple[str, ...] = ("n0", "n1", "n2", "n3")
+    # A live driver runs real trainers: the wall clock, script times from its start.
+    wall_clock: bool = False
 
 
 def simulated(tmp: Path) -> DriverCase:
@@ -72,11 +76,29 @@ def scripted(tmp: Path) -> DriverCase:
     return DriverCase(ScriptedDriver(), [job("a", 300.0), job("b", 500.0, 30.0)], 5000.0)
 
 
+def live(tmp: Path) -> DriverCase:
+    """The daemon's driver on real torchrun trainers of the example, run here ("local"
+    exec: the pool's node names are this machine)."""
+    from bftrainer.live import ExecPlan, LiveDriver, job_of
+    from bftrainer.state import Store, ensure_state_dir
+
+    state_dir = ensure_state_dir(tmp / "state")
+    store = Store.open(state_dir)
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py")
+    jobs = []
+    for work, n_max, submit_s in ((3000, 2, 0.0), (2000, 2, 5.0), (1000, 1, 10.0)):
+        tid = store.submit(example, backend="torchrun", max_nodes=n_max, work_samples=work)
+        jobs.append(replace(job_of(store.trainer(tid)), submit_s=submit_s))
+    driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=1.0)
+    return DriverCase(driver, jobs, 900.0, wall_clock=True)
+
+
 DRIVERS: dict[str, Callable[[Path], DriverCase]] = {
     "simulated": simulated,
     "pollux-adaptive": pollux,
     "pollux-fixed-batch": lambda tmp: pollux(tmp, batch_adapt=False),
     "scripted": scripted,
+    "live": live,
 }
 
 
@@ -149,22 +171,41 @@ class Checked:
 
 def drive(case: DriverCase, extra: Sequence[tuple[float, Input]] = ()) -> tuple[Loop, Checked]:
     checked = Checked(case.driver)
+    clock: VirtualClock | WallClock = WallClock() if case.wall_clock else VirtualClock(0.0)
+    t0 = clock.now_s()
     script = sorted([(j.submit_s, Arrival(j)) for j in case.jobs] + list(extra), key=lambda x: x[0])
-    source = TimedSource(script)
+    source = TimedSource((t0 + t, _shifted(item, t0)) for t, item in script)
     loop = Loop(
         [source],
         checked,
-        VirtualClock(0.0),
+        clock,
         Config(policy="equal", redecide_every_s=30.0),
-        state=LoopState(now_s=0.0, pool=case.pool),
+        state=LoopState(now_s=t0, pool=case.pool),
     )
-    loop.run(until_s=case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)
+    loop.run(until_s=t0 + case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)
     return loop, checked
 
 
-@pytest.fixture(params=list(DRIVERS))
-def case(request: pytest.FixtureRequest, tmp_path: Path) -> DriverCase:
-    return DRIVERS[request.param](tmp_path)
+def _shifted(item: Input, t0: float) -> Input:
+    """A scripted input at ``t0`` + its time (the wall clock's start, 0 when virtual)."""
+    if isinstance(item, PoolChange) and t0:
+        return PoolChange(replace(item.event, time_s=item.event.time_s + t0))
+    if isinstance(item, Arrival) and t0:
+        return Arrival(replace(item.job, submit_s=item.job.submit_s + t0))
+    return item
+
+
+@pytest.fixture(
+    params=[pytest.param(n, marks=pytest.mark.slow) if n == "live" else n for n in DRIVERS]
+)
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DriverCase]:
+    yield DRIVERS[request.param](tmp_path)
+    # A live case started real supervisors: stop what is left of them, by pid.
+    from bftrainer.trainers.launch.base import Launcher, LaunchError
+
+    for pid_file in tmp_path.glob("state/trainers/*/supervisor.pid"):
+        with contextlib.suppress(LaunchError):
+            Launcher.attach(pid_file.parent).kill()
 
 
 def test_every_job_completes_once_and_the_protocol_holds(case: DriverCase) -> None:

@@ -97,7 +97,7 @@ def address_of(host: str, config: Mapping[str, Any]) -> str:
     A Slurm node name need not resolve (the local test cluster's do not; some sites'
     do not either): in ``slurm`` mode it is the node's ``NodeAddr``.
     """
-    if is_local(host):
+    if is_local(host) or config.get("mode") == "local":
         return "127.0.0.1"
     if config.get("mode") == "slurm":
         import subprocess
