@@ -57,6 +57,10 @@ class RuntimeConfigError(ValueError):
     """Runtime options that cannot work together (names the option and value)."""
 
 
+class ReplicaDivergenceError(RuntimeError):
+    """Ranks hold different models at a commit: a bug, never to be trained through."""
+
+
 @dataclass(frozen=True)
 class RuntimeOptions:
     """The runtime's options (``add_runtime_args``), with their defaults."""
@@ -479,9 +483,18 @@ class ElasticRuntime:
         """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy."""
         comm, p = self.comm, self.progress
         info = CommitInfo(p.committed_step, p.step, p.samples_done)
-        if self.on_commit is not None:
-            gathered = comm.allgather_object(self._pending)
-            info.ids = [entry for rank_entries in gathered for entry in rank_entries]
+        if comm.size > 1:
+            # Every rank's model must be the same bits (summed gradients, one LR from
+            # rank 0): a checksum per commit turns a silent divergence into an error.
+            gathered = comm.allgather_object((self._model_checksum(), self._pending))
+            checksums = [c for c, _ in gathered]
+            if len(set(checksums)) > 1:
+                raise ReplicaDivergenceError(
+                    f"replicas' models differ at step {p.step}: checksums {checksums}"
+                )
+            info.ids = [entry for _, rank_entries in gathered for entry in rank_entries]
+        else:
+            info.ids = list(self._pending)
         self._pending = []
         p.committed_step = p.step
         if comm.rank == 0:
@@ -492,6 +505,10 @@ class ElasticRuntime:
         comm.broadcast_object(True)
         self._last_commit_t = time.monotonic()
         comm.commit()
+
+    def _model_checksum(self) -> float:
+        with self.torch.no_grad():
+            return float(sum(float(q.double().sum()) for q in self.params))
 
     def _finish(self) -> dict[str, Any]:
         p = self.progress
