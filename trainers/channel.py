@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bftrainer.trainers.checkpoint import write_atomic
 from bftrainer.trainers.metrics import MetricsRecord
 
 logger = logging.getLogger(__name__)
@@ -40,18 +40,9 @@ class ChannelError(ValueError):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file, fsync and rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically (see :func:`checkpoint.write_atomic`)."""
+    data = text.encode()
+    write_atomic(path, lambda f: f.write(data))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 logger = logging.getLogger(__name__)
 
@@ -27,15 +28,15 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(state: Any, path: Path) -> None:
-    """``torch.save(state)`` to ``path`` atomically."""
-    import torch
-
+def write_atomic(path: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``fill(file)`` so that readers see the old file or the new
+    one, never half: a temporary file beside it, fsynced, renamed over it, the directory
+    fsynced so the rename survives a crash."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -43,6 +44,13 @@ def save_checkpoint(state: Any, path: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def save_checkpoint(state: Any, path: Path) -> None:
+    """``torch.save(state)`` to ``path`` atomically."""
+    import torch
+
+    write_atomic(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path) -> Any | None:
