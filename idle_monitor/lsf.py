@@ -400,23 +400,31 @@ def parse_exec_host(text: str) -> dict[str, int]:
     return slots
 
 
-def parse_bjobs_json(text: str) -> list[QueueJob]:
-    """Jobs from ``bjobs -o "jobid stat queue exec_host" -json``."""
+def bjobs_records(text: str, fields: Sequence[str], asked: str) -> list[dict[str, Any]]:
+    """The records of ``bjobs -o "<asked>" -json``, each checked to hold ``fields``
+    (upper-case, as LSF names them); a record LSF marks as an error is refused."""
     data = _json_object(text, "bjobs output")
     records = data.get("RECORDS")
     if not isinstance(records, list):
         raise OutputParseError("bjobs JSON without a RECORDS list")
-    jobs: list[QueueJob] = []
     for i, rec in enumerate(records):
         if not isinstance(rec, dict):
             raise OutputParseError(f"bjobs record {i} is not a JSON object")
         if rec.get("ERROR"):
             raise OutputParseError(f"bjobs record {i}: {rec['ERROR']!r:.200}")
-        missing = [k for k in ("JOBID", "STAT", "QUEUE", "EXEC_HOST") if k not in rec]
+        missing = [k for k in fields if k not in rec]
         if missing:
             raise OutputParseError(
-                f"bjobs record {i} lacks {', '.join(missing)} (expected -o '{BJOBS_FIELDS}')"
+                f"bjobs record {i} lacks {', '.join(missing)} (expected -o '{asked}')"
             )
+    return records
+
+
+def parse_bjobs_json(text: str) -> list[QueueJob]:
+    """Jobs from ``bjobs -o "jobid stat queue exec_host" -json``."""
+    records = bjobs_records(text, ("JOBID", "STAT", "QUEUE", "EXEC_HOST"), BJOBS_FIELDS)
+    jobs: list[QueueJob] = []
+    for i, rec in enumerate(records):
         try:
             slots = parse_exec_host(str(rec["EXEC_HOST"]))
         except OutputParseError as exc:

@@ -21,14 +21,13 @@ outputs written from it (tests/bftrainer/holders_fixtures/, see the README there
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders, HolderStatus
+from bftrainer.idle_monitor.lsf import bjobs_records
 from bftrainer.idle_monitor.runner import CommandResult, CommandRunner
-from bftrainer.idle_monitor.source import OutputParseError
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "lsf" / "bsub-hold.lsf"
 BJOBS_FIELDS = "jobid stat queue exec_host job_name"
@@ -64,25 +63,10 @@ def parse_bjobs_holders(text: str, queue: str, job_name: str) -> dict[str, Holde
     stripped = text.strip()
     if not stripped.startswith("{") and _NO_JOBS.search(stripped):
         return {}
-    try:
-        data = json.loads(stripped)
-    except json.JSONDecodeError as exc:
-        raise OutputParseError(f"bjobs output is not JSON (cut off?): {exc.msg}") from None
-    records = data.get("RECORDS") if isinstance(data, dict) else None
-    if not isinstance(records, list):
-        raise OutputParseError("bjobs JSON without a RECORDS list")
+    records = bjobs_records(stripped, ("JOBID", "STAT", "QUEUE", "JOB_NAME"), BJOBS_FIELDS)
     prefix = f"{job_name}-"
     out: dict[str, HolderStatus] = {}
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            raise OutputParseError(f"bjobs record {i} is not a JSON object")
-        if rec.get("ERROR"):
-            raise OutputParseError(f"bjobs record {i}: {rec['ERROR']!r:.200}")
-        missing = [k for k in ("JOBID", "STAT", "QUEUE", "JOB_NAME") if k not in rec]
-        if missing:
-            raise OutputParseError(
-                f"bjobs record {i} lacks {', '.join(missing)} (expected -o '{BJOBS_FIELDS}')"
-            )
+    for rec in records:
         name = str(rec["JOB_NAME"])
         if str(rec["QUEUE"]) != queue or not name.startswith(prefix) or name == prefix:
             continue
