@@ -236,7 +236,10 @@ class HorovodBackend(Backend):
         self.procs = [self.spawn(argv, env)]
 
     def update(self, hosts: Hosts) -> None:
-        if not hosts or (self.nic == "lo" and not all(remote.is_local(h) for h, _ in hosts)):
+        # ``auto`` chose lo because every host was this machine: a host elsewhere needs
+        # a new horovodrun (and interface). A NIC the site named is kept for any host.
+        auto_lo = self.nic == "lo" and _setting("BFTRAINER_HOROVOD_NIC", "auto") == "auto"
+        if not hosts or (auto_lo and not all(remote.is_local(h) for h, _ in hosts)):
             self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
             return
         logger.info("horovod: hosts now %s", hosts)
