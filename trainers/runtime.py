@@ -461,16 +461,26 @@ class ElasticRuntime:
         return self._finish()
 
     def _allreduce_grads(self, flat: Any, nflat: int) -> None:
+        # A rank can have no sample in a step (the last step of the work or of an epoch
+        # is cut to what is left): it adds zeros. In a new process (a restart resumed
+        # from the checkpoint) its .grad is then still None: it gets the sum all the same.
         offset = 0
         for q in self.params:
             n = q.numel()
-            flat[offset : offset + n] = q.grad.reshape(-1)
+            if q.grad is None:
+                flat[offset : offset + n] = 0.0
+            else:
+                flat[offset : offset + n] = q.grad.reshape(-1)
             offset += n
         self.comm.allreduce_sum_(flat)
         offset = 0
         for q in self.params:
             n = q.numel()
-            q.grad.copy_(flat[offset : offset + n].view_as(q.grad))
+            summed = flat[offset : offset + n].view_as(q)
+            if q.grad is None:
+                q.grad = summed.clone()
+            else:
+                q.grad.copy_(summed)
             offset += n
 
     def _report(self) -> None:
