@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest
 
-# Elastic Horovod needs a patched source build (scripts/build-horovod.sh): about 7 min
+# Elastic Horovod needs a patched source build (scripts/build-horovod.sh): 3-7 min
 # the first time, then installed from the cached wheel in ~/.cache/bftrainer.
 horovod: $(STAMP)
 	bash scripts/build-horovod.sh $(BIN)/python
