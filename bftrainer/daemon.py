@@ -37,7 +37,7 @@ from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, wi
 from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
-from bftrainer.idle_monitor.source import LivePoolSource
+from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.live import ExecPlan, LiveDriver, job_of
 from bftrainer.loop import (
     Arrival,
@@ -134,25 +134,25 @@ class HeldPool:
         except (CommandError, ValueError) as exc:
             log.warning("pool not read: %s", exc)
         try:
-            self._sync_holders(now_s)
+            self.sync_holders(now_s)
         except (HolderError, CommandError) as exc:
             log.warning("holders not read, keeping the last known: %s", exc)
             return Polled((), self._next_s)
         running = {h.node for h in self.store.holders(live_only=True) if h.state == "running"}
         joined, left = running - self.usable, self.usable - running
         self.usable = running
-        self._plan(now_s)
-        self._publish(now_s)
+        view = self.monitor.view()  # one view per poll: plan, status and event agree
+        self._plan(view, now_s)
+        self._publish(view, now_s)
         if not joined and not left:
             return Polled((), self._next_s)
-        view = self.monitor.view()
         self.store.add_pool_event(
             joined=joined, left=left, windows_s=dict(view.windows_s), stale=view.stale, now_s=now_s
         )
         event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left))
         return Polled((PoolChange(event),), self._next_s)
 
-    def _sync_holders(self, now_s: float) -> None:
+    def sync_holders(self, now_s: float) -> None:
         """One status call: record what our holders are now; cancel unknown ones."""
         known = {h.job_id: h.node for h in self.store.holders(live_only=True)}
         result = self.holders.reconcile(known)
@@ -170,8 +170,7 @@ class HeldPool:
                 self.store.set_holder_state(job_id, "ended", reason=status.reason, now_s=now_s)
                 log.info("holder %s on %s ended: %s", job_id, status.node, status.reason)
 
-    def _plan(self, now_s: float) -> None:
-        view = self.monitor.view()
+    def _plan(self, view: PoolView, now_s: float) -> None:
         live = self.store.holders(live_only=True)
         demand, allocated = self.demand()
         plan = plan_holders(
@@ -208,9 +207,8 @@ class HeldPool:
                 log.error("%s: cancelling the new holder %s", exc, job_id)
                 self.holders.release(job_id)
 
-    def _publish(self, now_s: float) -> None:
+    def _publish(self, view: PoolView, now_s: float) -> None:
         """The pool as ``bftrainer status`` shows it."""
-        view = self.monitor.view()
         holders = {h.node: h for h in self.store.holders(live_only=True)}
         allocated = {n: tid for tid, a in self.store.current_allocations().items() for n in a.nodes}
         nodes = {}
@@ -312,7 +310,7 @@ class Daemon:
         """The loop's state from the store, after reconciling holders with the scheduler
         and re-attaching to the trainers that still run."""
         now_s = self.clock.now_s()
-        self.pool._sync_holders(now_s)
+        self.pool.sync_holders(now_s)
         running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
         self.pool.usable = set(running)
         held = set(running)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -17,6 +19,7 @@ from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
 from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders
+from bftrainer.idle_monitor.runner import CommandRunner
 from bftrainer.policy import POLICIES
 from bftrainer.state import (
     DaemonLock,
@@ -133,41 +136,25 @@ def _holder_factory(
     holder_script: Path | None,
     holder_args: tuple[str, ...],
     job_name: str,
-) -> Any:
+) -> Callable[[CommandRunner], Holders]:
     """A function of the runner that builds the scheduler's holders; checks the flags."""
-    script: dict[str, Any] = {} if holder_script is None else {"script": holder_script}
+    common: dict[str, Any] = {"job_name": job_name, "extra_args": holder_args}
+    if holder_script is not None:
+        common["script"] = holder_script
     if source["scheduler"] == "slurm":
         from bftrainer.holders.slurm import SlurmHolders
 
-        partitions = source["bf_partitions"]
-        if len(partitions) != 1:
+        if len(source["bf_partitions"]) != 1:
             raise UsageError(
                 "--bf-partition: give exactly one, the preemptible partition where holder "
                 "jobs run (scripts/slurm/README.md)"
             )
-
-        def slurm(runner: Any) -> Holders:
-            return SlurmHolders(
-                runner,
-                partition=partitions[0],
-                job_name=job_name,
-                extra_args=holder_args,
-                **script,
-            )
-
-        return slurm
+        return partial(SlurmHolders, partition=source["bf_partitions"][0], **common)
     from bftrainer.holders.lsf import LsfHolders
 
-    queues = source["bf_queues"]
-    if len(queues) != 1:
+    if len(source["bf_queues"]) != 1:
         raise UsageError(
             "--bf-queue: give exactly one, the preemptible queue where holder jobs run "
             "(scripts/lsf/README.md)"
         )
-
-    def lsf(runner: Any) -> Holders:
-        return LsfHolders(
-            runner, queue=queues[0], job_name=job_name, extra_args=holder_args, **script
-        )
-
-    return lsf
+    return partial(LsfHolders, queue=source["bf_queues"][0], **common)
