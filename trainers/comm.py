@@ -55,6 +55,11 @@ class ElasticState(Protocol):
 
     def sync_key(self) -> int: ...
 
+    def rollback(self, saved: dict[str, Any]) -> None:
+        """Go back to the last commit after a failed collective (``saved`` is the
+        in-memory copy of the last commit this rank completed)."""
+        ...
+
 
 class Comm(Protocol):
     backend: str
@@ -259,7 +264,7 @@ class HorovodComm:
                 self._saved = state.snapshot()
 
             def restore(self) -> None:
-                state.load_snapshot(self._saved)
+                state.rollback(self._saved)
 
             def sync(self) -> None:
                 sync_from_most_advanced(comm, state)

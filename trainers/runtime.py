@@ -271,6 +271,27 @@ class ElasticRuntime:
     def sync_key(self) -> int:
         return self.progress.step
 
+    def rollback(self, saved: dict[str, Any]) -> None:
+        """Load ``saved``, or the checkpoint on disk when that is newer.
+
+        A peer can die after rank 0 wrote a commit's checkpoint but before every rank
+        kept it in memory: the commit is durable, so the survivors resume from it
+        rather than from the commit before (costing at most the steps since it).
+        """
+        disk = load_checkpoint(self._checkpoint)
+        if (
+            disk is not None
+            and disk.get("trainer_id") == self.trainer_id
+            and int(disk["progress"]["step"]) > int(saved["progress"]["step"])
+        ):
+            logger.info(
+                "rollback to the checkpoint's step %d, newer than the in-memory commit's %d",
+                disk["progress"]["step"],
+                saved["progress"]["step"],
+            )
+            saved = disk
+        self.load_snapshot(saved)
+
     def _load_from_disk(self) -> None:
         snap = load_checkpoint(self._checkpoint)
         if snap is None:

@@ -130,7 +130,11 @@ class Trainer:
         return None
 
     def checkpoint_step(self) -> int:
-        state = torch.load(self.dir / channel.CHECKPOINT, weights_only=False)
+        """The step of the checkpoint on disk; 0 before the first."""
+        path = self.dir / channel.CHECKPOINT
+        if not path.exists():
+            return 0
+        state = torch.load(path, weights_only=False)
         return int(state["progress"]["step"])
 
     def finish(self, timeout_s: float = 240.0) -> dict[str, Any]:
@@ -286,11 +290,13 @@ def scenario_worker_killed(launched: list[Trainer], tmp_path: Path, backend: str
     )
     launched.append(t)
     first = t.wait_reset(2, 0)
-    t.wait_for(lambda: t.committed_steps() >= first["step"] + 20, "20 committed steps", 60)
+    t.wait_for(lambda: t.checkpoint_step() >= first["step"] + 20, "20 checkpointed steps", 60)
     victims = [p for p in t.worker_pids() if t.worker_rank(p) == 1]
     assert victims, "no rank-1 worker found"
     seen = len(t.resets())
-    committed_before = t.committed_steps()
+    # Durable before the kill: the checkpoint (the ledger is written just before it,
+    # so a ledger entry alone may belong to a commit the kill interrupts).
+    committed_before = t.checkpoint_step()
     os.kill(victims[0], 9)
     t.wait_for(lambda: len(t.resets()) > seen, "a reset after the kill", RESCALE_TIMEOUT_S)
     after = t.resets()[seen]
