@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from bftrainer.trainers.comm import SingleComm  # noqa: E402
-from bftrainer.trainers.runtime import ElasticRuntime, add_runtime_args  # noqa: E402
+from bftrainer.trainers.comm import SingleComm
+from bftrainer.trainers.runtime import ElasticRuntime, add_runtime_args
 
 
 def make_runtime(trainer_dir: Path, work: int) -> ElasticRuntime:
