@@ -47,14 +47,9 @@ from typing import Any
 
 from bftrainer.idle_monitor.trace import Trace, load_trace, parse_time_s
 from bftrainer.loop import TrainerState
-from bftrainer.replay.pollux_sim import (
-    PolluxDriverFactory,
-    PolluxReport,
-    PolluxSimOptions,
-    plot_completion,
-    plot_efficiency,
-    pollux_summary,
-)
+from bftrainer.replay.pollux_output import pollux_summary
+from bftrainer.replay.pollux_plots import plot_completion, plot_efficiency
+from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxReport, PolluxSimOptions
 from bftrainer.replay.pollux_workload import (
     PolluxWorkload,
     read_pollux_workload,

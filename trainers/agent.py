@@ -85,12 +85,15 @@ class TrainerConfig:
 
 
 class _RunningMean:
-    """Count and mean of step times, O(1) memory; updated inline by ``observe_step``."""
+    """Count and mean of step times, O(1) memory; updated inline by ``observe_step``.
+
+    The count is a float: a simulated trainer may report a fractional number of steps
+    (:meth:`PolluxAgent.observe_steps`)."""
 
     __slots__ = ("count", "mean")
 
     def __init__(self) -> None:
-        self.count = 0
+        self.count = 0.0
         self.mean = 0.0
 
 
@@ -137,7 +140,8 @@ class PolluxAgent:
         self._skip = 0
         self._dirty = False
         self._model: ThroughputModel | None = None
-        self.steps = 0
+        self._fitted_configs: frozenset[TrainerConfig] = frozenset()
+        self.steps: float = 0
         self.progress = 0.0
         self.last_step_time_s: float | None = None
 
@@ -188,9 +192,50 @@ class PolluxAgent:
         if self._skip > 0:
             self._skip -= 1
             return
+        if not stats.count:
+            self._first_timed()
         stats.count += 1
         stats.mean += (step_time_s - stats.mean) / stats.count
         self._dirty = True
+
+    def observe_steps(self, count: float, mean_step_time_s: float) -> None:
+        """Count ``count`` steps of the current configuration that took
+        ``mean_step_time_s`` each on average: :meth:`observe_step` in bulk.
+
+        For a driver that knows steps only by the interval (a simulated trainer, or a
+        runtime that times a batch of steps at once); ``count`` may be fractional (the
+        steps of a simulated interval). Warm-up steps still left after a
+        :meth:`set_config` are counted but not timed, as one by one.
+        """
+        stats = self._stats
+        if stats is None:
+            raise ConfigError(f"trainer {self.trainer_id!r}: call set_config() before stepping")
+        if not 0.0 < count < math.inf:
+            raise ConfigError(f"count must be finite > 0, got {count!r}")
+        if not 0.0 < mean_step_time_s < math.inf:
+            raise ConfigError(f"mean_step_time_s must be finite > 0, got {mean_step_time_s!r}")
+        self.steps += count
+        self.last_step_time_s = mean_step_time_s
+        pgns = self.gns.pgns
+        if pgns != self._gain_pgns:
+            self._gain = step_gain(self._batch_size, self.limits.base_batch_size, pgns)
+            self._gain_pgns = pgns
+        self.progress += self._gain * count
+        timed = count - min(float(self._skip), count)
+        self._skip = max(0, math.ceil(self._skip - count))
+        if timed <= 0:
+            return
+        if not stats.count:
+            self._first_timed()
+        stats.count += timed
+        stats.mean += (mean_step_time_s - stats.mean) * timed / stats.count
+        self._dirty = True
+
+    def _first_timed(self) -> None:
+        """Keep configurations in the order first timed: the fit sees them in that order,
+        whatever was declared and never run."""
+        config = self.config
+        self._times[config] = self._times.pop(config)
 
     def observe_gradients(
         self, groups: Sequence[Vector], preconditioner: Preconditioner = identity
@@ -251,22 +296,43 @@ class PolluxAgent:
     def fit(self) -> ThroughputModel | None:
         """Refit the step-time model if new steps were timed; None before any."""
         if self._dirty:
-            self._model = fit_throughput(self.observations())
+            observations = self.observations()
+            self._model = fit_throughput(observations)
+            self._fitted_configs = frozenset(
+                TrainerConfig(o.nodes, o.replicas, o.local_bsz, o.accum_steps) for o in observations
+            )
             self._dirty = False
         return self._model
 
-    def goodput_model(self) -> GoodputModel | None:
-        """The goodput model from the latest fit and PGNS; None before any timed step."""
-        model = self.fit()
+    @property
+    def model(self) -> ThroughputModel | None:
+        """The step-time model of the last :meth:`fit`, without refitting (None before)."""
+        return self._model
+
+    @property
+    def new_configs(self) -> int:
+        """Configurations timed that the last fit did not see.
+
+        Pollux's simulator refits only when there is one; a driver that follows that
+        rule calls :meth:`fit` then and reads the rest with ``refit=False``.
+        """
+        return sum(1 for c, s in self._times.items() if s.count and c not in self._fitted_configs)
+
+    def goodput_model(self, *, refit: bool = True) -> GoodputModel | None:
+        """The goodput model from the latest fit and PGNS; None before any timed step.
+
+        ``refit=False`` uses the last fit as it is, even if steps were timed since.
+        """
+        model = self.fit() if refit else self._model
         if model is None:
             return None
         return GoodputModel(
             model, self.gns.pgns, self.limits, replicas_per_node=self.replicas_per_node
         )
 
-    def best_config(self, nodes: int) -> GoodputConfig | None:
+    def best_config(self, nodes: int, *, refit: bool = True) -> GoodputConfig | None:
         """The local batch and accumulation to run on ``nodes`` nodes (None: no model yet)."""
-        model = self.goodput_model()
+        model = self.goodput_model(refit=refit)
         return None if model is None else model.best_config(nodes)
 
     def state(self) -> dict[str, Any]:
@@ -299,14 +365,16 @@ class PolluxAgent:
         self._times = {}
         for n, k, m, s, count, mean in state["times"]:
             stats = self._times[TrainerConfig(int(n), int(k), int(m), int(s))] = _RunningMean()
-            stats.count, stats.mean = int(count), float(mean)
+            stats.count, stats.mean = float(count), float(mean)
         self.gns.restore(state["gns"])
         self._config = self._stats = None
         self._dirty = bool(self._times)
         self._model = None
+        self._fitted_configs = frozenset()
 
-    def metrics(self) -> MetricsRecord:
-        """The record the trainer reports (refits the step-time model first)."""
+    def metrics(self, *, refit: bool = True) -> MetricsRecord:
+        """The record the trainer reports (refits the step-time model first, unless
+        ``refit=False``: then it carries the last fit)."""
         config = self.config
         return MetricsRecord(
             trainer_id=self.trainer_id,
@@ -316,13 +384,13 @@ class PolluxAgent:
             nodes=config.nodes,
             local_bsz=config.local_bsz,
             accum_steps=config.accum_steps,
-            steps=self.steps,
+            steps=int(self.steps),
             mean_step_time_s=self.mean_step_time_s,
             configs_seen=sum(1 for s in self._times.values() if s.count),
             progress=self.progress,
             grad_sqr=self.gns.grad_sqr,
             grad_var=self.gns.grad_var,
-            throughput=self.fit(),
+            throughput=self.fit() if refit else self._model,
             lr_rule=self.lr_rule.name,
             lr_factor=self.lr_factor,
         )

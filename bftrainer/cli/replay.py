@@ -38,15 +38,9 @@ from bftrainer.idle_monitor.trace import (
 from bftrainer.jobs import JobSpec, JobSpecError, check_workload
 from bftrainer.replay.output import summary_table, write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
-from bftrainer.replay.pollux_sim import (
-    PolluxDriverFactory,
-    PolluxReport,
-    PolluxSimOptions,
-    plot_efficiency,
-    pollux_summary,
-    pollux_table,
-    write_pollux_outputs,
-)
+from bftrainer.replay.pollux_output import pollux_summary, pollux_table, write_pollux_outputs
+from bftrainer.replay.pollux_plots import plot_efficiency
+from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxReport, PolluxSimOptions
 from bftrainer.replay.pollux_workload import (
     PolluxWorkloadError,
     generate_pollux_workload,

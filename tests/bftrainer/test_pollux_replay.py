@@ -20,16 +20,9 @@ from bftrainer.cli import cli
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.jobs import JobSpec
-from bftrainer.replay.pollux_sim import (
-    PolluxDriverFactory,
-    PolluxJob,
-    PolluxSimDriver,
-    PolluxSimOptions,
-    SimApp,
-    completion_summary,
-    sim_app,
-    write_pollux_outputs,
-)
+from bftrainer.replay.pollux_app import PolluxJob, SimApp, sim_app
+from bftrainer.replay.pollux_output import completion_summary, write_pollux_outputs
+from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimDriver, PolluxSimOptions
 from bftrainer.replay.pollux_workload import (
     APPLICATIONS,
     PolluxWorkloadError,
@@ -239,6 +232,14 @@ def test_the_trainer_reports_curves_from_its_own_fit(tmp_path: Path) -> None:
     # exploration cap: twice the 2 nodes seen, flat beyond
     assert goodput[-1][1] == pytest.approx(dict(goodput)[4.0])
     assert driver.report().trainers["j"]["refits"] == 1
+    # What it saw is the real agent's: its steps, its means, its record's curve.
+    agent = driver._trainers["j"].agent
+    [seen] = agent.observations()
+    assert (seen.nodes, seen.local_bsz, seen.step_time_s) == (2, 10, pytest.approx(1.5))
+    assert agent.steps == pytest.approx(driver.report().trainers["j"]["steps"])
+    assert agent.metrics(refit=False).goodput_model().curve(1, spec.n_max)[1][1] == (
+        pytest.approx(dict(goodput)[2.0])
+    )
 
 
 def test_batch_adaptation_explores_then_settles_on_the_truly_best_batch(tmp_path: Path) -> None:
@@ -260,8 +261,8 @@ def test_batch_adaptation_explores_then_settles_on_the_truly_best_batch(tmp_path
     assert len(result.metrics.steps) > 10  # the loop woke it up to re-pick
     tr = driver._trainers["j"]
     assert tr.config is not None and tr.config.local_bsz == 10
-    assert tr.model is not None
-    assert float(tr.model.step_time_s(1, 1, 20)) == pytest.approx(2.0, rel=1e-2)
+    assert tr.agent.model is not None
+    assert float(tr.agent.model.step_time_s(1, 1, 20)) == pytest.approx(2.0, rel=1e-2)
 
 
 def test_same_seed_same_replay_other_seed_other_noise(tmp_path: Path) -> None:

@@ -214,3 +214,57 @@ def test_state_survives_a_restart_through_json() -> None:
     assert restarted.metrics() == agent.metrics()
     with pytest.raises(ConfigError, match="'job-2' given to 'other'"):
         PolluxAgent("other", LIMITS).restore(saved)
+
+
+def test_observe_steps_equals_the_same_steps_one_by_one() -> None:
+    times = [0.3, 0.5, 0.4, 0.6, 0.2, 0.5]
+    one, bulk = (PolluxAgent("j", LIMITS, warmup_steps=2) for _ in range(2))
+    for agent in (one, bulk):
+        agent.gns.update_from_norms(10.0, 2.0, 4, 32)  # a PGNS, so progress has gains > 1
+        agent.set_config(2, 64)
+    for t in times:
+        one.observe_step(t)
+    bulk.observe_steps(2, 9.0)  # the two warm-up steps: counted, not timed
+    bulk.observe_steps(4, sum(times[2:]) / 4)
+    assert bulk.steps == one.steps == 6
+    assert bulk.progress == pytest.approx(one.progress)
+    [a], [b] = bulk.observations(), one.observations()
+    assert a.step_time_s == pytest.approx(b.step_time_s) and a.local_bsz == b.local_bsz
+    # A fractional count (a simulated interval) weighs the mean by the steps.
+    agent = PolluxAgent("j", LIMITS, warmup_steps=0)
+    agent.set_config(1, 32)
+    agent.observe_steps(0.5, 1.0)
+    agent.observe_steps(1.5, 3.0)
+    [obs] = agent.observations()
+    assert obs.step_time_s == pytest.approx(2.5) and agent.steps == 2.0
+
+
+@pytest.mark.parametrize("count, mean_s", [(0, 1.0), (-1, 1.0), (2, 0.0), (float("inf"), 1.0)])
+def test_observe_steps_refuses_bad_counts_and_times(count: float, mean_s: float) -> None:
+    agent = PolluxAgent("j", LIMITS)
+    agent.set_config(1, 32)
+    with pytest.raises(ConfigError, match=r"count|mean_step_time_s"):
+        agent.observe_steps(count, mean_s)
+
+
+def test_new_configs_and_reading_the_last_fit_without_refitting() -> None:
+    agent = PolluxAgent("j", LIMITS, warmup_steps=0)
+    agent.set_config(1, 32)
+    assert agent.new_configs == 0 and agent.model is None
+    agent.set_config(1, 64)  # declared, never run: not a configuration seen
+    agent.set_config(1, 32)
+    agent.observe_steps(10, 0.1)
+    assert agent.new_configs == 1
+    first = agent.fit()
+    assert agent.new_configs == 0 and agent.model is first
+    agent.observe_steps(10, 0.3)  # the same configuration, slower: no new one
+    assert agent.new_configs == 0
+    assert agent.metrics(refit=False).throughput is first
+    assert agent.goodput_model(refit=False) is not None
+    assert agent.model is first  # nothing refitted so far
+    assert agent.metrics().throughput is not first  # the default refits on new steps
+    agent.set_config(2, 64)
+    agent.observe_steps(5, 0.2)
+    assert agent.new_configs == 1
+    # Configurations are observed in the order first timed, not first declared.
+    assert [(o.nodes, o.local_bsz) for o in agent.observations()] == [(1, 32), (2, 64)]
