@@ -1,17 +1,25 @@
 """Allocator solve time per (trainers, nodes), formulation and solver, in one run.
 
-Instances: Table 2 curves cycled over the trainers, n_min 1, n_max 64, costs as the
-paper's job sets; a consistent current allocation (the optimum on the pool), then an
-event (5% of the nodes leave, as many join). Reports the median of repeats and the
+Benchmark instances: Table 2 curves cycled over the trainers, n_min 1, n_max 64, costs
+as the paper's job sets; a consistent current allocation (the optimum on the pool), then
+an event (5% of the nodes leave, as many join). Reports the median of repeats and the
 node/count time ratio measured in the same run, as JSON (benchmarks/results/).
 
+Random instances (issue 11, "the default solver on any instance"): seeded, Table 2
+curves drawn at random, n_max 8-64, and a current map that is not the optimum of the
+pool (random node counts, some trainers new). One solve per instance and solver path;
+the median, p95 and max over the seeds, wall and CPU, and whether every path reached
+the exact DP's objective on every instance.
+
     python benchmarks/allocator.py [--sizes 10x100,30x800,100x4608] [--repeats 5]
+                                   [--random-sizes 30x800] [--random-seeds 40]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -36,6 +44,16 @@ COMBOS = [
     ("node", "gurobi"),
 ]
 NODE_MAX_VARS = 30 * 800
+# Paths on the random instances: "default" is allocate() as called with no solver (what
+# `bftrainer allocate` runs); the node model is left out (seconds per instance).
+RANDOM_PATHS = [
+    ("count", "default"),
+    ("count", "dp"),
+    ("count", "highs"),
+    ("count", "cbc"),
+    ("count", "gurobi"),
+]
+RANDOM_GOALS_MS = {("30x800", "count", "default"): 50}
 GOALS_MS = {
     ("30x800", "count", "highs"): 50,
     ("30x800", "count", "dp"): 10,
@@ -70,6 +88,97 @@ def instance(trainers: int, nodes: int, seed: int) -> Problem:
     return Problem(pool=new_pool, trainers=tuple(specs), max_trainers=trainers)
 
 
+def random_instance(trainers: int, nodes: int, seed: int) -> Problem:
+    """A random event: Table 2 curves, n_max 8-64, a current map that is not optimal.
+
+    Each trainer holds a random count in 0..n_max (a fifth hold none: new arrivals) of a
+    shuffled pool while nodes last; then 5% of the nodes leave and as many join.
+    """
+    rng = np.random.default_rng(seed)
+    models = list(ZOO_SPS)
+    pool = [f"n{i}" for i in range(nodes)]
+    free = [pool[i] for i in rng.permutation(nodes)]
+    specs = []
+    for j in range(trainers):
+        n_max = int(rng.integers(8, 65))
+        held = int(rng.integers(0, n_max + 1)) if rng.random() < 0.8 else 0
+        specs.append(
+            TrainerSpec(
+                id=f"t{j}",
+                n_min=1,
+                n_max=n_max,
+                rescale_up_s=float(rng.uniform(17, 19)),
+                rescale_down_s=float(rng.uniform(11, 13)),
+                curve=zoo_curve(models[int(rng.integers(len(models)))]),
+                nodes=tuple(free[:held]),
+            )
+        )
+        free = free[held:]
+    k = max(1, nodes // 20)
+    left = set(rng.choice(nodes, size=k, replace=False).tolist())
+    new_pool = tuple(n for i, n in enumerate(pool) if i not in left) + tuple(
+        f"j{i}" for i in range(k)
+    )
+    return Problem(pool=new_pool, trainers=tuple(specs), max_trainers=trainers)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile: a value that was measured, not interpolated."""
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q / 100 * len(ranked)) - 1)]
+
+
+def measure_random(
+    trainers: int, nodes: int, seeds: int, limit_s: float, paths: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """One solve per (seed, path); latency statistics per path, in ms."""
+    wall: dict[str, list[float]] = {f"{f}/{s}": [] for f, s in paths}
+    cpu: dict[str, list[float]] = {k: [] for k in wall}
+    statuses: dict[str, dict[str, int]] = {k: {} for k in wall}
+    answered_by: dict[str, dict[str, int]] = {k: {} for k in wall}
+    disagree: dict[str, int] = dict.fromkeys(wall, 0)
+    errors: dict[str, str] = {}
+    for seed in range(seeds):
+        problem = random_instance(trainers, nodes, seed)
+        exact = allocate(problem, solver="dp").objective
+        for formulation, solver in paths:
+            key = f"{formulation}/{solver}"
+            if key in errors:
+                continue
+            kwargs = {} if solver == "default" else {"solver": solver}
+            start, start_cpu = time.perf_counter(), time.process_time()
+            try:
+                result = allocate(problem, formulation=formulation, time_limit_s=limit_s, **kwargs)
+            except SolverError as e:
+                errors[key] = str(e).split(":")[0]
+                continue
+            cpu[key].append(time.process_time() - start_cpu)
+            wall[key].append(time.perf_counter() - start)
+            statuses[key][result.status] = statuses[key].get(result.status, 0) + 1
+            answered_by[key][result.solver] = answered_by[key].get(result.solver, 0) + 1
+            if abs(result.objective - exact) > 1e-9 * max(1.0, abs(exact)):
+                disagree[key] += 1
+    out: dict[str, Any] = {}
+    for key in wall:
+        if key in errors:
+            out[key] = {"error": errors[key]}
+            continue
+        w, c = wall[key], cpu[key]
+        out[key] = {
+            "median_ms": statistics.median(w) * 1000,
+            "p95_ms": percentile(w, 95) * 1000,
+            "max_ms": max(w) * 1000,
+            "cpu_median_ms": statistics.median(c) * 1000,
+            "cpu_p95_ms": percentile(c, 95) * 1000,
+            "cpu_max_ms": max(c) * 1000,
+            "runs": len(w),
+            "statuses": statuses[key],
+            "answered_by": answered_by[key],
+            "objective_differs_from_dp": disagree[key],
+        }
+    return out
+
+
 def measure(
     problem: Problem, formulation: str, solver: str, repeats: int, limit_s: float
 ) -> dict[str, Any]:
@@ -96,14 +205,39 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--node-repeats", type=int, default=3, help="repeats of the slow node model")
     ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--random-sizes", default="30x800", help="'' to skip the random instances")
+    ap.add_argument("--random-seeds", type=int, default=40)
+    ap.add_argument(
+        "--random-paths",
+        default=",".join(f"{f}/{s}" for f, s in RANDOM_PATHS),
+        help="formulation/solver pairs; 'default' is allocate() without a solver",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/allocator.json"))
     args = ap.parse_args()
     results: dict[str, Any] = {
         "machine": platform.platform(),
         "time_limit_s": args.time_limit,
         "sizes": {},
+        "random": {},
     }
-    for size in args.sizes.split(","):
+    paths = [(p.split("/")[0], p.split("/")[1]) for p in args.random_paths.split(",") if p]
+    for size in filter(None, args.random_sizes.split(",")):
+        trainers, nodes = map(int, size.split("x"))
+        rrow = measure_random(trainers, nodes, args.random_seeds, args.time_limit, paths)
+        for key, got in rrow.items():
+            print(f"random {size} {key} {got}", flush=True)
+        for (gsize, formulation, solver), goal_ms in RANDOM_GOALS_MS.items():
+            got = rrow.get(f"{formulation}/{solver}", {})
+            if gsize == size and "median_ms" in got:
+                rrow[f"goal_{formulation}_{solver}_ms"] = {
+                    "goal": goal_ms,
+                    "median": got["median_ms"],
+                    "p95": got["p95_ms"],
+                    "cpu_median": got["cpu_median_ms"],
+                    "met": got["median_ms"] <= goal_ms,
+                }
+        results["random"][size] = rrow
+    for size in filter(None, args.sizes.split(",")):
         trainers, nodes = map(int, size.split("x"))
         problem = instance(trainers, nodes, seed=1)
         row: dict[str, Any] = {}
