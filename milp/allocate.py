@@ -169,7 +169,9 @@ def _solve_milp(
     if time.perf_counter() < deadline:
         if formulation == "count":
             encoding = "sos2" if backend.native_sos2 else "per_count"
-            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding)
+            # The DP's answer prunes the model by the LP bound and starts the solver.
+            incumbent = exact[0] if exact is not None else None
+            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding, incumbent)
         else:
             nm = build_node_model(terms, problem.pool, t_fwd)
         # Keep time for what follows the solver (the greedy fallback, mapping, checks:

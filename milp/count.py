@@ -16,14 +16,22 @@ Two encodings of the same model, chosen by what the solver honours:
     hull of each trainer's choices, so its LP bound is tight. On HiGHS it solved the
     30 x 800 benchmark in about 52 ms, where the SOS2-as-binary-segments encoding took
     333 ms: segments over a non-concave curve have a weak LP relaxation.
+
+Given an ``incumbent`` (a feasible count per trainer, the exact DP's answer), the
+``per_count`` model keeps only the counts that the LP bound allows in an answer at least
+as good (``bound.counts_that_can_win``: about 50 of 1,000-2,000 binaries at 30 x 800) and
+carries the incumbent as its start. The optimum stays in the model; a solver proves it
+in milliseconds instead of spending up to 0.4 s in HiGHS' root cut loop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from bftrainer.milp.bound import counts_that_can_win
 from bftrainer.milp.model import Milp, MilpBuilder
 from bftrainer.milp.objective import TrainerTerms
 
@@ -46,18 +54,54 @@ class CountModel:
 
 
 def build_count_model(
-    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, encoding: str = "per_count"
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    encoding: str = "per_count",
+    incumbent: Mapping[str, int] | None = None,
 ) -> CountModel:
+    """The count model; ``incumbent`` (a count per trainer) prunes and starts ``per_count``
+    when it is feasible, and is ignored otherwise (and by ``sos2``)."""
     if encoding == "sos2":
         return _sos2_model(terms, pool_size, t_fwd_s)
     if encoding == "per_count":
-        return _per_count_model(terms, pool_size, t_fwd_s)
+        return _per_count_model(terms, pool_size, t_fwd_s, incumbent)
     raise ValueError(f"encoding {encoding!r} is not one of {', '.join(ENCODINGS)}")
 
 
-def _per_count_model(terms: list[TrainerTerms], pool_size: int, t_fwd_s: float) -> CountModel:
+def _feasible_value(
+    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, counts: Mapping[str, int]
+) -> float | None:
+    """Eq. 16 of ``counts`` if they are an allowed count per trainer within the pool."""
+    if sum(counts.get(t.id, 0) for t in terms) > pool_size:
+        return None
+    total = 0.0
+    for t in terms:
+        n = counts.get(t.id, 0)
+        scores = t.scores(t_fwd_s)
+        if not 0 <= n < len(scores) or not np.isfinite(scores[n]):
+            return None
+        total += float(scores[n])
+    return total
+
+
+def _per_count_model(
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    incumbent: Mapping[str, int] | None = None,
+) -> CountModel:
     # Built in one block, not per trainer: 10,000 trainers took 3 s one by one.
-    options = [np.flatnonzero(np.isfinite(t.scores(t_fwd_s))) for t in terms]
+    floor = None if incumbent is None else _feasible_value(terms, pool_size, t_fwd_s, incumbent)
+    if incumbent is None or floor is None:
+        options = [np.flatnonzero(np.isfinite(t.scores(t_fwd_s))) for t in terms]
+    else:
+        kept = counts_that_can_win(terms, pool_size, t_fwd_s, floor)
+        # The incumbent's own counts are in by the bound; united anyway, so its start is
+        # always a point of the model, whatever the rounding.
+        options = [
+            np.union1d(k, [incumbent.get(t.id, 0)]) for t, k in zip(terms, kept, strict=True)
+        ]
     sizes = np.array([len(o) for o in options])
     counts = np.concatenate(options)
     costs = np.concatenate([t.scores(t_fwd_s)[o] for t, o in zip(terms, options, strict=True)])
@@ -69,7 +113,13 @@ def _per_count_model(terms: list[TrainerTerms], pool_size: int, t_fwd_s: float) 
     cols = tuple(np.split(y, ends[:-1]))
     coefs = tuple(c.astype(float) for c in options)
     _capacity(b, list(cols), list(coefs), pool_size)
-    return CountModel(b.build(), cols, coefs)
+    milp = b.build()
+    if incumbent is not None and floor is not None:
+        start = np.zeros(milp.num_vars)
+        for t, col, counts_j in zip(terms, cols, options, strict=True):
+            start[col[np.searchsorted(counts_j, incumbent.get(t.id, 0))]] = 1.0
+        milp = replace(milp, start=start)
+    return CountModel(milp, cols, coefs)
 
 
 def _sos2_model(terms: list[TrainerTerms], pool_size: int, t_fwd_s: float) -> CountModel:

@@ -21,7 +21,8 @@ INF = float("inf")
 class Milp:
     """maximise c @ x + offset  s.t.  row_lb <= A @ x <= row_ub,  lb <= x <= ub,
     x[i] integer where ``integral[i]``, and each array in ``sos2`` an SOS2 set
-    (ordered by index, at most two adjacent members non-zero)."""
+    (ordered by index, at most two adjacent members non-zero). ``start``, if given, is
+    a feasible x a solver may begin from (a warm start)."""
 
     c: np.ndarray
     lb: np.ndarray
@@ -32,6 +33,7 @@ class Milp:
     row_ub: np.ndarray
     sos2: tuple[np.ndarray, ...] = ()
     offset: float = 0.0
+    start: np.ndarray | None = None
 
     @property
     def num_vars(self) -> int:
@@ -179,4 +181,5 @@ def sos2_as_segments(m: Milp) -> Milp:
         row_lb=np.concatenate([m.row_lb, *map(np.asarray, row_lb)]),
         row_ub=np.concatenate([m.row_ub, *map(np.asarray, row_ub)]),
         sos2=(),
+        start=None,  # the segment binaries have no start values
     )

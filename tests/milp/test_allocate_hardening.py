@@ -227,6 +227,8 @@ def test_ten_thousand_trainers_respect_the_time_limit_and_use_the_pool() -> None
     started = time.monotonic()
     result = allocate(problem, solver="highs", time_limit_s=10)
     assert time.monotonic() - started < 10 + 2  # a little past it at most: not 41 s
-    assert result.status == "time_limit"
+    # "optimal" when the DP's check finishes in its half: its answer prunes the model to
+    # ~11,000 columns (milp/bound.py) and HiGHS proves it within the limit (~1.7 s).
+    assert result.status in {"time_limit", "optimal"}
     assert sum(result.counts.values()) == 1_000
     assert violations(problem, result.nodes) == []
