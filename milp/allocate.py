@@ -18,6 +18,7 @@ from bftrainer.milp.node import build_node_model
 from bftrainer.milp.objective import TrainerTerms, admitted, build_terms, objective_of_counts
 from bftrainer.milp.problem import Problem
 from bftrainer.milp.solvers import DEFAULT_MIP_GAP, MILP_SOLVERS, SolveStatus
+from bftrainer.milp.windows import allocate_windows, has_windows
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ class Allocation:
     used); ``time_limit`` (the solver stopped at the limit; the best of its incumbent,
     the DP's answer when it applies, and the current map); ``kept_current`` (time
     limit, nothing better than the current map, paper §3.6); ``unverified`` (the solver
-    says optimal, but the problem is too large for the DP's check). ``objective`` is
+    says optimal, but the problem is too large for the DP's check); ``windows`` (nodes
+    leave within the horizon: the window model's answer, milp/windows.py; not proven
+    optimal, and ``objective`` is its value V). ``objective`` is
     Eq. 16 of the returned allocation; ``bound`` the best proven upper bound, if known.
     """
 
@@ -124,11 +127,22 @@ def allocate(
         nodes, status, bound = _solve_milp(
             problem, terms, formulation, solver, deadline, time_limit_s, mip_gap
         )
+    window_value = None
+    if terms and has_windows(problem):
+        # Nodes leave within the horizon: refine by the window model (milp/windows.py),
+        # from the current map and the window-free optimum; Eq. 16's optimum bounds it.
+        free_counts = {t.id: len(nodes.get(t.id, ())) for t in terms}
+        nodes, window_value = allocate_windows(problem, terms, [current_counts(terms), free_counts])
+        status = "windows" if status == "optimal" else status
     all_nodes = {t.id: nodes.get(t.id, ()) for t in problem.trainers}
     broken = violations(problem, all_nodes)
     if broken:
         raise AllocationBugError(f"{solver}/{formulation} answer breaks constraints: {broken[:3]}")
-    objective = objective_of_counts(terms, {k: len(v) for k, v in all_nodes.items()}, t_fwd)
+    objective = (
+        window_value
+        if window_value is not None
+        else objective_of_counts(terms, {k: len(v) for k, v in all_nodes.items()}, t_fwd)
+    )
     return Allocation(
         nodes=all_nodes,
         objective=objective,

@@ -109,6 +109,9 @@ class Problem:
     max_trainers: int = DEFAULT_MAX_TRAINERS
     fairness_p: float = 1.0
     fair_share_speedup: bool = False
+    # Seconds until the main scheduler is known to take a pool node back; a node that is
+    # absent (or None) is open-ended or unknown. Empty: Eq. 16 as in the paper.
+    windows_s: Mapping[str, float | None] = field(default_factory=dict)
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +147,11 @@ class Problem:
                     )
                 holder[node] = t.id
         object.__setattr__(self, "pool_set", frozenset(self.pool))
+        for node, w in self.windows_s.items():
+            if node not in self.pool_set:
+                raise ProblemError(f"windows: node {node!r} is not in the pool")
+            if w is not None:
+                _check_number(w, f"windows: node {node!r}", minimum=0.0)
 
     def current_nodes(self, trainer: TrainerSpec) -> tuple[str, ...]:
         """The trainer's nodes still in the pool (nodes that left are dropped)."""
@@ -158,6 +166,7 @@ _TOP_FIELDS = {
     "max_trainers",
     "fairness_p",
     "fair_share_speedup",
+    "windows",
 }
 _TRAINER_FIELDS = {"id", "n_min", "n_max", "rescale_up", "rescale_down", "nodes", "curve"}
 _TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes"}
@@ -188,7 +197,14 @@ def problem_from_dict(data: Any) -> Problem:
         max_trainers=data.get("max_trainers", DEFAULT_MAX_TRAINERS),
         fairness_p=data.get("fairness_p", 1.0),
         fair_share_speedup=data.get("fair_share_speedup", False),
+        windows_s=_windows(data.get("windows", {})),
     )
+
+
+def _windows(value: Any) -> dict[str, float | None]:
+    if not isinstance(value, Mapping):
+        raise ProblemError("windows must be an object: node -> seconds (or null: open-ended)")
+    return dict(value)
 
 
 def _trainer_from_dict(index: int, raw: Any) -> TrainerSpec:

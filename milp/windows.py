@@ -1,0 +1,452 @@
+"""Window-aware allocation: nodes that the main scheduler takes back within the horizon.
+
+Eq. 16 values an allocation as if every node stayed for T_fwd. When the pool source
+knows a node's window w (seconds until the scheduler takes it back, ``Problem.windows_s``),
+a trainer holding it gets its throughput only until then and pays a scale-down when it
+goes. A trainer given node set S, with windows sorted w_(1) >= ... >= w_(k), is worth
+(docs/allocator.md, "Windows")
+
+    V_j(S) = sum_i (O_j(i) - O_j(i-1)) * min(w_(i), T)           # throughput while held
+             - O_j(C_j) * R_j                                      # Eq. 16's rescale now
+             - R_dw * sum_{tau < T} O_j(n_S(tau-))                 # one scale-down per
+                                                                   # distinct departure
+
+where n_S(t) counts the nodes of S still present at t: the first line is the integral
+of O_j(n_S(t)) over [0, T]. Nodes leaving together cost one scale-down, so departures
+are best concentrated in one trainer. With no window below T this is Eq. 16 exactly.
+
+Nodes are no longer interchangeable, so the exact problem is an assignment of nodes,
+not of counts. This module solves it approximately, and every candidate is valued
+exactly by V:
+
+1. A trainer that shrinks keeps its longest-window nodes; the nodes free for growth
+   (free and released) are sorted by window, longest first, and each grower takes a
+   contiguous block of them (so nodes that leave together go to one trainer). The order
+   of the growers is searched (every order up to ``MAX_PERMUTED`` growers).
+2. Counts come from the exact count DP (``dp.solve_counts``) on window-aware per-count
+   tables: trainer j's k-th count is valued with the nodes it would get at that count
+   (its own longest, then the growth block at its offset). The offsets are first the
+   head of the free list, then the blocks the previous round's mapping gave; a few
+   rounds, until the counts repeat.
+3. The best of those rounds, the window-free optimum mapped as in 1, and the current
+   map is improved by swapping two nodes of different windows between two holders (or
+   a holder and the free nodes) while a swap raises V and keeps no-migration (first
+   improvement; at most ``MAX_SWAP_TRIALS`` trials, so the answer does not depend on
+   the machine's speed). Never worse by V than the current map.
+
+V for the same counts is at most Eq. 16's, so the window-free optimum bounds it. The
+error against an exhaustive search over node maps is measured in
+``tests/milp/test_windows.py`` (docs/allocator.md gives the figures).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bftrainer.milp.dp import solve_counts
+from bftrainer.milp.objective import TrainerTerms
+from bftrainer.milp.problem import Problem
+
+# Rounds of the count DP with offsets from the previous round's mapping.
+ROUNDS = 3
+# Grower orders: all permutations up to this many growers; beyond it, two heuristics.
+MAX_PERMUTED = 4
+# Swaps tried by the local search (step 3), at most: about 5 us each.
+MAX_SWAP_TRIALS = 2000
+# Starts of the local search: the best maps of step 2 (by V).
+STARTS = 2
+
+
+def node_windows(problem: Problem) -> dict[str, float]:
+    """Each pool node's window in seconds; inf when open-ended, unknown, or at least
+    T_fwd (all alike within the horizon)."""
+    t = float(problem.t_fwd_s)
+    out = {}
+    for n in problem.pool:
+        x = problem.windows_s.get(n)
+        out[n] = math.inf if x is None or x >= t else float(x)
+    return out
+
+
+def has_windows(problem: Problem) -> bool:
+    """True when some pool node leaves within the horizon: only then do windows matter."""
+    t = float(problem.t_fwd_s)
+    return any(w is not None and w < t for n, w in problem.windows_s.items())
+
+
+def _values(t: TrainerTerms) -> np.ndarray:
+    """O_j at every whole count 0..n_max."""
+    return np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
+
+
+def set_value(
+    t: TrainerTerms, windows: Sequence[float], t_fwd_s: float, o: list[float] | None = None
+) -> float:
+    """V_j of a node set with these windows (the module docstring); -inf if infeasible.
+    ``o``: O_j at every whole count, if the caller has it."""
+    asc = sorted(math.inf if x >= t_fwd_s else float(x) for x in windows)
+    return _sorted_value(t, _values(t).tolist() if o is None else o, asc, t_fwd_s)
+
+
+def _sorted_value(t: TrainerTerms, o: list[float], asc: list[float], t_fwd_s: float) -> float:
+    """V_j for windows sorted shortest first, each below T_fwd or inf. The open-ended
+    nodes come first in the longest-first order, together worth T_fwd x O_j(m): only
+    the (few) nodes that leave within the horizon are walked."""
+    k = len(asc)
+    if k > t.n_max or (0 < k < t.n_min) or (k and not t.runnable):
+        return -math.inf
+    f = bisect.bisect_left(asc, math.inf)
+    value = t_fwd_s * o[k - f]
+    for a in range(f):
+        i = k - 1 - a  # the position in the longest-first order
+        x = asc[a]
+        value += (o[i + 1] - o[i]) * x
+        if a == 0 or asc[a - 1] < x:  # the last of the nodes leaving at x
+            value -= t.rescale_down_s * o[i + 1]
+    if k > t.c:
+        value -= t.current_value * t.rescale_up_s
+    elif k < t.c:
+        value -= t.current_value * t.rescale_down_s
+    return value
+
+
+def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: float) -> np.ndarray:
+    """V_j at every count 0..n_max: count k <= C_j keeps the k longest of ``own``
+    (sorted longest first); k > C_j adds the first k - C_j windows of ``growth``. The
+    vectorised form of :func:`set_value`; -inf where infeasible or growth runs out."""
+    kmax = t.n_max
+    base = t.scores(t_fwd_s)  # for the feasibility mask and the rescale-now terms
+    if kmax == 0:
+        return np.array(base, dtype=float)
+    c = len(own)
+    row = np.concatenate([own, growth[: max(kmax - c, 0)]])[:kmax]
+    have = len(row)
+    row = np.pad(row, (0, kmax - have))
+    ks = np.arange(kmax + 1)
+    cols = np.arange(kmax)
+    m = np.where(cols[None, :] < ks[:, None], row[None, :], -1.0)  # -1: no node
+    m = -np.sort(-m, axis=1)  # each count's windows, longest first
+    o = _values(t)
+    held = np.where(m >= 0, np.minimum(m, t_fwd_s), 0.0)
+    value = held @ (o[1:] - o[:-1])
+    nxt = np.concatenate([m[:, 1:], np.full((kmax + 1, 1), -1.0)], axis=1)
+    leaves = (m >= 0) & (m < t_fwd_s) & (nxt < m)
+    value -= t.rescale_down_s * (leaves @ o[1:])
+    # Eq. 16's rescale-now term, as in the window-free table: base = T O(k) - that term.
+    value += base - t_fwd_s * o
+    value[ks > have] = -math.inf
+    return np.where(np.isfinite(base), value, -math.inf)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each trainer's nodes come from, for one count vector."""
+
+    kept: dict[str, tuple[str, ...]]
+    free: list[str]  # free and released nodes, longest window first
+    growers: list[str]
+
+
+def _layout(
+    terms: list[TrainerTerms],
+    counts: Mapping[str, int],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    keep_longest: bool = True,
+) -> _Layout:
+    kept: dict[str, tuple[str, ...]] = {}
+    held: set[str] = set()
+    growers = []
+    sign = -1.0 if keep_longest else 1.0
+    for t in terms:
+        k = counts.get(t.id, 0)
+        keep = set(sorted(t.current, key=lambda n: sign * w[n])[: min(k, t.c)])
+        kept[t.id] = tuple(n for n in t.current if n in keep)  # in their held order
+        held |= keep
+        if k > t.c:
+            growers.append(t.id)
+    free = sorted((n for n in pool if n not in held), key=lambda n: -w[n])  # stable: pool order
+    return _Layout(kept, free, growers)
+
+
+def _assign(
+    layout: _Layout, counts: Mapping[str, int], order: Sequence[str]
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+    """Node sets with growers taking consecutive blocks of the free list in ``order``;
+    and each grower's block offset."""
+    nodes = dict(layout.kept)
+    offsets, at = {}, 0
+    for tid in order:
+        need = counts[tid] - len(layout.kept[tid])
+        offsets[tid] = at
+        nodes[tid] = layout.kept[tid] + tuple(layout.free[at : at + need])
+        at += need
+    return nodes, offsets
+
+
+def map_windows(
+    terms: list[TrainerTerms],
+    counts: Mapping[str, int],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+    """Node sets for ``counts`` (step 1 of the module docstring): the best by V of the
+    grower orders, with shrinkers keeping their longest windows or (releasing those to
+    the growers) their shortest; and each grower's offset in the free list."""
+    by_id = {t.id: t for t in terms}
+    o = {t.id: _values(t).tolist() for t in terms}
+
+    def cost(tid: str) -> float:  # the trainer a departure costs most goes first
+        t = by_id[tid]
+        return -t.rescale_down_s * float(t.value(counts[tid]))
+
+    best: tuple[float, dict[str, tuple[str, ...]], dict[str, int]] | None = None
+    shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
+    moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
+    for keep_longest in (True, False) if shrinking else (True,):
+        layout = _layout(terms, counts, pool, w, keep_longest)
+        orders: list[Sequence[str]] = (
+            list(itertools.permutations(layout.growers))
+            if len(layout.growers) <= MAX_PERMUTED
+            else [layout.growers, sorted(layout.growers, key=cost)]
+        )
+        for order in orders:
+            nodes, offsets = _assign(layout, counts, order)
+            v = sum(set_value(t, [w[n] for n in nodes[t.id]], t_fwd_s, o[t.id]) for t in moving)
+            if best is None or v > best[0]:
+                best = (v, nodes, offsets)
+    assert best is not None
+    return best[1], best[2]
+
+
+def total_value(
+    terms: list[TrainerTerms],
+    nodes: Mapping[str, Sequence[str]],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> float:
+    """sum_j V_j: the window-aware objective of a node map."""
+    return sum(set_value(t, [w[n] for n in nodes.get(t.id, ())], t_fwd_s) for t in terms)
+
+
+@dataclass(frozen=True)
+class _Tabled(TrainerTerms):
+    """A trainer whose per-count table is given (the window-aware one), for the DP."""
+
+    table: np.ndarray | None = None
+
+    def scores(self, t_fwd_s: float) -> np.ndarray:
+        assert self.table is not None
+        return self.table
+
+
+def _tabled(t: TrainerTerms, table: np.ndarray) -> _Tabled:
+    return _Tabled(
+        id=t.id,
+        n_min=t.n_min,
+        n_max=t.n_max,
+        current=t.current,
+        bp_nodes=t.bp_nodes,
+        bp_value=t.bp_value,
+        rescale_up_s=t.rescale_up_s,
+        rescale_down_s=t.rescale_down_s,
+        runnable=t.runnable,
+        current_value=t.current_value,
+        table=table,
+    )
+
+
+def allocate_windows(
+    problem: Problem,
+    terms: list[TrainerTerms],
+    candidates: Sequence[Mapping[str, int]],
+) -> tuple[dict[str, tuple[str, ...]], float]:
+    """The window-aware allocation (steps 1-3 of the module docstring) and its V.
+
+    ``candidates``: count vectors to consider besides the DP's rounds (the window-free
+    optimum, the current map); the first of equals wins, so list the current map first
+    to move only when it pays.
+    """
+    t_fwd = float(problem.t_fwd_s)
+    w = node_windows(problem)
+    pool = problem.pool
+    maps: list[tuple[float, dict[str, tuple[str, ...]]]] = []
+
+    def consider(counts: Mapping[str, int]) -> dict[str, int]:
+        nodes, offsets = map_windows(terms, counts, pool, w, t_fwd)
+        if all(m[1] != nodes for m in maps):
+            maps.append((total_value(terms, nodes, w, t_fwd), nodes))
+        return offsets
+
+    for counts in candidates:
+        consider(counts)
+    # Round 0: every trainer grows from the head of the free list, then, past the free
+    # nodes, from what the others release: their shortest windows, or their longest.
+    held = {n for t in terms for n in t.current}
+    free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
+    own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
+    others = {
+        t.id: np.array(sorted(w[n] for u in terms if u.id != t.id for n in u.current))
+        for t in terms
+    }
+    # (Only when some trainer could grow past the free nodes.)
+    variants = [others, {k: v[::-1] for k, v in others.items()}]
+    if all(t.n_max - t.c <= len(free) for t in terms):
+        variants = variants[:1]
+    for released in variants:
+        growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
+        _rounds(terms, pool, w, t_fwd, own, growth, consider)
+    # The local search from each start, the best start first (the first of equals wins).
+    maps.sort(key=lambda m: -m[0])
+    best: tuple[dict[str, tuple[str, ...]], float] | None = None
+    for _, nodes in maps[:STARTS]:
+        found = improve_by_swaps(terms, nodes, pool, w, t_fwd)
+        if best is None or found[1] > best[1] + 1e-9 * max(1.0, abs(found[1])):
+            best = found
+    assert best is not None
+    return best
+
+
+def _rounds(
+    terms: list[TrainerTerms],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    t_fwd: float,
+    own: Mapping[str, np.ndarray],
+    growth: dict[str, np.ndarray],
+    consider: Callable[[Mapping[str, int]], dict[str, int]],
+) -> None:
+    """Step 2: the count DP on window-aware tables, each round with the growth offsets
+    the previous round's mapping gave, until the counts repeat."""
+    seen: list[dict[str, int]] = []
+    for _ in range(ROUNDS):
+        tables = [_tabled(t, score_table(t, own[t.id], growth[t.id], t_fwd)) for t in terms]
+        counts, _ = solve_counts(tables, len(pool), t_fwd)
+        if counts in seen:
+            break
+        seen.append(counts)
+        offsets = consider(counts)
+        layout = _layout(terms, counts, pool, w)
+        avail = np.array([w[n] for n in layout.free])
+        end = sum(counts[g] - len(layout.kept[g]) for g in layout.growers)
+        growth = {t.id: avail[offsets[t.id] :] if t.id in offsets else avail[end:] for t in terms}
+
+
+def improve_by_swaps(
+    terms: list[TrainerTerms],
+    nodes: Mapping[str, tuple[str, ...]],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> tuple[dict[str, tuple[str, ...]], float]:
+    """Step 3 of the module docstring: the map after improving moves and swaps, and V."""
+    by_id = {t.id: t for t in terms}
+    sets = {t.id: list(nodes.get(t.id, ())) for t in terms}
+    current = {t.id: frozenset(t.current) for t in terms}
+    o = {t.id: [float(x) for x in _values(t)] for t in terms}
+    owner: dict[str, str | None] = {n: None for n in pool}
+    for tid, ns in sets.items():
+        for n in ns:
+            owner[n] = tid
+    # No migration: a set is a subset or a superset of the current nodes.
+    extra = {tid: sum(1 for n in ns if n not in current[tid]) for tid, ns in sets.items()}
+    missing = {tid: len(current[tid]) - (len(sets[tid]) - extra[tid]) for tid in sets}
+    wins = {tid: sorted(w[n] for n in ns) for tid, ns in sets.items()}
+    val = {tid: _sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
+    scale = 1e-9 * max(1.0, sum(abs(v) for v in val.values() if math.isfinite(v)))
+
+    def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
+        """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
+        if that would migrate."""
+        if tid is None:
+            return (None, out, into, [], 0.0, 0, 0)
+        cur = current[tid]
+        e = (
+            extra[tid]
+            - (out is not None and out not in cur)
+            + (into is not None and into not in cur)
+        )
+        m = missing[tid] + (out is not None and out in cur) - (into is not None and into in cur)
+        if e and m:
+            return None
+        ws = list(wins[tid])
+        if out is not None:
+            ws.remove(w[out])
+        if into is not None:
+            bisect.insort(ws, w[into])
+        return (tid, out, into, ws, _sorted_value(by_id[tid], o[tid], ws, t_fwd_s), e, m)
+
+    holders: list[str | None] = [None, *sets]
+
+    def alike(n: str) -> tuple[str, float, bool]:
+        """Nodes alike for a move: same holder, window, and whether the holder has it now."""
+        h = owner[n]
+        return (str(h), w[n], h is not None and n in current[h])
+
+    classes: dict[tuple[str, float, bool], dict[str, None]] = {}  # ordered sets
+    for n in pool:
+        classes.setdefault(alike(n), {})[n] = None
+    trials = 0
+    improved = True
+    while improved and trials < MAX_SWAP_TRIALS:
+        improved = False
+        reps = [next(iter(members)) for members in classes.values() if members]
+        nodes_ = sorted(reps, key=lambda n: (str(owner[n]), w[n], n))
+
+        def candidates(nodes_: list[str]) -> Iterator[tuple[tuple | None, tuple | None]]:
+            for x in nodes_:  # a move of x to another holder (or to none)
+                for h in holders:
+                    if h != owner[x]:
+                        a = change(owner[x], x, None)
+                        yield a, (change(h, None, x) if a is not None else None)
+            for x, y in itertools.combinations(nodes_, 2):  # a swap
+                if owner[x] != owner[y] and w[x] != w[y]:
+                    a = change(owner[x], x, y)
+                    yield a, (change(owner[y], y, x) if a is not None else None)
+
+        for a, b in candidates(nodes_):
+            trials += 1
+            if trials > MAX_SWAP_TRIALS:
+                break
+            if a is None or b is None:
+                continue
+            delta = sum(u[4] - val[u[0]] for u in (a, b) if u[0] is not None)
+            if not delta > scale:
+                continue
+            for tid, out, into, ws, v, e, m in (a, b):
+                if tid is None:
+                    continue
+                if out is not None:
+                    sets[tid].remove(out)
+                if into is not None:
+                    sets[tid].append(into)
+                wins[tid], val[tid], extra[tid], missing[tid] = ws, v, e, m
+            moved = [n for n in (a[1], a[2]) if n is not None]
+            for n in moved:
+                del classes[alike(n)][n]
+            for tid, out, into, *_ in (a, b):
+                if into is not None:
+                    owner[into] = tid
+                elif out is not None and owner[out] == tid:
+                    owner[out] = None
+            for n in moved:
+                classes.setdefault(alike(n), {})[n] = None
+            improved = True
+            break
+    out = {tid: _in_held_order(by_id[tid], ns) for tid, ns in sets.items()}
+    return out, sum(val.values())
+
+
+def _in_held_order(t: TrainerTerms, ns: list[str]) -> tuple[str, ...]:
+    """Kept current nodes in their held order, then the new ones."""
+    chosen = set(ns)
+    kept = [n for n in t.current if n in chosen]
+    held = set(t.current)
+    return tuple(kept + [n for n in ns if n not in held])
