@@ -9,10 +9,12 @@ Random instances (issue 11, "the default solver on any instance"): seeded, Table
 curves drawn at random, n_max 8-64, and a current map that is not the optimum of the
 pool (random node counts, some trainers new). One solve per instance and solver path;
 the median, p95 and max over the seeds, wall and CPU, and whether every path reached
-the exact DP's objective on every instance.
+the exact DP's objective on every instance. The same statistics over seeded benchmark
+instances (``--families``): the first family's p95, on the second's kind of event.
 
     python benchmarks/allocator.py [--sizes 10x100,30x800,100x4608] [--repeats 5]
                                    [--random-sizes 30x800] [--random-seeds 40]
+                                   [--families random,benchmark]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +132,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure_random(
-    trainers: int, nodes: int, seeds: int, limit_s: float, paths: list[tuple[str, str]]
+    trainers: int,
+    nodes: int,
+    seeds: int,
+    limit_s: float,
+    paths: list[tuple[str, str]],
+    make: Callable[[int, int, int], Problem] = random_instance,
 ) -> dict[str, Any]:
-    """One solve per (seed, path); latency statistics per path, in ms."""
+    """One solve per (seed, path) of ``make``'s instances; statistics per path, in ms."""
     wall: dict[str, list[float]] = {f"{f}/{s}": [] for f, s in paths}
     cpu: dict[str, list[float]] = {k: [] for k in wall}
     statuses: dict[str, dict[str, int]] = {k: {} for k in wall}
@@ -139,7 +147,7 @@ def measure_random(
     disagree: dict[str, int] = dict.fromkeys(wall, 0)
     errors: dict[str, str] = {}
     for seed in range(seeds):
-        problem = random_instance(trainers, nodes, seed)
+        problem = make(trainers, nodes, seed)
         exact = allocate(problem, solver="dp").objective
         for formulation, solver in paths:
             key = f"{formulation}/{solver}"
@@ -208,6 +216,12 @@ def main() -> None:
     ap.add_argument("--random-sizes", default="30x800", help="'' to skip the random instances")
     ap.add_argument("--random-seeds", type=int, default=40)
     ap.add_argument(
+        "--families",
+        default="random,benchmark",
+        help="seeded instance families at --random-sizes: 'random', and 'benchmark' (the "
+        "optimal-map instances above, one per seed)",
+    )
+    ap.add_argument(
         "--random-paths",
         default=",".join(f"{f}/{s}" for f, s in RANDOM_PATHS),
         help="formulation/solver pairs; 'default' is allocate() without a solver",
@@ -218,25 +232,29 @@ def main() -> None:
         "machine": platform.platform(),
         "time_limit_s": args.time_limit,
         "sizes": {},
-        "random": {},
     }
     paths = [(p.split("/")[0], p.split("/")[1]) for p in args.random_paths.split(",") if p]
-    for size in filter(None, args.random_sizes.split(",")):
-        trainers, nodes = map(int, size.split("x"))
-        rrow = measure_random(trainers, nodes, args.random_seeds, args.time_limit, paths)
-        for key, got in rrow.items():
-            print(f"random {size} {key} {got}", flush=True)
-        for (gsize, formulation, solver), goal_ms in RANDOM_GOALS_MS.items():
-            got = rrow.get(f"{formulation}/{solver}", {})
-            if gsize == size and "median_ms" in got:
-                rrow[f"goal_{formulation}_{solver}_ms"] = {
-                    "goal": goal_ms,
-                    "median": got["median_ms"],
-                    "p95": got["p95_ms"],
-                    "cpu_median": got["cpu_median_ms"],
-                    "met": got["median_ms"] <= goal_ms,
-                }
-        results["random"][size] = rrow
+    families = {"random": random_instance, "benchmark": instance}
+    for family in filter(None, args.families.split(",")):
+        results.setdefault(family if family == "random" else f"{family}_seeds", {})
+        for size in filter(None, args.random_sizes.split(",")):
+            trainers, nodes = map(int, size.split("x"))
+            rrow = measure_random(
+                trainers, nodes, args.random_seeds, args.time_limit, paths, families[family]
+            )
+            for key, got in rrow.items():
+                print(f"{family} {size} {key} {got}", flush=True)
+            for (gsize, formulation, solver), goal_ms in RANDOM_GOALS_MS.items():
+                got = rrow.get(f"{formulation}/{solver}", {})
+                if gsize == size and "median_ms" in got:
+                    rrow[f"goal_{formulation}_{solver}_ms"] = {
+                        "goal": goal_ms,
+                        "median": got["median_ms"],
+                        "p95": got["p95_ms"],
+                        "cpu_median": got["cpu_median_ms"],
+                        "met": got["median_ms"] <= goal_ms,
+                    }
+            results[family if family == "random" else f"{family}_seeds"][size] = rrow
     for size in filter(None, args.sizes.split(",")):
         trainers, nodes = map(int, size.split("x"))
         problem = instance(trainers, nodes, seed=1)

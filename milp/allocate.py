@@ -182,7 +182,9 @@ def _solve_milp(
     answer: dict[str, tuple[str, ...]] | None = None
     if time.perf_counter() < deadline:
         if formulation == "count":
-            encoding = "sos2" if backend.native_sos2 else "per_count"
+            # With the DP's answer the pruned per-count model is small for any solver (and
+            # fits gurobipy's size-limited licence); without it, native SOS2 is compact.
+            encoding = "per_count" if exact is not None or not backend.native_sos2 else "sos2"
             # The DP's answer prunes the model by the LP bound and starts the solver.
             incumbent = exact[0] if exact is not None else None
             cm = build_count_model(terms, len(problem.pool), t_fwd, encoding, incumbent)

@@ -69,6 +69,8 @@ class GurobiSolver:
             ):
                 if mask.any():
                     model.addMConstr(milp.A[mask], x, sense, rhs[mask])
+            if milp.start is not None:
+                x.Start = milp.start  # the exact DP's answer: Gurobi has only the proof left
             xs = x.tolist()
             for members in milp.sos2:
                 model.addSOS(
