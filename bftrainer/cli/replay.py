@@ -123,6 +123,14 @@ FLAG_NAMES = {**POLICY_FLAG_NAMES, "window_s": "--window-hours"}
     help="With --workload pollux: trainers pick their batch size by goodput at every rescale.",
 )
 @click.option(
+    "--replicas-per-node",
+    type=Number(integer=True, min=1, max=64),
+    default=1,
+    show_default=True,
+    help="With --workload pollux: data-parallel replicas (GPUs of the profiles) per node; "
+    "16 nodes x 4 is Pollux's cluster.",
+)
+@click.option(
     "--jobs-count",
     type=Number(integer=True, min=1, max=1_000_000),
     default=1000,
@@ -182,6 +190,7 @@ def replay_cmd(
     pollux_data: str | None,
     pollux_workload: str | None,
     batch_adapt: bool,
+    replicas_per_node: int,
     jobs_count: int,
     model: str,
     interval_s: float,
@@ -203,11 +212,20 @@ def replay_cmd(
     factory = None
     if workload == "pollux" and not jobs_path:
         jobs, factory = _pollux(
-            pollux_data, pollux_workload, batch_adapt, jobs_count, interval_s, seed, trace
+            pollux_data,
+            pollux_workload,
+            batch_adapt,
+            jobs_count,
+            interval_s,
+            seed,
+            trace,
+            replicas_per_node,
         )
     else:
         if pollux_workload is not None:
             raise UsageError("--pollux-workload needs --workload pollux (and no --jobs)")
+        if replicas_per_node != 1:
+            raise UsageError("--replicas-per-node needs --workload pollux (and no --jobs)")
         jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
     try:
         check_workload(jobs)  # the whole workload, before any replay starts
@@ -433,17 +451,25 @@ def _pollux(
     interval_s: float,
     seed: int,
     trace: Trace,
+    replicas_per_node: int = 1,
 ) -> tuple[list[JobSpec], PolluxDriverFactory]:
     """Jobs of Pollux's applications, submitted from the trace's start, and the factory
-    of their driver."""
+    of their driver; a node runs ``replicas_per_node`` replicas of a job."""
     try:
         data_dir = resolve_data_dir(data)
         if workload_file is not None:
             path = resolve_workload_path(workload_file, data_dir)
-            w = read_pollux_workload(path, data_dir, trace.start_s)
+            w = read_pollux_workload(
+                path, data_dir, trace.start_s, replicas_per_node=replicas_per_node
+            )
         else:
             w = generate_pollux_workload(
-                count, trace.start_s, data_dir, mean_interarrival_s=interval_s, seed=seed
+                count,
+                trace.start_s,
+                data_dir,
+                mean_interarrival_s=interval_s,
+                seed=seed,
+                replicas_per_node=replicas_per_node,
             )
     except PolluxWorkloadError as e:
         raise UsageError(str(e)) from None

@@ -406,6 +406,8 @@ def test_cli_pollux_replay_writes_the_efficiency_outputs(tmp_path: Path) -> None
     [
         (["--workload", "pollux", "--pollux-data", "/nowhere"], "/nowhere (--pollux-data)"),
         (["--pollux-workload", "1"], "--pollux-workload needs --workload pollux"),
+        (["--replicas-per-node", "4"], "--replicas-per-node needs --workload pollux"),
+        (["--workload", "pollux", "--replicas-per-node", "0"], "--replicas-per-node"),
     ],
 )
 def test_cli_pollux_bad_input_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
@@ -415,6 +417,27 @@ def test_cli_pollux_bad_input_exits_2(tmp_path: Path, args: list[str], message: 
     )
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def test_cli_replicas_per_node_runs_each_job_on_r_replicas_per_node(tmp_path: Path) -> None:
+    """Two replicas per node: the profile's (n, 2n) configurations, so the same jobs on
+    the same two nodes finish sooner than with one replica per node."""
+    data = write_toy(tmp_path / "data", APPLICATIONS)
+    trace = write_trace(tmp_path / "trace.csv", 2, 20000)
+    jct = {}
+    for r in (1, 2):
+        out = tmp_path / f"out{r}"
+        args = ["replay", str(trace), "--workload", "pollux", "--pollux-data", str(data)]
+        args += ["--jobs-count", "3", "--interval", "0", "--no-batch-adapt", "--policy", "equal"]
+        args += ["--replicas-per-node", str(r), "--no-progress", "--out", str(out)]
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["jobs_completed"] == 3
+        jct[r] = summary["mean_jct_s"]
+    assert jct[2] < jct[1]
+    w = generate_pollux_workload(2, 0.0, data, replicas_per_node=2)
+    assert all(job.replicas_per_node == 2 for job in w.apps.values())
 
 
 def test_cli_pollux_missing_workload_number_names_the_file(tmp_path: Path) -> None:
