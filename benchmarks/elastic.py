@@ -7,8 +7,8 @@ Two measurements, one run:
   same loop run by :class:`ElasticRuntime` on one process with its default options
   (sampler plan, agent bookkeeping and gradient probe, learning rate per step, stop
   check, commits to disk, reports). Runs alternate; times are the process's CPU time
-  (robust to other work on a shared machine); the ratio is of medians of the mean
-  step time. Goal: <= 2%.
+  (robust to other work on a shared machine), and each run length's fastest run over
+  the repeats is kept (other work only adds time). Goal: <= 2%.
 * ``rescale``: the example under the real launcher on local hosts; the host list is
   changed (1 -> 2 grow, then 2 -> 1 shrink) and the latency is from the moment
   ``hosts`` was rewritten to the reset record of the new size (the workers then take
@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,31 +115,42 @@ def runtime_run(ex: Any, steps: int, samples: int, trainer_dir: Path) -> float:
 
 def overhead(steps: int, repeats: int) -> dict[str, Any]:
     """Per-step cost from runs of ``steps`` and ``3 x steps`` steps: the difference
-    cancels what a run pays once (the runtime's start and final report)."""
+    cancels what a run pays once (the runtime's start and final report).
+
+    Other work on the machine only adds time to a run, never removes it, so each
+    length's fastest run over the repeats (loops alternating) is the estimate least
+    disturbed by it; the medians are reported beside it.
+    """
     torch.set_num_threads(1)
     ex = _example()
     samples = 8192
-    plain, rt, fixed = [], [], []
+    runs: dict[str, list[float]] = {"p1": [], "p3": [], "r1": [], "r3": []}
     with tempfile.TemporaryDirectory() as d:
         plain_run(ex, 200, samples)  # warm up
         runtime_run(ex, 200, samples, Path(d))
         for _ in range(repeats):
-            p1, p3 = plain_run(ex, steps, samples), plain_run(ex, 3 * steps, samples)
-            r1 = runtime_run(ex, steps, samples, Path(d))
-            r3 = runtime_run(ex, 3 * steps, samples, Path(d))
-            plain.append((p3 - p1) / (2 * steps))
-            rt.append((r3 - r1) / (2 * steps))
-            fixed.append(r1 - steps * rt[-1] - (p1 - steps * plain[-1]))
-    p, r = statistics.median(plain), statistics.median(rt)
+            runs["p1"].append(plain_run(ex, steps, samples))
+            runs["r1"].append(runtime_run(ex, steps, samples, Path(d)))
+            runs["p3"].append(plain_run(ex, 3 * steps, samples))
+            runs["r3"].append(runtime_run(ex, 3 * steps, samples, Path(d)))
+
+    def per_step(pick: Callable[[list[float]], float]) -> tuple[float, float, float]:
+        p1, p3, r1, r3 = (pick(runs[k]) for k in ("p1", "p3", "r1", "r3"))
+        plain, rt = (p3 - p1) / (2 * steps), (r3 - r1) / (2 * steps)
+        return plain, rt, r1 - steps * rt - (p1 - steps * plain)
+
+    plain, rt, fixed = per_step(min)
+    plain_med, rt_med, _ = per_step(statistics.median)
     return {
         "steps": [steps, 3 * steps],
         "repeats": repeats,
-        "plain_step_ms": p * 1e3,
-        "runtime_step_ms": r * 1e3,
-        "overhead_ratio": (r - p) / p,
-        "runtime_once_per_run_ms": statistics.median(fixed) * 1e3,
+        "plain_step_ms": plain * 1e3,
+        "runtime_step_ms": rt * 1e3,
+        "overhead_ratio": (rt - plain) / plain,
+        "overhead_ratio_of_medians": (rt_med - plain_med) / plain_med,
+        "runtime_once_per_run_ms": fixed * 1e3,
         "goal_ratio": GOAL_RATIO,
-        "met": (r - p) / p <= GOAL_RATIO,
+        "met": (rt - plain) / plain <= GOAL_RATIO,
     }
 
 
@@ -222,7 +234,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--backends", default="torchrun,horovod")
     parser.add_argument("--only", choices=["overhead", "rescale"])
     args = parser.parse_args()
