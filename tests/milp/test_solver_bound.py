@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
@@ -20,8 +21,9 @@ from bftrainer.milp.bound import counts_that_can_win, lagrangian_bound
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
 from bftrainer.milp.dp import solve_counts
+from bftrainer.milp.model import Milp
 from bftrainer.milp.objective import TrainerTerms, build_terms, objective_of_counts
-from bftrainer.milp.solvers import SolveStatus
+from bftrainer.milp.solvers import MILP_SOLVERS, SolveOutcome, SolveStatus
 from bftrainer.milp.solvers.highs import HighsSolver
 from tests.milp.strategies import problems
 
@@ -169,3 +171,29 @@ def test_a_random_30_by_800_event_leaves_a_small_model() -> None:
     result = allocate(problem)
     assert result.status == "optimal"
     assert close(result.objective, objective_of_counts(terms, counts, t_fwd), rel=1e-9)
+
+
+class ZeroLiar:
+    """Says "optimal" for an answer that gives every trainer nothing, whatever start it
+    is given (the hardening tests' liar runs HiGHS, which now returns the DP's start)."""
+
+    name = "zero-liar"
+    native_sos2 = False
+
+    def solve(self, milp: Milp, *, time_limit_s: float, mip_gap: float = 1e-7) -> SolveOutcome:
+        return SolveOutcome(SolveStatus.OPTIMAL, np.zeros(milp.num_vars), 0.0, 0.0, 0.0)
+
+
+def test_a_false_optimal_on_the_pruned_model_is_replaced_by_the_exact_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    curve = ((1.0, 100.0), (2.0, 190.0), (4.0, 360.0))
+    problem = Problem(
+        pool=tuple(f"n{i}" for i in range(6)),
+        trainers=tuple(TrainerSpec(f"t{j}", 1, 4, 20.0, 10.0, curve) for j in range(3)),
+    )
+    monkeypatch.setitem(MILP_SOLVERS, "highs", ZeroLiar)
+    result = allocate(problem, solver="highs")
+    assert result.status == "optimal"
+    assert result.objective > 0
+    assert close(result.objective, allocate(problem, solver="dp").objective)
