@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp import bound as bound_module
 from bftrainer.milp.allocate import current_counts
-from bftrainer.milp.bound import counts_that_can_win, lagrangian_bound
+from bftrainer.milp.bound import bounds_by_count, counts_that_can_win, lagrangian_bound
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
 from bftrainer.milp.dp import solve_counts
@@ -72,11 +73,20 @@ def test_the_lagrangian_bound_is_the_lp_optimum_and_bounds_the_exact_one(
     assert close(bound, lp_relaxation(terms, pool, t_fwd))
 
 
+@pytest.mark.parametrize("by", ["count", "lagrangian"])
 @settings(max_examples=80, deadline=None)
-@given(problems(max_pool=8, max_trainers=4), st.data())
+@given(problem=problems(max_pool=8, max_trainers=4), data=st.data())
 def test_pruning_keeps_every_optimal_answer_for_any_feasible_floor(
-    problem: Problem, data: st.DataObject
+    by: str, problem: Problem, data: st.DataObject
 ) -> None:
+    # "lagrangian": the reduced-cost rule that large problems use instead.
+    max_work = bound_module.PER_COUNT_MAX_WORK if by == "count" else 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bound_module, "PER_COUNT_MAX_WORK", max_work)
+        check_pruning(problem, data)
+
+
+def check_pruning(problem: Problem, data: st.DataObject) -> None:
     terms = build_terms(problem)
     if not terms:
         return
@@ -91,6 +101,25 @@ def test_pruning_keeps_every_optimal_answer_for_any_feasible_floor(
     for combo in optimal:
         for n, allowed in zip(combo, kept, strict=True):
             assert n in allowed
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(max_pool=8, max_trainers=4))
+def test_each_counts_bound_is_the_lp_optimum_with_that_count_fixed(problem: Problem) -> None:
+    terms = build_terms(problem)
+    if not terms:
+        return
+    t_fwd = float(problem.t_fwd_s)
+    pool = len(problem.pool)
+    bounds = bounds_by_count([t.scores(t_fwd) for t in terms], pool)
+    for j, t in enumerate(terms):
+        for n, s in enumerate(t.scores(t_fwd)):
+            if not np.isfinite(s) or n > pool:
+                assert bounds[j][n] == -np.inf
+                continue
+            others = terms[:j] + terms[j + 1 :]
+            expected = float(s) + (lp_relaxation(others, pool - n, t_fwd) if others else 0.0)
+            assert close(bounds[j][n], expected)
 
 
 @settings(max_examples=60, deadline=None)
