@@ -60,7 +60,7 @@ from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_a
 from bftrainer.replay.pollux_series import EfficiencySeries, ratio
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import GradientSample
-from bftrainer.trainers.goodput import GoodputModel
+from bftrainer.trainers.goodput import GoodputConfig, GoodputModel
 from bftrainer.trainers.throughput import predict_step_time
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 DONE_RTOL = 1e-9
 TIME_EPS_S = 1e-6  # clock comparisons: the loop stops exactly at the times asked for
 LR_RULE = "adascale"
+START_BATCHES = ("user", "pollux")
 
 __all__ = [
     "PolluxDriverFactory",
@@ -87,10 +88,22 @@ class PolluxSimOptions:
     trainer and interval between events). ``report_interval_s``: a trainer reports new
     curves at least this often while it runs. ``refit_interval_s``: it refits its
     step-time model at most this often (Pollux's scheduling interval).
-    ``series_bin_s``: width of the efficiency time series.
+    ``series_bin_s``: width of the efficiency time series. ``start_batch``: what an
+    adapting trainer runs before its first fit: ``"user"``, the user's batch per replica
+    (what it keeps without adaptation), or ``"pollux"``, Pollux's smallest batch >= M0.
+    ``gns_smoothing``: the agent's noise-scale smoothing per base-batch step. The driver
+    feeds it exact statistics (the profile's, per epoch), so 0 (the latest) has no
+    noise to average and no lag; the library's default for real, noisy estimates,
+    0.999, lags a fast-growing noise scale several-fold (docs/goodput-replay.md).
+    ``switch_gain``: between rescales, an adapting trainer moves to its model's best
+    batch only when that promises this much more goodput than what it runs (model
+    error is about 5-9%; each new configuration costs a refit).
     """
 
     batch_adapt: bool = True
+    start_batch: str = "user"
+    gns_smoothing: float = 0.0
+    switch_gain: float = 0.05
     noise: float = 0.05
     report_interval_s: float = 60.0
     refit_interval_s: float = 60.0
@@ -100,6 +113,14 @@ class PolluxSimOptions:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise) and self.noise >= 0):
             raise PolluxSimError(f"noise is {self.noise!r}, expected a finite number >= 0")
+        if self.start_batch not in START_BATCHES:
+            raise PolluxSimError(
+                f"start_batch is {self.start_batch!r}, expected one of {', '.join(START_BATCHES)}"
+            )
+        if not (0.0 <= self.gns_smoothing < 1.0):
+            raise PolluxSimError(f"gns_smoothing is {self.gns_smoothing!r}, expected 0 <= x < 1")
+        if not (math.isfinite(self.switch_gain) and self.switch_gain >= 0):
+            raise PolluxSimError(f"switch_gain is {self.switch_gain!r}, expected a number >= 0")
         for name in ("report_interval_s", "series_bin_s", "refit_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -264,6 +285,7 @@ class PolluxSimDriver:
                 replicas_per_node=app.r,
                 lr_rule_name=LR_RULE,
                 warmup_steps=0,  # the truth has no slow first steps
+                smoothing=self.options.gns_smoothing,
                 clock=lambda: self._now_s if self._now_s is not None else 0.0,
             )
             tr = _Trainer(spec=spec, app=app, rng=np.random.default_rng(seed), agent=agent)
@@ -353,12 +375,10 @@ class PolluxSimDriver:
         return True
 
     def _goodput_model(self, tr: _Trainer, now_s: float) -> GoodputModel | None:
-        """The goodput model of the agent's record, as the allocator would build it from
-        what the trainer sends (None before the first fit or while it has no nodes)."""
+        """The agent's goodput model from its last fit (None before the first), also for
+        a trainer that comes back from zero nodes: it keeps what it learned."""
         self._refit(tr, now_s)
-        if tr.agent.model is None or tr.config is None:
-            return None
-        return tr.agent.metrics(refit=False).goodput_model()
+        return tr.agent.goodput_model(refit=False)
 
     def _refit_and_report(self, t: TrainerState, tr: _Trainer, now_s: float) -> list[CurveReport]:
         """After a refit, or when a check is due: report curves and (adapting) re-pick the
@@ -371,7 +391,7 @@ class PolluxSimDriver:
         if model is None or tr.config is None:
             return []
         gm = tr.agent.metrics(refit=False).goodput_model()
-        goodput, throughput = self._curves(t, tr, gm)
+        goodput, throughput, best_configs = self._curves(t, tr, gm)
         tr.reports += 1
         true_s, _ = tr.app.step_time(tr.config)
         predicted = float(
@@ -382,8 +402,13 @@ class PolluxSimDriver:
         tr.model_error_sum += abs(predicted / true_s - 1)
         tr.model_error_n += 1
         if self.options.batch_adapt:
-            best = gm.best_config(tr.config.nodes)
-            tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
+            cfg = tr.config
+            best = best_configs[cfg.nodes - 1] if cfg.nodes <= len(best_configs) else None
+            if best is None:
+                best = gm.best_config(cfg.nodes)
+            now = float(gm.goodput(cfg.nodes, cfg.local_bsz, cfg.accum_steps))
+            if best.goodput_sps > now * (1 + self.options.switch_gain):
+                tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
         return [
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),
@@ -391,15 +416,24 @@ class PolluxSimDriver:
 
     def _curves(
         self, t: TrainerState, tr: _Trainer, gm: GoodputModel
-    ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
+    ) -> tuple[
+        tuple[tuple[float, float], ...],
+        tuple[tuple[float, float], ...],
+        list[GoodputConfig | None],
+    ]:
         """(goodput, throughput) breakpoints over 1..n_max of what the trainer would run,
-        flat past the model's exploration cap, as the allocator takes them."""
+        flat past the model's exploration cap, as the allocator takes them; and, adapting,
+        the best configuration at each node count up to the cap (one search for all)."""
         n_max = t.job.n_max
         limit = gm.node_limit(1, n_max)
         nodes = list(range(1, limit + 1))
+        configs: list[GoodputConfig | None] = []
         if self.options.batch_adapt:
-            goodput = [(float(n), float(v)) for n, v in gm.curve(1, n_max)]
             configs = gm.best_configs(nodes)
+            good = [0.0 if c is None else c.goodput_sps for c in configs]
+            goodput = [(float(n), float(v)) for n, v in zip(nodes, good, strict=True)]
+            if limit < n_max:
+                goodput.append((float(n_max), goodput[-1][1]))
             thr = [0.0 if c is None else c.throughput_sps for c in configs]
         else:
             cfgs = [tr.app.config(n, tr.spec.local_bsz) for n in nodes]
@@ -417,7 +451,7 @@ class PolluxSimDriver:
         throughput = [(float(n), float(v)) for n, v in zip(nodes, thr, strict=True)]
         if limit < n_max:
             throughput.append((float(n_max), throughput[-1][1]))
-        return tuple(goodput), tuple(throughput)
+        return tuple(goodput), tuple(throughput), configs
 
     def _set_config(self, t: TrainerState, tr: _Trainer, nodes: int) -> None:
         """The configuration to run on ``nodes`` nodes (None when it holds none)."""
@@ -432,7 +466,9 @@ class PolluxSimDriver:
             tr.run(tr.app.config(nodes, tr.spec.local_bsz))
             return
         gm = self._goodput_model(tr, now)
-        if gm is None:
+        if gm is None and self.options.start_batch == "user":
+            tr.run(tr.app.config(nodes, tr.spec.local_bsz))
+        elif gm is None:
             tr.run(tr.app.default_config(nodes))
         else:
             best = gm.best_config(nodes)
