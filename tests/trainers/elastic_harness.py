@@ -118,6 +118,11 @@ class Trainer:
                 out.append(pid)
         return out
 
+    def processes_anywhere(self) -> list[int]:
+        """Every process on this machine of this trainer, whoever started it (workers
+        started over ssh are sshd's children, not the supervisor's descendants)."""
+        return processes_of(self.dir)
+
     def worker_rank(self, pid: int) -> int | None:
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -144,6 +149,22 @@ class Trainer:
         result = channel.read_result(self.dir)
         assert result is not None
         return result
+
+
+def processes_of(trainer_dir: Path) -> list[int]:
+    """PIDs whose environment names ``trainer_dir`` as their trainer directory."""
+    marker = f"BFTRAINER_TRAINER_DIR={trainer_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and remote.alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def ledger_chain(path: Path) -> list[dict[str, Any]]:
@@ -192,7 +213,8 @@ def assert_agent_choices(trainer: Trainer, lr0: float = EXAMPLE_LR) -> None:
         limits: BatchLimits = record.limits
         if r["source"] == "agent":
             assert record.throughput is not None
-            best = GoodputModel(record.throughput, record.pgns, limits).best_config(r["nodes"])
+            model = GoodputModel(record.throughput, record.pgns, limits, record.replicas_per_node)
+            best = model.best_config(r["nodes"])
             assert (r["local_bsz"], r["accum_steps"]) == (best.local_bsz, best.accum_steps), r
         else:
             assert record.throughput is None
@@ -241,7 +263,7 @@ def launched() -> Iterator[list[Trainer]]:
     yield trainers
     for t in trainers:
         t.launcher.kill()
-        for pid in t.worker_pids():
+        for pid in t.worker_pids() + t.processes_anywhere():
             remote.kill_tree(pid)
 
 
@@ -280,6 +302,31 @@ def scenario_rescale(launched: list[Trainer], tmp_path: Path, backend: str) -> T
     assert result["batch_sizes"] == [r["batch_size"] for r in t.resets()]
     assert result["resets"] == len(t.resets()) - 1
     return t
+
+
+def scenario_two_slots_per_host(launched: list[Trainer], tmp_path: Path, backend: str) -> None:
+    """Two workers per host (``host:2``): the agent counts nodes, not workers, and the
+    work is exact across 1 -> 2 -> 1 hosts of two slots each."""
+    a, b, _ = LOCAL_HOSTS
+    t = start_trainer(
+        tmp_path,
+        backend,
+        [f"{a}:2"],
+        work=24_000,
+        args=(*FAST_COMMITS, "--step-delay-s", "0.01", "--max-batch", "256"),
+    )
+    launched.append(t)
+    seen = 0
+    for hosts in ([f"{a}:2"], [f"{a}:2", f"{b}:2"], [f"{a}:2"]):
+        if len(hosts) != len(t.launcher_hosts()):
+            t.launcher.set_hosts(hosts)
+        reset = t.wait_reset(len(hosts), seen)
+        assert reset["replicas"] == 2 * len(hosts), reset
+        seen = len(t.resets())
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert_exact_epochs(t, DATASET)
+    assert_agent_choices(t)
 
 
 def scenario_worker_killed(launched: list[Trainer], tmp_path: Path, backend: str) -> None:

@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -86,7 +87,8 @@ def wrap_command(
         return ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", host, *exports, *argv]
     if mode == "ssh":
         assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-        remote = f"cd {shlex.quote(cwd or os.getcwd())} && exec env {assigns} {shlex.join(argv)}"
+        tethered = shlex.join([*TETHER, *argv])
+        remote = f"cd {shlex.quote(cwd or os.getcwd())} && exec env {assigns} {tethered}"
         return [ssh, *config.get("ssh_args", []), host, remote]
     raise RemoteExecError(f"host {host!r}: unknown exec mode {mode!r}")
 
@@ -100,8 +102,6 @@ def address_of(host: str, config: Mapping[str, Any]) -> str:
     if is_local(host) or config.get("mode") == "local":
         return "127.0.0.1"
     if config.get("mode") == "slurm":
-        import subprocess
-
         try:
             out = subprocess.run(
                 ["scontrol", "show", "node", "-o", host],
@@ -146,9 +146,33 @@ def parse_ssh_argv(argv: Sequence[str]) -> tuple[list[str], str, str]:
     return opts, host, " ".join(rest)
 
 
+# The remote side of an ssh command: ends the command when the connection ends.
+TETHER = (sys.executable, "-m", "bftrainer.trainers.launch.tether", "--")
+
+
+def run_holding_stdin(argv: Sequence[str]) -> int:
+    """Run ``argv`` (an ssh) with a standard input this process holds open, passing
+    it the signals this process gets; its exit status.
+
+    ssh closes every descriptor above 2 when it starts, so it cannot hold the write
+    end itself: this process does, and ssh forwards an end of input (which ends the
+    remote tether) only when it is gone. Horovod gives ssh /dev/null otherwise.
+    """
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE)
+
+    def forward(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError):
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    returncode = proc.wait()
+    return returncode if returncode >= 0 else 128 - returncode
+
+
 def ssh_shim_main(argv: Sequence[str], trainer_dir: Path, shim_dir: Path) -> int:
-    """Run Horovod's ``ssh host 'command'`` as ``exec.json`` says (execs; never returns
-    unless the command cannot be started)."""
+    """Run Horovod's ``ssh host 'command'`` as ``exec.json`` says: execs the local or
+    srun command; waits for an ssh (see :func:`run_holding_stdin`)."""
     opts, host, command = parse_ssh_argv(argv)
     config = exec_config(trainer_dir)
     mode = config.get("mode", "ssh")
@@ -162,12 +186,15 @@ def ssh_shim_main(argv: Sequence[str], trainer_dir: Path, shim_dir: Path) -> int
         target = ["srun", f"--jobid={job}", "--overlap", "-N1", "-n1", "-w", host]
         target += ["bash", "-c", command]
     else:
-        target = [real_ssh(shim_dir), *opts, *config.get("ssh_args", []), host, command]
+        tethered = shlex.join([*TETHER, "bash", "-c", command])
+        target = [real_ssh(shim_dir), *opts, *config.get("ssh_args", []), host, tethered]
         mode = "ssh"
     print(
         f"bftrainer ssh shim: {host} via {mode if not is_local(host) else 'local'}", file=sys.stderr
     )
     sys.stderr.flush()
+    if mode == "ssh":
+        return run_holding_stdin(target)
     os.execvp(target[0], target)
     return 255  # not reached
 

@@ -49,7 +49,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from subprocess import Popen
+from subprocess import PIPE, Popen
 from typing import Any
 
 from bftrainer.trainers import channel
@@ -118,8 +118,12 @@ class Backend:
         return [self.spec.python, *WORKER, str(self.spec.script), *self.spec.args]
 
     def spawn(self, argv: list[str], env: Mapping[str, str]) -> Popen[bytes]:
+        """Start ``argv`` in its own session. Its standard input is a pipe this process
+        holds open: a command run over ssh ends when the supervisor does (remote.TETHER)."""
         logger.info("starting: %s", shlex.join(argv))
-        return Popen(argv, env={**os.environ, **env}, start_new_session=True, cwd=self.dir)
+        return Popen(
+            argv, env={**os.environ, **env}, stdin=PIPE, start_new_session=True, cwd=self.dir
+        )
 
     def start(self, hosts: Hosts) -> None:
         raise NotImplementedError
