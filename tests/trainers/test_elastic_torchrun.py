@@ -20,6 +20,7 @@ from tests.trainers.elastic_harness import (
     Trainer,
     launched,
     scenario_rescale,
+    scenario_two_slots_per_host,
     scenario_worker_killed,
     scenario_zero_hosts_and_restart,
 )
@@ -30,6 +31,11 @@ __all__ = ["launched"]
 @pytest.mark.slow
 def test_rescale_1_3_2_1(launched: list[Trainer], tmp_path: Path) -> None:
     scenario_rescale(launched, tmp_path, "torchrun")
+
+
+@pytest.mark.slow
+def test_two_slots_per_host(launched: list[Trainer], tmp_path: Path) -> None:
+    scenario_two_slots_per_host(launched, tmp_path, "torchrun")
 
 
 @pytest.mark.slow
