@@ -265,6 +265,40 @@ def test_batch_adaptation_explores_then_settles_on_the_truly_best_batch(tmp_path
     assert float(tr.agent.model.step_time_s(1, 1, 20)) == pytest.approx(2.0, rel=1e-2)
 
 
+@pytest.mark.parametrize(("start", "local_bsz"), [("user", 20), ("pollux", 10)])
+def test_an_adapting_trainer_starts_at_the_users_batch_or_pollux_rule(
+    tmp_path: Path, start: str, local_bsz: int
+) -> None:
+    """Before its first fit (60 s) it runs the user's batch per replica, what it would
+    keep without adaptation; Pollux's rule is the smallest batch >= M0 (10 here)."""
+    data = write_toy(tmp_path)
+    spec, job = toy_job(data, 20)
+    options = PolluxSimOptions(batch_adapt=True, noise=0.0, start_batch=start)
+    _, driver = run(data, pool_trace(1, end_s=30.0), [(spec, job)], options)
+    config = driver._trainers["j"].config
+    assert config is not None and config.local_bsz == local_bsz
+    with pytest.raises(ValueError, match="start_batch"):
+        PolluxSimOptions(start_batch="largest")
+
+
+def test_the_simulated_agent_sees_the_noise_scale_of_the_epoch_under_way(
+    tmp_path: Path,
+) -> None:
+    """The toy's noise scale triples at epoch 2 (100 base-batch steps). Fed exact
+    statistics, the agent follows at once; the library's smoothing for noisy real
+    estimates (0.999 per base-batch step) would still be near epoch 1's value."""
+    data = write_toy(tmp_path)
+    spec, job = toy_job(data, 10)
+    pgns = {}
+    for smoothing in (0.0, 0.999):
+        options = PolluxSimOptions(batch_adapt=False, noise=0.0, gns_smoothing=smoothing)
+        _, driver = run(data, pool_trace(1, end_s=150.0), [(spec, job)], options)
+        pgns[smoothing] = driver._trainers["j"].agent.pgns
+    truth = load_profile("toy", data).grad_stats(10, 150.0).pgns
+    assert pgns[0.0] == pytest.approx(truth)
+    assert pgns[0.999] < 0.6 * truth
+
+
 def test_same_seed_same_replay_other_seed_other_noise(tmp_path: Path) -> None:
     data = write_toy(tmp_path)
     jobs = [toy_job(data, 10, jid=f"j{i}", submit_s=5.0 * i) for i in range(3)]
