@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 K = 2.0
 WINDOW_S = 3600.0
@@ -31,10 +32,13 @@ T_FWD_FIRST_S = 120.0
 @dataclass(frozen=True)
 class Churn:
     """What the loop saw of the pool in the last window: ``events`` distinct instants of
-    change over ``span_s`` seconds watched (at most the window)."""
+    change over ``span_s`` seconds watched (at most the window); and what the pool source
+    said of the future: ``windows_s``, the seconds until each pool node is known to be
+    taken back (nodes with an open-ended or unknown window are absent)."""
 
     events: int = 0
     span_s: float = 0.0
+    windows_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def mean_gap_s(self) -> float:

@@ -62,7 +62,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from bftrainer.churn import Churn, ChurnWindow
@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 Curve = tuple[tuple[float, float], ...]
 # Steps in a row at one instant with nothing recorded before the loop gives up.
 MAX_STALLED_STEPS = 1000
+# A node's known departure that moves by less than this is no news (no new decision).
+WINDOW_TOLERANCE_S = 1.0
 
 
 class LoopError(ValueError):
@@ -447,6 +449,8 @@ class Loop:
         self._reports: list[Input] = []
         # The pool's churn, from the changes this loop applies (a restart watches anew).
         self.churn = ChurnWindow(start_s=state.now_s)
+        # When the pool source said each node will be taken back (PoolEvent.windows_s).
+        self.leave_by_s: dict[str, float] = {}
 
     # ---- driving --------------------------------------------------------------------------
     def state(self) -> LoopState:
@@ -548,7 +552,7 @@ class Loop:
     def _apply(self, item: Input) -> bool:
         """Apply one input; True if it is an event to record (curve reports are not)."""
         if isinstance(item, PoolChange):
-            self._pool_change(item.event)
+            return self._pool_change(item.event)
         elif isinstance(item, Arrival):
             self._arrive(item.job)
         elif isinstance(item, Completion):
@@ -576,7 +580,8 @@ class Loop:
             raise LoopError(f"not a loop input: {item!r}")
         return True
 
-    def _pool_change(self, event: PoolEvent) -> None:
+    def _pool_change(self, event: PoolEvent) -> bool:
+        """Apply a pool change; True unless it only restated known windows."""
         left = event.left
         if left:
             for t in self.trainers.values():
@@ -586,15 +591,31 @@ class Loop:
                     self._add("preemption", self.driver.preempt(t, old))
             for n in left:
                 self.pool.pop(n, None)
+                self.leave_by_s.pop(n, None)
         # Sorted, not set order: the pool's order decides which nodes a policy maps, so
         # a replay must not depend on PYTHONHASHSEED.
         for n in sorted(event.joined):
             self.pool[n] = None
+        news = bool(left or event.joined) or not event.windows_s  # as before windows
+        for n, w in event.windows_s.items():
+            if n not in self.pool:
+                continue
+            was = self.leave_by_s.pop(n, None)
+            if w is not None:
+                self.leave_by_s[n] = self.now_s + w
+            now = self.leave_by_s.get(n)
+            if (was is None) != (now is None) or (
+                was is not None and now is not None and abs(now - was) >= WINDOW_TOLERANCE_S
+            ):
+                news = True
+        if not news:
+            return False
         self._add("joined", len(event.joined))
         self._add("left", len(left))
         if left or event.joined:
             self.churn.observe(self.now_s)
         self._dirty = True
+        return True
 
     def _arrive(self, job: JobSpec) -> None:
         if job.id in self.trainers or any(t.id == job.id for t in self.finished):
@@ -625,10 +646,12 @@ class Loop:
         if not (self._dirty or redecide):
             return None
         admitted = self.admitted()
+        churn = self.churn.snapshot(self.now_s)
+        if self.leave_by_s:  # known departures still ahead (a passed one is no knowledge)
+            windows = {n: t - self.now_s for n, t in self.leave_by_s.items() if t > self.now_s}
+            churn = replace(churn, windows_s=windows)
         decision = (
-            self.policy.decide(tuple(self.pool), admitted, self.churn.snapshot(self.now_s))
-            if admitted
-            else Decision({})
+            self.policy.decide(tuple(self.pool), admitted, churn) if admitted else Decision({})
         )
         for t in admitted:
             new = decision.nodes.get(t.id, ())

@@ -51,6 +51,7 @@ class MilpPolicy:
             max_trainers=max(len(trainers), 1),
             fairness_p=c.fairness_p,
             fair_share_speedup=c.fair_share_speedup,
+            windows_s=churn.windows_s,
         )
         result = allocate(
             problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s

@@ -74,6 +74,15 @@ def node_windows(problem: Problem) -> dict[str, float]:
     return out
 
 
+def raw_windows(problem: Problem) -> dict[str, float]:
+    """Each pool node's window in seconds (inf when open-ended or unknown), uncapped: the
+    order in which blocks are cut, so that nodes leaving at about the same time after
+    the horizon still go together."""
+    return {
+        n: math.inf if (x := problem.windows_s.get(n)) is None else float(x) for n in problem.pool
+    }
+
+
 def has_windows(problem: Problem) -> bool:
     """True when some pool node leaves within the horizon: only then do windows matter."""
     t = float(problem.t_fwd_s)
@@ -90,30 +99,39 @@ def set_value(
 ) -> float:
     """V_j of a node set with these windows (the module docstring); -inf if infeasible.
     ``o``: O_j at every whole count, if the caller has it."""
-    asc = sorted(math.inf if x >= t_fwd_s else float(x) for x in windows)
-    return _sorted_value(t, _values(t).tolist() if o is None else o, asc, t_fwd_s)
+    asc = sorted(math.inf if x is None else float(x) for x in windows)
+    return _sorted_value(t, _values(t).tolist() if o is None else o, asc, t_fwd_s)[0]
 
 
-def _sorted_value(t: TrainerTerms, o: list[float], asc: list[float], t_fwd_s: float) -> float:
-    """V_j for windows sorted shortest first, each below T_fwd or inf. The open-ended
-    nodes come first in the longest-first order, together worth T_fwd x O_j(m): only
-    the (few) nodes that leave within the horizon are walked."""
+def _sorted_value(
+    t: TrainerTerms, o: list[float], asc: list[float], t_fwd_s: float
+) -> tuple[float, float]:
+    """(V_j, the scale-downs of departures known past the horizon) for windows sorted
+    shortest first (inf: open-ended). The nodes that stay past T_fwd come first in the
+    longest-first order, together worth T_fwd x O_j(m): only the nodes that leave
+    within the horizon are walked. The second term is not in V (their throughput past
+    T_fwd is not either): it only breaks ties between maps of equal V, so that nodes
+    leaving together later also go together."""
     k = len(asc)
     if k > t.n_max or (0 < k < t.n_min) or (k and not t.runnable):
-        return -math.inf
-    f = bisect.bisect_left(asc, math.inf)
+        return -math.inf, 0.0
+    f = bisect.bisect_left(asc, t_fwd_s)
     value = t_fwd_s * o[k - f]
     for a in range(f):
         i = k - 1 - a  # the position in the longest-first order
         x = asc[a]
         value += (o[i + 1] - o[i]) * x
-        if a == 0 or asc[a - 1] < x:  # the last of the nodes leaving at x
+        if a == 0 or asc[a - 1] < x:  # the first of the nodes leaving at x
             value -= t.rescale_down_s * o[i + 1]
     if k > t.c:
         value -= t.current_value * t.rescale_up_s
     elif k < t.c:
         value -= t.current_value * t.rescale_down_s
-    return value
+    later = 0.0
+    for a in range(f, bisect.bisect_left(asc, math.inf, lo=f)):
+        if a == f or asc[a - 1] < asc[a]:
+            later += t.rescale_down_s * o[k - a]
+    return value, later
 
 
 def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: float) -> np.ndarray:
@@ -207,7 +225,7 @@ def map_windows(
         t = by_id[tid]
         return -t.rescale_down_s * float(t.value(counts[tid]))
 
-    best: tuple[float, dict[str, tuple[str, ...]], dict[str, int]] | None = None
+    best: tuple[tuple[float, float], dict[str, tuple[str, ...]], dict[str, int]] | None = None
     shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
     moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
     for keep_longest in (True, False) if shrinking else (True,):
@@ -219,11 +237,20 @@ def map_windows(
         )
         for order in orders:
             nodes, offsets = _assign(layout, counts, order)
-            v = sum(set_value(t, [w[n] for n in nodes[t.id]], t_fwd_s, o[t.id]) for t in moving)
-            if best is None or v > best[0]:
-                best = (v, nodes, offsets)
+            v, later = 0.0, 0.0
+            for t in moving:
+                vj, lj = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                v, later = v + vj, later + lj
+            if best is None or _better((v, later), best[0]):
+                best = ((v, later), nodes, offsets)
     assert best is not None
     return best[1], best[2]
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """(V, later scale-downs) ``a`` beats ``b``: more V, or as much and fewer later."""
+    tol = 1e-9 * max(1.0, abs(a[0]), abs(b[0]))
+    return a[0] > b[0] + tol or (a[0] >= b[0] - tol and a[1] < b[1] - tol)
 
 
 def total_value(
@@ -234,6 +261,22 @@ def total_value(
 ) -> float:
     """sum_j V_j: the window-aware objective of a node map."""
     return sum(set_value(t, [w[n] for n in nodes.get(t.id, ())], t_fwd_s) for t in terms)
+
+
+def _pair_value(
+    terms: list[TrainerTerms],
+    nodes: Mapping[str, Sequence[str]],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> tuple[float, float]:
+    """(sum_j V_j, later scale-downs) of a node map."""
+    v, later = 0.0, 0.0
+    for t in terms:
+        vj, lj = _sorted_value(
+            t, _values(t).tolist(), sorted(w[n] for n in nodes.get(t.id, ())), t_fwd_s
+        )
+        v, later = v + vj, later + lj
+    return v, later
 
 
 @dataclass(frozen=True)
@@ -276,13 +319,14 @@ def allocate_windows(
     """
     t_fwd = float(problem.t_fwd_s)
     w = node_windows(problem)
+    raw = raw_windows(problem)  # values cap windows at the horizon themselves
     pool = problem.pool
-    maps: list[tuple[float, dict[str, tuple[str, ...]]]] = []
+    maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]] = []
 
     def consider(counts: Mapping[str, int]) -> dict[str, int]:
-        nodes, offsets = map_windows(terms, counts, pool, w, t_fwd)
+        nodes, offsets = map_windows(terms, counts, pool, raw, t_fwd)
         if all(m[1] != nodes for m in maps):
-            maps.append((total_value(terms, nodes, w, t_fwd), nodes))
+            maps.append((_pair_value(terms, nodes, raw, t_fwd), nodes))
         return offsets
 
     for counts in candidates:
@@ -302,16 +346,16 @@ def allocate_windows(
         variants = variants[:1]
     for released in variants:
         growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
-        _rounds(terms, pool, w, t_fwd, own, growth, consider)
+        _rounds(terms, pool, raw, t_fwd, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
-    maps.sort(key=lambda m: -m[0])
-    best: tuple[dict[str, tuple[str, ...]], float] | None = None
+    maps.sort(key=lambda m: (-m[0][0], m[0][1]))
+    best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
     for _, nodes in maps[:STARTS]:
-        found = improve_by_swaps(terms, nodes, pool, w, t_fwd)
-        if best is None or found[1] > best[1] + 1e-9 * max(1.0, abs(found[1])):
+        found = improve_by_swaps(terms, nodes, pool, raw, t_fwd)
+        if best is None or _better(found[1], best[1]):
             best = found
     assert best is not None
-    return best
+    return best[0], best[1][0]
 
 
 def _rounds(
@@ -345,8 +389,9 @@ def improve_by_swaps(
     pool: Sequence[str],
     w: Mapping[str, float],
     t_fwd_s: float,
-) -> tuple[dict[str, tuple[str, ...]], float]:
-    """Step 3 of the module docstring: the map after improving moves and swaps, and V."""
+) -> tuple[dict[str, tuple[str, ...]], tuple[float, float]]:
+    """Step 3 of the module docstring: the map after improving moves and swaps, and its
+    (V, later scale-downs)."""
     by_id = {t.id: t for t in terms}
     sets = {t.id: list(nodes.get(t.id, ())) for t in terms}
     current = {t.id: frozenset(t.current) for t in terms}
@@ -360,13 +405,13 @@ def improve_by_swaps(
     missing = {tid: len(current[tid]) - (len(sets[tid]) - extra[tid]) for tid in sets}
     wins = {tid: sorted(w[n] for n in ns) for tid, ns in sets.items()}
     val = {tid: _sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
-    scale = 1e-9 * max(1.0, sum(abs(v) for v in val.values() if math.isfinite(v)))
+    scale = 1e-9 * max(1.0, sum(abs(v[0]) for v in val.values() if math.isfinite(v[0])))
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
         if that would migrate."""
         if tid is None:
-            return (None, out, into, [], 0.0, 0, 0)
+            return (None, out, into, [], (0.0, 0.0), 0, 0)
         cur = current[tid]
         e = (
             extra[tid]
@@ -417,8 +462,9 @@ def improve_by_swaps(
                 break
             if a is None or b is None:
                 continue
-            delta = sum(u[4] - val[u[0]] for u in (a, b) if u[0] is not None)
-            if not delta > scale:
+            delta = sum(u[4][0] - val[u[0]][0] for u in (a, b) if u[0] is not None)
+            later = sum(u[4][1] - val[u[0]][1] for u in (a, b) if u[0] is not None)
+            if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
             for tid, out, into, ws, v, e, m in (a, b):
                 if tid is None:
@@ -441,7 +487,7 @@ def improve_by_swaps(
             improved = True
             break
     out = {tid: _in_held_order(by_id[tid], ns) for tid, ns in sets.items()}
-    return out, sum(val.values())
+    return out, (sum(v[0] for v in val.values()), sum(v[1] for v in val.values()))
 
 
 def _in_held_order(t: TrainerTerms, ns: list[str]) -> tuple[str, ...]:

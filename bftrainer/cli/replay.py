@@ -56,11 +56,19 @@ from bftrainer.replay.run import (
     ReplayResult,
     replay,
 )
+from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
 
 DEFAULT = ReplayConfig()
-FLAG_NAMES = {**POLICY_FLAG_NAMES, "window_s": "--window-hours"}
+FLAG_NAMES = {
+    **POLICY_FLAG_NAMES,
+    "window_s": "--window-hours",
+    "windows": "--windows",
+    "windows_known_share": "--windows-share",
+    "windows_lead_s": "--windows-lead",
+    "windows_error_s": "--windows-error",
+}
 
 
 @click.command("replay")
@@ -170,6 +178,30 @@ FLAG_NAMES = {**POLICY_FLAG_NAMES, "window_s": "--window-hours"}
     help=f"Window of the per-window U (default {DEFAULT.window_s / 3600:g}).",
 )
 @click.option(
+    "--windows",
+    type=click.Choice(list(WINDOW_MODES)),
+    help="What the pool source knows of departures: none (default), oracle (the trace's "
+    "true times), realistic (--windows-share/-lead/-error). docs/replay.md.",
+)
+@click.option(
+    "--windows-share",
+    "windows_known_share",
+    type=Number(min=0.0, max=1.0),
+    help="realistic: share of departures known (default 1).",
+)
+@click.option(
+    "--windows-lead",
+    "windows_lead_s",
+    type=Number(min=0.0, max=1e9),
+    help="realistic: a departure is known this many seconds ahead (default: from the join).",
+)
+@click.option(
+    "--windows-error",
+    "windows_error_s",
+    type=Number(min=0.0, max=1e7),
+    help="realistic: standard deviation of the stated departure time, s (default 0).",
+)
+@click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -197,6 +229,10 @@ def replay_cmd(
     config_path: str | None,
     policies: str | None,
     window_hours: float | None,
+    windows: str | None,
+    windows_known_share: float | None,
+    windows_lead_s: float | None,
+    windows_error_s: float | None,
     sweep: str | None,
     out_dir: Path,
     progress: bool,
@@ -234,6 +270,10 @@ def replay_cmd(
     flags = {
         **policy_flags(policy),
         "window_s": window_hours * 3600 if window_hours is not None else None,
+        "windows": windows,
+        "windows_known_share": windows_known_share,
+        "windows_lead_s": windows_lead_s,
+        "windows_error_s": windows_error_s,
     }
     try:
         base = DEFAULT

@@ -37,6 +37,7 @@ from bftrainer.replay.metrics import (
     utilization,
 )
 from bftrainer.replay.simulator import SimulatedDriver
+from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
 POLICIES = tuple(POLICY_REGISTRY)
 
@@ -48,21 +49,51 @@ class ReplayError(ValueError):
 @dataclass(frozen=True)
 class ReplayConfig(Config):
     """The loop's configuration plus what only the replay needs: the window of the
-    per-window U."""
+    per-window U, and what the pool source knows of departures (bftrainer/replay/
+    windows.py: ``windows`` none | oracle | realistic, and the realistic one's share
+    known, lead time and error)."""
 
     window_s: float = 6 * 3600.0
+    windows: str = "none"
+    windows_known_share: float = 1.0
+    windows_lead_s: float = math.inf
+    windows_error_s: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         w = self.window_s
         if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
             raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")
+        if self.windows not in WINDOW_MODES:
+            raise ConfigError(
+                f"windows = {self.windows!r}: expected one of {', '.join(WINDOW_MODES)}"
+            )
+        for name, lo, hi in (
+            ("windows_known_share", 0.0, 1.0),
+            ("windows_lead_s", 0.0, math.inf),
+            ("windows_error_s", 0.0, 1e7),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi):
+                raise ConfigError(f"{name} = {v!r}: expected a number in [{lo:g}, {hi:g}]")
+
+    @property
+    def window_knowledge(self) -> WindowKnowledge:
+        return WindowKnowledge(
+            self.windows, self.windows_known_share, self.windows_lead_s, self.windows_error_s
+        )
 
 
 # The replay's tables in a configuration file (``bftrainer replay --config``).
 REPLAY_TABLES: dict[str, dict[str, str]] = {
     **POLICY_TABLES,
-    "replay": {"window_s": "window_s"},
+    "replay": {
+        "window_s": "window_s",
+        "windows": "windows",
+        "windows_known_share": "windows_known_share",
+        "windows_lead_s": "windows_lead_s",
+        "windows_error_s": "windows_error_s",
+    },
 }
 
 
@@ -123,7 +154,8 @@ def replay(
     wall0 = time.perf_counter()
     metrics = MetricsRecorder(start_s=start_s, window_s=config.window_s)
     arrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
-    pool = TimedSource((e.time_s, PoolChange(e)) for e in trace.events)
+    events = events_with_windows(trace, config.window_knowledge)
+    pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
     loop = Loop(
         [pool, arrivals],
         driver or SimulatedDriver(),
@@ -185,7 +217,12 @@ def _result(
     turnaround = [t.finished_s - t.job.submit_s for t in done if t.finished_s is not None]
     decided = [s for s in m.steps if s.decided]
     summary: dict[str, Any] = {
-        **{k: v for k, v in asdict(config).items() if k not in ("window_s", "t_fwd_s")},
+        **{
+            k: v
+            for k, v in asdict(config).items()
+            if k not in ("window_s", "t_fwd_s") and not k.startswith("windows_")
+        },
+        **_window_fields(config),
         "t_fwd": config.t_fwd_s,
         **t_fwd_range(decided),
         "window_hours": config.window_s / 3600,
@@ -214,6 +251,18 @@ def _result(
         "events_per_s": len(m.steps) / wall_s if wall_s > 0 else None,
     }
     return ReplayResult(config, summary, m, trainers, windows, end_s)
+
+
+def _window_fields(config: ReplayConfig) -> dict[str, Any]:
+    """The realistic windows' parameters (JSON has no inf: an unlimited lead is null)."""
+    if config.windows != "realistic":
+        return {}
+    lead = config.windows_lead_s
+    return {
+        "windows_known_share": config.windows_known_share,
+        "windows_lead_s": lead if math.isfinite(lead) else None,
+        "windows_error_s": config.windows_error_s,
+    }
 
 
 def t_fwd_range(decided: list[Step]) -> dict[str, float | None]:
