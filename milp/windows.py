@@ -446,6 +446,20 @@ def improve_by_swaps(
         nodes_ = sorted(reps, key=lambda n: (str(owner[n]), w[n], n))
 
         def candidates(nodes_: list[str]) -> Iterator[tuple[tuple | None, tuple | None]]:
+            # First the swaps that match a node to a holder that already has nodes
+            # leaving at its time (so that they leave together), then any move or swap.
+            leaving: dict[str | None, set[float]] = {h: set() for h in holders}
+            for n in nodes_:
+                if w[n] < math.inf:
+                    leaving[owner[n]].add(w[n])
+            for x, y in itertools.combinations(nodes_, 2):
+                if (
+                    owner[x] != owner[y]
+                    and w[x] != w[y]
+                    and (w[x] in leaving[owner[y]] or w[y] in leaving[owner[x]])
+                ):
+                    a = change(owner[x], x, y)
+                    yield a, (change(owner[y], y, x) if a is not None else None)
             for x in nodes_:  # a move of x to another holder (or to none)
                 for h in holders:
                     if h != owner[x]:
