@@ -10,10 +10,11 @@ import random
 import statistics
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
 from tests.milp.oracle import metric
 from tests.milp.strategies import problems
@@ -193,3 +194,29 @@ def test_measured_error_against_the_exhaustive_search() -> None:
     # tiny pools, where every trainer shrinks or grows at once, are its hardest case.
     assert exact >= 0.75 * len(losses)
     assert statistics.fmean(losses) <= 0.02
+
+
+def test_windows_in_the_problem_json_are_checked() -> None:
+    doc = {
+        "pool": ["n1", "n2"],
+        "windows": {"n1": 45, "n2": None},
+        "trainers": [
+            {
+                "id": "t",
+                "n_min": 1,
+                "n_max": 2,
+                "rescale_up": 18,
+                "rescale_down": 12,
+                "curve": [[1, 100], [2, 190]],
+            }
+        ],
+    }
+    assert problem_from_dict(doc).windows_s == {"n1": 45, "n2": None}
+    for bad, message in (
+        ({"n9": 10}, "node 'n9' is not in the pool"),
+        ({"n1": -1}, "expected >= 0"),
+        ({"n1": "soon"}, "expected a number"),
+        (["n1"], "windows must be an object"),
+    ):
+        with pytest.raises(ProblemError, match=message):
+            problem_from_dict({**doc, "windows": bad})
