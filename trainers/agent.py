@@ -137,7 +137,7 @@ class PolluxAgent:
         self._gain_pgns: float | None = None
         self._lr_key: tuple[int, float | None] | None = None
         self._lr_factor = 1.0
-        self._skip = 0
+        self._skip: float = 0  # warm-up steps left (fractional after observe_steps)
         self._dirty = False
         self._model: ThroughputModel | None = None
         self._fitted_configs: frozenset[TrainerConfig] = frozenset()
@@ -221,8 +221,8 @@ class PolluxAgent:
             self._gain = step_gain(self._batch_size, self.limits.base_batch_size, pgns)
             self._gain_pgns = pgns
         self.progress += self._gain * count
-        timed = count - min(float(self._skip), count)
-        self._skip = max(0, math.ceil(self._skip - count))
+        timed = count - min(self._skip, count)
+        self._skip = max(0.0, self._skip - count)
         if timed <= 0:
             return
         if not stats.count:

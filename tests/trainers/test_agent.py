@@ -268,3 +268,14 @@ def test_new_configs_and_reading_the_last_fit_without_refitting() -> None:
     assert agent.new_configs == 1
     # Configurations are observed in the order first timed, not first declared.
     assert [(o.nodes, o.local_bsz) for o in agent.observations()] == [(1, 32), (2, 64)]
+
+
+def test_fractional_counts_use_up_the_warm_up_and_then_are_timed() -> None:
+    agent = PolluxAgent("j", LIMITS, warmup_steps=1)
+    agent.set_config(1, 32)
+    agent.observe_steps(0.5, 9.0)
+    agent.observe_steps(0.5, 9.0)  # the one warm-up step, in two halves
+    assert agent.observations() == []
+    agent.observe_steps(0.5, 2.0)
+    [obs] = agent.observations()
+    assert obs.step_time_s == pytest.approx(2.0) and agent.steps == pytest.approx(1.5)
