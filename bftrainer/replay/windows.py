@@ -13,9 +13,11 @@ plan is worth to the window-aware allocator (docs/allocator.md, "Windows"):
 - ``realistic``: a share ``known_share`` of departures is known; each known one is
   stated ``lead_s`` seconds before the node leaves (or when it joins, if later), off by
   a normal error of ``error_s`` seconds (the stated window is never below 0). A
-  departure not known is open-ended until the node leaves without warning. Which
-  departures are known and the errors are drawn from ``seed`` and the node and time, so
-  a replay is reproducible.
+  departure not known is open-ended until the node leaves without warning. What is
+  known and the error are drawn per departure instant, not per node: the nodes that
+  leave together are taken by one job of the main scheduler, whose planned start the
+  scheduler knows (or not), and misjudges, for all of them at once. Drawn from ``seed``
+  and the instant, so a replay is reproducible.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def events_with_windows(trace: Trace, knowledge: WindowKnowledge) -> list[PoolEv
             continue
         at_s, leave_s = joined_s, left_s
         if knowledge.mode == "realistic":
-            rng = random.Random(f"{knowledge.seed}:{node}:{left_s!r}")
+            rng = random.Random(f"{knowledge.seed}:{left_s!r}")  # one draw per instant
             if rng.random() >= knowledge.known_share:
                 continue
             at_s = max(joined_s, left_s - knowledge.lead_s)

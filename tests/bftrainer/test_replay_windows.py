@@ -64,12 +64,19 @@ def test_realistic_states_a_departure_lead_seconds_ahead() -> None:
 
 def test_realistic_share_and_error_are_drawn_reproducibly() -> None:
     trace = synthetic_trace(SyntheticConfig(nodes=64, duration_s=6 * 3600.0, seed=3))
-    departures = sum(len(e.left) for e in trace.events)
     knowledge = WindowKnowledge("realistic", known_share=0.5, error_s=60.0, seed=7)
     first = events_with_windows(trace, knowledge)
     assert events_with_windows(trace, knowledge) == first
-    stated = [w for e in first for w in e.windows_s.values()]
-    assert 0.4 * departures < len(stated) < 0.6 * departures
+    instants = {e.time_s for e in trace.events if e.left}
+    known = {e.time_s + w for e in first for w in e.windows_s.values()}
+    assert 0.35 * len(instants) < len(known) < 0.65 * len(instants)
+    # The nodes leaving together are known together, off by one error: a departure
+    # stated ahead of its nodes' joins is an event of its own, with one window.
+    ahead = events_with_windows(trace, WindowKnowledge("realistic", lead_s=300.0, error_s=60.0))
+    alone = [e for e in ahead if not (e.joined or e.left)]
+    assert alone
+    assert any(len(e.windows_s) > 1 for e in alone)
+    assert all(len(set(e.windows_s.values())) == 1 for e in alone)
     none_known = WindowKnowledge("realistic", known_share=0.0)
     assert windows_at(events_with_windows(trace, none_known)) == {}
     exact = windows_at(events_with_windows(trace, WindowKnowledge("realistic")))
