@@ -26,13 +26,15 @@ exactly by V:
 2. Counts come from the exact count DP (``dp.solve_counts``) on window-aware per-count
    tables: trainer j's k-th count is valued with the nodes it would get at that count
    (its own longest, then the growth block at its offset). The offsets are first the
-   head of the free list, then the blocks the previous round's mapping gave; a few
-   rounds, until the counts repeat.
+   head of the free list, then the blocks the previous round's mapping gave
+   (``ROUNDS``, or until the counts repeat).
 3. The best of those rounds, the window-free optimum mapped as in 1, and the current
-   map is improved by swapping two nodes of different windows between two holders (or
-   a holder and the free nodes) while a swap raises V and keeps no-migration (first
+   map is improved by moving a node to another holder (or to none) or swapping two
+   nodes of different windows, while that raises V and keeps no-migration (first
    improvement; at most ``MAX_SWAP_TRIALS`` trials, so the answer does not depend on
-   the machine's speed). Never worse by V than the current map.
+   the machine's speed). Swaps that put a node with a holder whose nodes leave at its
+   time come first; between maps of equal V, fewer scale-downs for departures known
+   past the horizon win. Never worse by V than the current map.
 
 V for the same counts is at most Eq. 16's, so the window-free optimum bounds it. The
 error against an exhaustive search over node maps is measured in
@@ -54,13 +56,14 @@ from bftrainer.milp.objective import TrainerTerms
 from bftrainer.milp.problem import Problem
 
 # Rounds of the count DP with offsets from the previous round's mapping.
-ROUNDS = 3
+ROUNDS = 2
 # Grower orders: all permutations up to this many growers; beyond it, two heuristics.
 MAX_PERMUTED = 4
 # Swaps tried by the local search (step 3), at most: about 5 us each.
 MAX_SWAP_TRIALS = 2000
-# Starts of the local search: the best maps of step 2 (by V).
-STARTS = 2
+# Starts of the local search: the best maps of step 2 (by V). Two found a better map in
+# 6 more of the 200 test instances and cost 20 ms more at 30 x 800 (docs/benchmarks.md).
+STARTS = 1
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -449,17 +452,17 @@ def improve_by_swaps(
             # First the swaps that match a node to a holder that already has nodes
             # leaving at its time (so that they leave together), then any move or swap.
             leaving: dict[str | None, set[float]] = {h: set() for h in holders}
+            at: dict[float, list[str]] = {}
             for n in nodes_:
                 if w[n] < math.inf:
                     leaving[owner[n]].add(w[n])
-            for x, y in itertools.combinations(nodes_, 2):
-                if (
-                    owner[x] != owner[y]
-                    and w[x] != w[y]
-                    and (w[x] in leaving[owner[y]] or w[y] in leaving[owner[x]])
-                ):
-                    a = change(owner[x], x, y)
-                    yield a, (change(owner[y], y, x) if a is not None else None)
+                    at.setdefault(w[n], []).append(n)
+            for x in nodes_:
+                for when in sorted(leaving[owner[x]]):
+                    for y in at[when]:
+                        if owner[x] != owner[y] and w[x] != w[y]:
+                            a = change(owner[x], x, y)
+                            yield a, (change(owner[y], y, x) if a is not None else None)
             for x in nodes_:  # a move of x to another holder (or to none)
                 for h in holders:
                     if h != owner[x]:
