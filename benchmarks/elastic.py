@@ -14,7 +14,11 @@ Two measurements, one run:
   ``hosts`` was rewritten to the reset record of the new size (the workers then take
   their first step at it). Median of ``--runs`` runs per backend.
 
-    python benchmarks/elastic.py [--runs 3] [--backends torchrun,horovod] [--only overhead|rescale]
+* ``instructions`` (only when asked): the same two loops' instructions per step,
+  counted by valgrind, which no other work on the machine changes.
+
+    python benchmarks/elastic.py [--runs 3] [--backends torchrun,horovod]
+                                 [--only overhead|instructions|rescale]
 
 Writes benchmarks/results/elastic.json.
 """
@@ -26,7 +30,10 @@ import importlib.util
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -154,6 +161,64 @@ def overhead(steps: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _one_run(loop: str, steps: int) -> None:
+    """One run of one loop, for :func:`instructions` (a process of its own)."""
+    torch.set_num_threads(1)
+    ex = _example()
+    if loop == "plain":
+        plain_run(ex, steps, 8192)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        # Under valgrind time runs about 50x slower: commits and reports by time would
+        # come 50x more often per step. They are left out (their cost is the time runs').
+        opts = RuntimeOptions(
+            work_samples=steps * BATCH, trainer_dir=d, commit_every_s=1e9, report_every_s=1e9
+        )
+        model, opt, x, y = _setup(ex, 8192)
+        rt = ElasticRuntime(
+            opts, model, opt, x, _loss, fetch=_fetch_fn(x, y), comm=SingleComm(), script="b"
+        )
+        rt.run()
+
+
+def instructions(steps: int) -> dict[str, Any]:
+    """Instructions per step of each loop, counted by valgrind (cachegrind): unlike
+    CPU time, the same in every run whatever else the machine does. Four runs in
+    parallel (each loop at ``steps`` and ``3 x steps``; about 10 min on 2 cores)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {"skipped": "valgrind is not installed"}
+    procs = {}
+    for loop in ("plain", "runtime"):
+        for n in (steps, 3 * steps):
+            argv = [valgrind, "--tool=cachegrind", "--cache-sim=no"]
+            argv += ["--cachegrind-out-file=/dev/null", sys.executable, __file__]
+            argv += ["--one-run", loop, str(n)]
+            procs[loop, n] = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+    counts = {}
+    for key, proc in procs.items():
+        _, err = proc.communicate()
+        match = re.search(rb"I\s+refs:\s+([\d,]+)", err)
+        if proc.returncode != 0 or match is None:
+            raise RuntimeError(f"valgrind run {key} failed: {err[-500:]!r}")
+        counts[key] = int(match.group(1).replace(b",", b""))
+    per_step = {
+        loop: (counts[loop, 3 * steps] - counts[loop, steps]) / (2 * steps)
+        for loop in ("plain", "runtime")
+    }
+    ratio = (per_step["runtime"] - per_step["plain"]) / per_step["plain"]
+    return {
+        "steps": [steps, 3 * steps],
+        "plain_instructions_per_step": per_step["plain"],
+        "runtime_instructions_per_step": per_step["runtime"],
+        "overhead_ratio": ratio,
+        "goal_ratio": GOAL_RATIO,
+        "met": ratio <= GOAL_RATIO,
+    }
+
+
 def _reset_after(d: Path, nodes: int, t: float, timeout_s: float = 180) -> float:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -236,13 +301,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--backends", default="torchrun,horovod")
-    parser.add_argument("--only", choices=["overhead", "rescale"])
+    parser.add_argument("--only", choices=["overhead", "instructions", "rescale"])
+    parser.add_argument("--one-run", nargs=2, metavar=("LOOP", "STEPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_run:
+        _one_run(args.one_run[0], int(args.one_run[1]))
+        return
     out: dict[str, Any] = {"machine": platform.machine(), "cpus": os.cpu_count()}
     out["load_avg_before"] = os.getloadavg()
     if args.only in (None, "overhead"):
         out["overhead"] = overhead(args.steps, args.repeats)
         print(json.dumps(out["overhead"]), file=sys.stderr)
+    if args.only == "instructions":  # about 10 min: only when asked
+        out["instructions"] = instructions(100)
+        print(json.dumps(out["instructions"]), file=sys.stderr)
     if args.only in (None, "rescale"):
         out["rescale"] = {b: rescale(b, args.runs) for b in args.backends.split(",")}
     out["load_avg_after"] = os.getloadavg()

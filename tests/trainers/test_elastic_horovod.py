@@ -61,23 +61,29 @@ def ssh_args(sshd: SshServer) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.slow
-@pytest.mark.sshd
-def test_a_host_reached_over_ssh(launched: list[Trainer], tmp_path: Path, sshd: SshServer) -> None:
-    """127.0.0.2 is not this machine's name: Horovod reaches it through the ssh shim,
-    which runs the real ssh with exec.json's arguments (to the test's sshd)."""
-    remote_host = "127.0.0.2"
+def start_with_ssh(launched: list[Trainer], tmp_path: Path, sshd: SshServer, work: int) -> Trainer:
+    """A trainer on localhost, stepping, whose other hosts are reached over ssh."""
     t = start_trainer(
         tmp_path,
         "horovod",
         ["localhost"],
-        work=12_000,
+        work=work,
         args=(*FAST_COMMITS, "--step-delay-s", "0.01"),
         env={"BFTRAINER_HOROVOD_NIC": "lo"},  # 127.0.0.2 is this machine after all
     )
     launched.append(t)
     t.launcher.set_exec("ssh", {}, ssh_args(sshd))
     t.wait_reset(1, 0)
+    return t
+
+
+@pytest.mark.slow
+@pytest.mark.sshd
+def test_a_host_reached_over_ssh(launched: list[Trainer], tmp_path: Path, sshd: SshServer) -> None:
+    """127.0.0.2 is not this machine's name: Horovod reaches it through the ssh shim,
+    which runs the real ssh with exec.json's arguments (to the test's sshd)."""
+    remote_host = "127.0.0.2"
+    t = start_with_ssh(launched, tmp_path, sshd, work=12_000)
     t.launcher.set_hosts(["localhost", remote_host])
     t.wait_reset(2, 1)
     t.launcher.set_hosts(["localhost"])
@@ -94,17 +100,7 @@ def test_kill_reaches_a_worker_started_over_ssh(
 ) -> None:
     """Launcher.kill ends the workers Horovod started over ssh too (sshd's children,
     not the supervisor's): a killed trainer leaves nothing running on any host."""
-    t = start_trainer(
-        tmp_path,
-        "horovod",
-        ["localhost"],
-        work=200_000,
-        args=(*FAST_COMMITS, "--step-delay-s", "0.01"),
-        env={"BFTRAINER_HOROVOD_NIC": "lo"},
-    )
-    launched.append(t)
-    t.launcher.set_exec("ssh", {}, ssh_args(sshd))
-    t.wait_reset(1, 0)
+    t = start_with_ssh(launched, tmp_path, sshd, work=200_000)
     t.launcher.set_hosts(["localhost", "127.0.0.2"])
     t.wait_reset(2, 1)
     outside = [p for p in t.processes_anywhere() if p not in remote.descendants(t.launcher.pid)]
