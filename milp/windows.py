@@ -62,7 +62,7 @@ MAX_PERMUTED = 4
 # Swaps tried by the local search (step 3), at most: about 5 us each.
 MAX_SWAP_TRIALS = 2000
 # Starts of the local search: the best maps of step 2 (by V). Two found a better map in
-# 6 more of the 200 test instances and cost 20 ms more at 30 x 800 (docs/benchmarks.md).
+# 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
 
 
