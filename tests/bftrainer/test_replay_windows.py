@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -228,3 +231,33 @@ def test_oracle_windows_on_the_first_6_hours_of_summit_week_1() -> None:
     assert oracle["utilization_efficiency"] > none["utilization_efficiency"] + 0.002
     assert oracle["preemption_cost_samples"] < 0.9 * none["preemption_cost_samples"]
     assert oracle["utilization_efficiency"] < oracle["utilization_limit"]
+
+
+# In a fresh interpreter (its own PYTHONHASHSEED): the summaries of windowed replays.
+CHILD = r"""
+import json
+from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
+from bftrainer.replay.run import ReplayConfig, replay
+from bftrainer.replay.workload import hpo_workload
+trace = synthetic_trace(SyntheticConfig(nodes=128, duration_s=6 * 3600.0, seed=0))
+jobs = hpo_workload(100, trace.start_s)
+out = []
+for kw in ({"windows": "oracle"}, {"windows": "realistic", "windows_known_share": 0.5,
+           "windows_lead_s": 600.0, "windows_error_s": 60.0}):
+    s = replay(trace, jobs, ReplayConfig(policy="milp", solver="dp", **kw)).summary
+    out.append({k: v for k, v in s.items() if k not in ("wall_s", "events_per_s", "mean_solve_s")})
+print(json.dumps(out))
+"""
+
+
+def test_windowed_replays_are_the_same_at_any_hash_seed() -> None:
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OPENBLAS_NUM_THREADS": "1"}
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr
+        outs.append(json.loads(done.stdout))
+    assert outs[0] == outs[1]
+    assert [s["windows"] for s in outs[0]] == ["oracle", "realistic"]
