@@ -59,8 +59,9 @@ def _departures(trace: Trace) -> Iterator[tuple[str, float, float | None]]:
 
 def events_with_windows(trace: Trace, knowledge: WindowKnowledge) -> list[PoolEvent]:
     """The trace's events with the windows ``knowledge`` states, in time order; an event
-    at the trace's start states the initial pool's, and a known departure stated before
-    anything happens to its node is an event of its own (windows only)."""
+    at the trace's start states the initial pool's, and a departure stated after its
+    node joined (a lead shorter than its idle time) is an event of its own (windows
+    only)."""
     if knowledge.mode == "none":
         return [PoolEvent(e.time_s, e.joined, e.left) for e in trace.events]
     if knowledge.mode not in WINDOW_MODES:

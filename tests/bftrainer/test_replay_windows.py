@@ -75,7 +75,7 @@ def test_realistic_share_and_error_are_drawn_reproducibly() -> None:
     known = {e.time_s + w for e in first for w in e.windows_s.values()}
     assert 0.35 * len(instants) < len(known) < 0.65 * len(instants)
     # The nodes leaving together are known together, off by one error: a departure
-    # stated ahead of its nodes' joins is an event of its own, with one window.
+    # stated after its nodes joined is an event of its own, with one window.
     ahead = events_with_windows(trace, WindowKnowledge("realistic", lead_s=300.0, error_s=60.0))
     alone = [e for e in ahead if not (e.joined or e.left)]
     assert alone
