@@ -90,7 +90,11 @@ def summary_table(results: Sequence[ReplayResult]) -> str:
         ("trainers done", lambda s: f"{s['trainers_completed']}/{s['trainers_arrived']}"),
         ("events/s", lambda s: f"{s['events_per_s']:.0f}" if s["events_per_s"] else "-"),
     ]
-    table = [[name] + [fmt(r.summary) for r in results] for name, fmt in rows]
+    return align_columns([[name] + [fmt(r.summary) for r in results] for name, fmt in rows])
+
+
+def align_columns(table: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as text: the first column left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return "\n".join(
         "  ".join(

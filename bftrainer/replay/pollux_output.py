@@ -18,6 +18,7 @@ import numpy as np
 
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import TrainerState
+from bftrainer.replay.output import align_columns
 from bftrainer.replay.pollux_plots import plot_efficiency
 from bftrainer.replay.pollux_sim import PolluxReport
 
@@ -152,12 +153,4 @@ def pollux_table(runs: Sequence[tuple[str, dict[str, Any]]]) -> str:
         ("useful share", lambda s, label: num(s["statistical_efficiency"])),
         ("refits", lambda s, label: f"{s['refits']:,}"),
     ]
-    table = [[name] + [fmt(s, label) for label, s in runs] for name, fmt in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return "\n".join(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in table
-    )
+    return align_columns([[name] + [fmt(s, label) for label, s in runs] for name, fmt in rows])
