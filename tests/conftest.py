@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -18,6 +19,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A suite started in the background by a shell without job control (`make test &` in a
+# script) inherits SIGINT ignored, and so would every process it starts: the Ctrl-C
+# tests would then see commands run to the end. Give the children the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
 
 
