@@ -350,7 +350,7 @@ class ElasticRuntime:
         p = self.progress
         p.resets += 1
         p.batch_sizes.append(config.batch_size)
-        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.monotonic()
+        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
         if self._writer_of_rank0 is not None:
             record = self.agent.metrics()
             self._writer_of_rank0.reset(
@@ -413,20 +413,23 @@ class ElasticRuntime:
         flat = torch.zeros(nflat + 5)
         track_ids = self.on_commit is not None
         every_steps = opts.commit_every_steps
-        while p.samples_done < self.work_samples:
-            t0 = time.perf_counter()
-            plan = sampler.plan(
-                cfg.local_bsz, replicas, cfg.accum_steps, self.work_samples - p.samples_done
-            )
-            self.optimizer.zero_grad(set_to_none=False)
+        # The per-step path in locals: every attribute lookup saved is time the user's
+        # step keeps (the runtime's bookkeeping is about 2% of a 0.66 ms step).
+        work, clock = self.work_samples, time.perf_counter
+        model, optimizer, loss_fn, fetch = self.model, self.optimizer, self.loss_fn, self.fetch
+        after_backward, observe_step = self.probe.after_backward, agent.observe_step
+        while p.samples_done < work:
+            t0 = clock()
+            plan = sampler.plan(cfg.local_bsz, replicas, cfg.accum_steps, work - p.samples_done)
+            optimizer.zero_grad(set_to_none=False)
             micro = sampler.micro_batches(plan, rank)
             for ids in micro:
                 if len(ids):
-                    loss = self.loss_fn(self.model, self.fetch(ids))
+                    loss = loss_fn(model, fetch(ids))
                     if len(ids) != plan.count:  # the step's mean over all its samples
                         loss = loss * (len(ids) / plan.count)
                     loss.backward()
-            now = time.monotonic()
+            now = clock()
             # Decisions that depend on a clock, a file or a signal, as flags that ride
             # on the gradient all-reduce: every rank then acts on the same step.
             commit_due = stop = hosts_updated = leaving = 0.0
@@ -449,20 +452,20 @@ class ElasticRuntime:
                 self._allreduce_grads(flat, nflat)
                 commit_due, stop, hosts_updated, leaving, lr_factor = flat[nflat:].tolist()
                 self._set_lr(lr_factor)
-            self.probe.after_backward()
-            self.optimizer.step()
+            after_backward()
+            optimizer.step()
             sampler.advance(plan)
             p.step += 1
             p.samples_done += plan.count
             if track_ids:
                 mine = [int(i) for ids in micro for i in ids]
                 self._pending.append((plan.epoch, mine))
-            agent.observe_step(time.perf_counter() - t0)
+            observe_step(clock() - t0)
             if replicas == 1:
                 self._set_lr()
             if rank == 0 and now - self._last_report_t >= opts.report_every_s:
                 self._report()
-            done = p.samples_done >= self.work_samples
+            done = p.samples_done >= work
             if (
                 done
                 or stop
@@ -505,7 +508,7 @@ class ElasticRuntime:
             offset += n
 
     def _report(self) -> None:
-        self._last_report_t = time.monotonic()
+        self._last_report_t = time.perf_counter()
         writer = self._writer_of_rank0
         if writer is not None:
             writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
@@ -534,7 +537,7 @@ class ElasticRuntime:
             save_checkpoint(self.snapshot(), self._checkpoint)
         # Nobody keeps a commit that rank 0 may not have written (it could die first).
         comm.broadcast_object(True)
-        self._last_commit_t = time.monotonic()
+        self._last_commit_t = time.perf_counter()
         comm.commit()
 
     def _model_checksum(self) -> float:
