@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 from bftrainer.milp import Problem, TrainerSpec
 from bftrainer.milp.check import violations
@@ -49,8 +50,16 @@ def eq16(problem: Problem, counts: dict[str, int]) -> float:
     return total
 
 
-def brute_force(problem: Problem) -> float:
-    """The best Eq. 16 value over every feasible node map (waiting trainers get none)."""
+def eq16_of_map(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
+    return eq16(problem, {k: len(v) for k, v in nodes.items()})
+
+
+def brute_force(
+    problem: Problem,
+    value: Callable[[Problem, dict[str, tuple[str, ...]]], float] = eq16_of_map,
+) -> float:
+    """The best ``value`` (Eq. 16 by default) over every feasible node map (waiting
+    trainers get none)."""
     admitted = [t.id for t in problem.trainers[: problem.max_trainers]]
     best = float("-inf")
     for owners in itertools.product([None, *admitted], repeat=len(problem.pool)):
@@ -61,5 +70,5 @@ def brute_force(problem: Problem) -> float:
         as_tuples = {k: tuple(v) for k, v in nodes.items()}
         if violations(problem, as_tuples):
             continue
-        best = max(best, eq16(problem, {k: len(v) for k, v in nodes.items()}))
+        best = max(best, value(problem, as_tuples))
     return best

@@ -4,7 +4,6 @@ maps, valued by an event walk written here from the definition (docs/allocator.m
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import statistics
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
+from tests.milp.oracle import brute_force as oracle_brute_force
 from tests.milp.oracle import metric
 from tests.milp.strategies import problems
 
@@ -49,17 +49,7 @@ def map_value(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
 
 def brute_force(problem: Problem) -> float:
     """The best V over every feasible node map."""
-    admitted = [t.id for t in problem.trainers[: problem.max_trainers]]
-    best = -math.inf
-    for owners in itertools.product([None, *admitted], repeat=len(problem.pool)):
-        nodes: dict[str, list[str]] = {t: [] for t in admitted}
-        for node, owner in zip(problem.pool, owners, strict=True):
-            if owner is not None:
-                nodes[owner].append(node)
-        as_tuples = {k: tuple(v) for k, v in nodes.items()}
-        if not violations(problem, as_tuples):
-            best = max(best, map_value(problem, as_tuples))
-    return best
+    return oracle_brute_force(problem, map_value)
 
 
 @st.composite
