@@ -290,6 +290,9 @@ class TorchrunBackend(Backend):
                 f"--rdzv-conf=is_host={1 if i == 0 else 0}",
                 f"--max-restarts={restarts}",
                 "--monitor-interval=1",
+                # Its per-run directories in the trainer's, not one more in /tmp each
+                # time an agent starts (they stay behind when an agent is stopped).
+                f"--log-dir={self.dir / 'torchrun'}",
                 *WORKER,
                 str(self.spec.script),
                 *self.spec.args,
