@@ -47,7 +47,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -294,19 +294,8 @@ class _Tabled(TrainerTerms):
 
 
 def _tabled(t: TrainerTerms, table: np.ndarray) -> _Tabled:
-    return _Tabled(
-        id=t.id,
-        n_min=t.n_min,
-        n_max=t.n_max,
-        current=t.current,
-        bp_nodes=t.bp_nodes,
-        bp_value=t.bp_value,
-        rescale_up_s=t.rescale_up_s,
-        rescale_down_s=t.rescale_down_s,
-        runnable=t.runnable,
-        current_value=t.current_value,
-        table=table,
-    )
+    """``t`` with ``table`` as its scores (every field of ``t`` carried over)."""
+    return _Tabled(**{f.name: getattr(t, f.name) for f in fields(t) if f.init}, table=table)
 
 
 def allocate_windows(
