@@ -24,6 +24,7 @@ from bftrainer.loop import (
     Cancel,
     Completion,
     CurveReport,
+    Inbox,
     Input,
     Loop,
     LoopState,
@@ -86,8 +87,15 @@ def live(tmp: Path) -> DriverCase:
     store = Store.open(state_dir)
     example = str(Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py")
     jobs = []
-    for work, n_max, submit_s in ((3000, 2, 0.0), (2000, 2, 5.0), (1000, 1, 10.0)):
-        tid = store.submit(example, backend="torchrun", max_nodes=n_max, work_samples=work)
+    # The first runs long enough, reporting often, to be seen running before it ends.
+    for work, n_max, submit_s in ((100_000, 2, 0.0), (2000, 2, 5.0), (1000, 1, 10.0)):
+        tid = store.submit(
+            example,
+            ("--report-every-s", "0.5"),
+            backend="torchrun",
+            max_nodes=n_max,
+            work_samples=work,
+        )
         jobs.append(replace(job_of(store.trainer(tid)), submit_s=submit_s))
     driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=1.0)
     return DriverCase(driver, jobs, 900.0, wall_clock=True)
@@ -113,6 +121,9 @@ class Checked:
     cancelled: set[str] = field(default_factory=set)
     reports: list[CurveReport] = field(default_factory=list)
     processed: float = 0.0
+    # (trainer id, inbox): put Cancel(id) there once the driver reports the trainer's
+    # first progress, so a cancel lands on a running trainer whatever the clock's pace.
+    cancel_when_running: tuple[str, Inbox] | None = None
 
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         assert self.now_s is None or now_s >= self.now_s, "the clock went back"
@@ -145,7 +156,17 @@ class Checked:
                 assert r.metric in ("throughput", "goodput")
                 assert all(math.isfinite(n) and math.isfinite(v) for n, v in r.curve)
                 self.reports.append(r)
+        self._cancel_if_running(trainers)
         return progress
+
+    def _cancel_if_running(self, trainers: Sequence[TrainerState]) -> None:
+        if self.cancel_when_running is None:
+            return
+        tid, inbox = self.cancel_when_running
+        running = [t for t in trainers if t.id == tid and t.processed_samples > 0]
+        if running and tid not in self.completed:
+            inbox.put(Cancel(tid))
+            self.cancel_when_running = None
 
     def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
         t = self.inner.next_wakeup_s(trainers, now_s)
@@ -169,14 +190,19 @@ class Checked:
         self.inner.cancel(trainer)
 
 
-def drive(case: DriverCase, extra: Sequence[tuple[float, Input]] = ()) -> tuple[Loop, Checked]:
+def drive(
+    case: DriverCase, extra: Sequence[tuple[float, Input]] = (), cancel_when_running: str = ""
+) -> tuple[Loop, Checked]:
     checked = Checked(case.driver)
+    inbox = Inbox()
+    if cancel_when_running:
+        checked.cancel_when_running = (cancel_when_running, inbox)
     clock: VirtualClock | WallClock = WallClock() if case.wall_clock else VirtualClock(0.0)
     t0 = clock.now_s()
     script = sorted([(j.submit_s, Arrival(j)) for j in case.jobs] + list(extra), key=lambda x: x[0])
     source = TimedSource((t0 + t, _shifted(item, t0)) for t, item in script)
     loop = Loop(
-        [source],
+        [source, inbox],
         checked,
         clock,
         Config(policy="equal", redecide_every_s=30.0),
@@ -230,8 +256,8 @@ def test_nodes_that_leave_and_come_back_are_survived(case: DriverCase) -> None:
 
 def test_a_cancelled_trainer_is_never_run_or_reported_again(case: DriverCase) -> None:
     first = case.jobs[0].id
-    loop, checked = drive(case, [(10.0, Cancel(first))])
-    assert checked.cancelled == {first}
+    loop, checked = drive(case, cancel_when_running=first)
+    assert checked.cancelled == {first}, "the cancel reached the trainer while it ran"
     assert first not in checked.completed
     assert checked.completed == {j.id for j in case.jobs} - {first}
     assert [t.id for t in loop.finished if t.cancelled_s is not None] == [first]
