@@ -18,7 +18,7 @@ from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_option
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
 from bftrainer.config import ConfigError
-from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders
+from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders
 from bftrainer.idle_monitor.runner import CommandRunner
 from bftrainer.policy import POLICIES
 from bftrainer.state import (
@@ -68,6 +68,15 @@ log = logging.getLogger(__name__)
     help="One more sbatch/bsub argument for holders, e.g. --holder-arg=--account=ml (repeatable).",
 )
 @click.option(
+    "--holder-slack",
+    "holder_slack_s",
+    type=click.FloatRange(min=0.0),
+    default=WINDOW_SLACK_S,
+    show_default=True,
+    help="Seconds a holder leaves free before its node's window ends (at least the "
+    "scheduler's backfill resolution, Slurm's bf_resolution).",
+)
+@click.option(
     "--job-name",
     default=DEFAULT_JOB_NAME,
     show_default=True,
@@ -80,6 +89,7 @@ def daemon_cmd(
     poll_interval_s: float | None,
     holder_script: Path | None,
     holder_args: tuple[str, ...],
+    holder_slack_s: float,
     job_name: str,
     **source: Any,
 ) -> None:
@@ -91,7 +101,7 @@ def daemon_cmd(
     from bftrainer.daemon import Daemon, load_daemon_config
 
     flags = {**policy_flags(source), "policy": policy, "poll_interval_s": poll_interval_s}
-    holders_of = _holder_factory(source, holder_script, holder_args, job_name)
+    holders_of = _holder_factory(source, holder_script, holder_args, holder_slack_s, job_name)
     try:
         names = {**FLAG_NAMES, "policy": "--policy", "poll_interval_s": "--poll-interval"}
         config = load_daemon_config(config_path, flags, names)
@@ -135,10 +145,11 @@ def _holder_factory(
     source: dict[str, Any],
     holder_script: Path | None,
     holder_args: tuple[str, ...],
+    slack_s: float,
     job_name: str,
 ) -> Callable[[CommandRunner], Holders]:
     """A function of the runner that builds the scheduler's holders; checks the flags."""
-    common: dict[str, Any] = {"job_name": job_name, "extra_args": holder_args}
+    common: dict[str, Any] = {"job_name": job_name, "extra_args": holder_args, "slack_s": slack_s}
     if holder_script is not None:
         common["script"] = holder_script
     if source["scheduler"] == "slurm":

@@ -31,6 +31,11 @@ from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRu
 log = logging.getLogger(__name__)
 
 MIN_WINDOW_S = 60.0  # schedulers count time limits in whole minutes
+# Seconds a holder leaves free before its node's window ends. Slurm's backfill plans in
+# steps of bf_resolution (60 s by default) and does not start a job that ends within
+# about a step of a planned start: on the local Slurm a 3-minute holder 31 s short of the
+# start stayed pending for good, one 38 s short started (docs/holders.md).
+WINDOW_SLACK_S = 60.0
 DEFAULT_JOB_NAME = "bftrainer-hold"
 HOLDER_STATES = ("pending", "running", "ended")
 
@@ -121,11 +126,20 @@ class Holders(ABC):
 
     scheduler: ClassVar[str]
 
-    def __init__(self, runner: CommandRunner, *, job_name: str = DEFAULT_JOB_NAME) -> None:
+    def __init__(
+        self,
+        runner: CommandRunner,
+        *,
+        job_name: str = DEFAULT_JOB_NAME,
+        slack_s: float = WINDOW_SLACK_S,
+    ) -> None:
         if not job_name or any(c.isspace() for c in job_name):
             raise ValueError(f"bad holder job name {job_name!r}")
+        if not (math.isfinite(slack_s) and slack_s >= 0):
+            raise ValueError(f"holder slack {slack_s!r} s: expected a finite number >= 0")
         self.runner = runner
         self.job_name = job_name
+        self.slack_s = slack_s
 
     # ------------------------------------------------------------- hooks
 
@@ -165,10 +179,17 @@ class Holders(ABC):
 
     # ------------------------------------------------------------- the logic
 
+    def time_limit_min(self, window_s: float | None) -> int | None:
+        """The time limit ``acquire`` asks for a node of this window, in minutes
+        (None: none): the window less ``slack_s``, rounded down. ``WindowTooShortError``
+        when no holder fits."""
+        usable_s = window_s if window_s is None else window_s - self.slack_s
+        return window_minutes(usable_s, self.max_minutes())
+
     def acquire(self, node: str, window_s: float | None) -> str:
         """Submit a holder for ``node``, limited to its window (None: open-ended, the
         partition's maximum). Returns the job id once the scheduler accepted it."""
-        minutes = window_minutes(window_s, self.max_minutes())
+        minutes = self.time_limit_min(window_s)
         argv = self.submit_argv(node, minutes)
         try:
             result = self.runner.run(argv)

@@ -25,7 +25,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders, HolderStatus
+from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders, HolderStatus
 from bftrainer.idle_monitor.lsf import bjobs_records
 from bftrainer.idle_monitor.runner import CommandResult, CommandRunner
 
@@ -105,8 +105,9 @@ class LsfHolders(Holders):
         script: str | Path = SCRIPT,
         exclusive: bool = True,
         extra_args: Sequence[str] = (),
+        slack_s: float = WINDOW_SLACK_S,
     ) -> None:
-        super().__init__(runner, job_name=job_name)
+        super().__init__(runner, job_name=job_name, slack_s=slack_s)
         self.queue = queue
         self.script = str(script)
         self.exclusive = exclusive

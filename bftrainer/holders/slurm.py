@@ -23,7 +23,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from bftrainer.holders.base import DEFAULT_JOB_NAME, Holders, HolderStatus, HolderSubmitError
+from bftrainer.holders.base import (
+    DEFAULT_JOB_NAME,
+    WINDOW_SLACK_S,
+    Holders,
+    HolderStatus,
+    HolderSubmitError,
+)
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 
@@ -129,8 +135,9 @@ class SlurmHolders(Holders):
         job_name: str = DEFAULT_JOB_NAME,
         script: str | Path = SCRIPT,
         extra_args: Sequence[str] = (),
+        slack_s: float = WINDOW_SLACK_S,
     ) -> None:
-        super().__init__(runner, job_name=job_name)
+        super().__init__(runner, job_name=job_name, slack_s=slack_s)
         self.partition = partition
         self.script = str(script)
         self.extra_args = tuple(extra_args)

@@ -114,7 +114,8 @@ def test_partition_max_time() -> None:
 
 def test_slurm_acquire_submits_one_node_limited_to_its_window() -> None:
     holders, runner = slurm(sbatch=[recorded("4242\n")])
-    assert holders.acquire("node3", 150.0) == "4242"
+    # 210 s less a minute of slack (Slurm's backfill resolution), rounded down: 2 minutes.
+    assert holders.acquire("node3", 210.0) == "4242"
     assert runner.calls[-1][0] == (
         "sbatch",
         "--parsable",
@@ -151,9 +152,21 @@ def test_slurm_acquire_errors_name_the_node() -> None:
     with pytest.raises(HolderSubmitError, match="holder for node1: no job id"):
         holders.acquire("node1", None)
     holders, runner = slurm(sbatch=[recorded("1\n")])
-    with pytest.raises(WindowTooShortError):
-        holders.acquire("node1", 30.0)
+    for window in (30.0, 119.0):  # under a minute once the slack is taken
+        with pytest.raises(WindowTooShortError):
+            holders.acquire("node1", window)
     assert not [c for c in runner.calls if c[0][0] == "sbatch"]
+
+
+def test_the_slack_before_a_window_ends_is_a_setting() -> None:
+    runner = ReplayRunner({"scontrol": [recorded(PARTITION_BF)]})
+    assert SlurmHolders(runner).time_limit_min(150.0) == 1
+    assert SlurmHolders(runner, slack_s=0.0).time_limit_min(150.0) == 2
+    assert SlurmHolders(runner, slack_s=300.0).time_limit_min(400.0) is not None
+    with pytest.raises(WindowTooShortError):
+        SlurmHolders(runner, slack_s=300.0).time_limit_min(350.0)
+    with pytest.raises(ValueError, match="holder slack"):
+        SlurmHolders(runner, slack_s=-1.0)
 
 
 def test_squeue_holders_parse() -> None:
@@ -258,7 +271,7 @@ def lsf(**replies: Sequence[CommandResult | CommandError]) -> tuple[LsfHolders, 
 
 def test_lsf_acquire() -> None:
     holders, runner = lsf(bsub=[recorded(fixture("lsf-bsub.txt"))])
-    assert holders.acquire("a01n02", 3599.0) == "3101"
+    assert holders.acquire("a01n02", 3659.0) == "3101"  # less the slack: 59 minutes
     assert runner.calls[-1][0] == (
         "bsub", "-q", "killable", "-m", "a01n02", "-n", "1", "-x",
         "-J", "bftrainer-hold-a01n02", "-o", "/dev/null", "-e", "/dev/null",
