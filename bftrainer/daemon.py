@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.live import ExecPlan, LiveDriver, job_of
 from bftrainer.loop import (
+    WINDOW_TOLERANCE_S,
     Arrival,
     Cancel,
     Loop,
@@ -50,7 +51,7 @@ from bftrainer.loop import (
     TrainerState,
     WallClock,
 )
-from bftrainer.state import HolderConflictError, Store, TrainerRow, TransitionError
+from bftrainer.state import HolderConflictError, HolderRow, Store, TrainerRow, TransitionError
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class HeldPool:
         self.poll_interval_s = poll_interval_s
         self.usable: set[str] = set(usable)
         self._next_s = -math.inf
+        # When each usable node leaves, as last told to the loop (None: not known).
+        self._told: dict[str, float | None] = {}
 
     def jobs(self) -> dict[str, str]:
         """node -> the job id of its live holder."""
@@ -138,18 +141,28 @@ class HeldPool:
         except (HolderError, CommandError) as exc:
             log.warning("holders not read, keeping the last known: %s", exc)
             return Polled((), self._next_s)
-        running = {h.node for h in self.store.holders(live_only=True) if h.state == "running"}
-        joined, left = running - self.usable, self.usable - running
-        self.usable = running
+        running = {h.node: h for h in self.store.holders(live_only=True) if h.state == "running"}
+        joined, left = running.keys() - self.usable, self.usable - running.keys()
+        self.usable = set(running)
         view = self.monitor.view()  # one view per poll: plan, status and event agree
+        leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
         self._plan(view, now_s)
-        self._publish(view, now_s)
-        if not joined and not left:
+        self._publish(view, leave_by, now_s)
+        # Tell the loop the departures it does not know yet (all of them after a restart).
+        changed = {n: t for n, t in leave_by.items() if _moved(self._told, n, t)}
+        self._told = leave_by
+        if not joined and not left and not changed:
             return Polled((), self._next_s)
-        self.store.add_pool_event(
-            joined=joined, left=left, windows_s=dict(view.windows_s), stale=view.stale, now_s=now_s
-        )
-        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left))
+        if joined or left:
+            self.store.add_pool_event(
+                joined=joined,
+                left=left,
+                windows_s=dict(view.windows_s),
+                stale=view.stale,
+                now_s=now_s,
+            )
+        windows = {n: None if t is None else max(0.0, t - now_s) for n, t in changed.items()}
+        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left), windows_s=windows)
         return Polled((PoolChange(event),), self._next_s)
 
     def sync_holders(self, now_s: float) -> None:
@@ -194,33 +207,73 @@ class HeldPool:
         if view.growth_held:
             return  # the pool is stale: take nothing new on old information
         for node in plan.acquire:
+            window = view.windows_s.get(node)
             try:
-                job_id = self.holders.acquire(node, view.windows_s.get(node))
+                minutes = self.holders.time_limit_min(window)
+                job_id = self.holders.acquire(node, window)
             except WindowTooShortError:
                 continue
             except HolderError as exc:
                 log.warning("%s", exc)
                 continue
+            limit_s = None if minutes is None else 60.0 * minutes
             try:
-                self.store.add_holder(job_id, node, now_s=now_s)
+                self.store.add_holder(job_id, node, limit_s=limit_s, now_s=now_s)
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, job_id)
                 self.holders.release(job_id)
 
-    def _publish(self, view: PoolView, now_s: float) -> None:
-        """The pool as ``bftrainer status`` shows it."""
+    def _publish(
+        self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
+    ) -> None:
+        """The pool as ``bftrainer status`` shows it: a held node's window is when we
+        lose it (``leave_by_s``), another's the main scheduler's."""
         holders = {h.node: h for h in self.store.holders(live_only=True)}
         allocated = {n: tid for tid, a in self.store.current_allocations().items() for n in a.nodes}
         nodes = {}
         for n in sorted(set(view.pool) | set(holders)):
             h = holders.get(n)
+            leaves = leave_by_s.get(n)
             nodes[n] = {
-                "window_s": view.windows_s.get(n),
+                "window_s": (
+                    (None if leaves is None else max(0.0, leaves - now_s))
+                    if n in leave_by_s
+                    else view.windows_s.get(n)
+                ),
                 "holder": h.job_id if h else None,
                 "holder_state": h.state if h else None,
                 "trainer": allocated.get(n),
             }
         self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
+
+
+def leave_by_s(
+    claims_s: Mapping[str, float],
+    running: Iterable[HolderRow],
+    now_s: float,
+    poll_interval_s: float,
+) -> dict[str, float | None]:
+    """When each node whose holder runs is known to be taken back (epoch s): the
+    earlier of the main scheduler's plan for it (``claims_s``: seconds from ``now_s``)
+    and the end of its holder's time limit. None: not known (open-ended)."""
+    out: dict[str, float | None] = {}
+    for h in running:
+        ends = [t for t in (h.ends_by_s(poll_interval_s),) if t is not None]
+        claim = claims_s.get(h.node)
+        if claim is not None:
+            ends.append(now_s + claim)
+        out[h.node] = min(ends) if ends else None
+    return out
+
+
+def _moved(told: Mapping[str, float | None], node: str, leave_by_s: float | None) -> bool:
+    """A departure the loop has not been told (a new node, or one that moved)."""
+    if node not in told:
+        return True
+    was = told[node]
+    if was is None or leave_by_s is None:
+        return (was is None) != (leave_by_s is None)
+    return abs(was - leave_by_s) >= WINDOW_TOLERANCE_S
 
 
 class SubmissionQueue:

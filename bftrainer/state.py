@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "state.db"
 LOCK_NAME = "daemon.lock"
 ENV_STATE_DIR = "BFTRAINER_STATE_DIR"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 30.0
 
 TRAINER_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled")
@@ -328,10 +329,21 @@ class HolderRow:
     ended_s: float | None = None
     trainer_id: str | None = None
     reason: str = ""
+    # The time limit asked for (None: none); the scheduler ends the holder this long
+    # after it starts.
+    limit_s: float | None = None
 
     @property
     def live(self) -> bool:
         return self.state != "ended"
+
+    def ends_by_s(self, poll_interval_s: float = 0.0) -> float | None:
+        """When the scheduler ends this holder at the latest (None: no limit, or not
+        started). ``started_s`` is when the daemon saw it run, up to a poll after it
+        did: ``poll_interval_s`` takes that back, so that the end is never late."""
+        if self.limit_s is None or self.started_s is None:
+            return None
+        return self.started_s - poll_interval_s + self.limit_s
 
 
 @dataclass(frozen=True)
@@ -429,6 +441,10 @@ MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     );
     """,
+    # 2: the holder's time limit, so that the loop knows when the scheduler ends it.
+    """
+    ALTER TABLE holders ADD COLUMN limit_s REAL;
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -473,6 +489,7 @@ def _holder(row: sqlite3.Row) -> HolderRow:
         ended_s=row["ended_s"],
         trainer_id=row["trainer_id"],
         reason=row["reason"],
+        limit_s=row["limit_s"],
     )
 
 
@@ -858,11 +875,15 @@ class Store:
         *,
         trainer_id: str | None = None,
         state: str = "pending",
+        limit_s: float | None = None,
         now_s: float | None = None,
     ) -> HolderRow:
-        """Record a holder job just submitted for ``node``. ``HolderConflictError`` when
-        the node already has a live holder in the state."""
+        """Record a holder job just submitted for ``node`` with a time limit of
+        ``limit_s`` (None: none). ``HolderConflictError`` when the node already has a
+        live holder in the state."""
         _check_states([state], HOLDER_STATES, "holder")
+        if limit_s is not None and not (math.isfinite(limit_s) and limit_s > 0):
+            raise ValueError(f"holder job {job_id}: time limit {limit_s!r} s is not positive")
         now = time.time() if now_s is None else now_s
         with self.transaction():
             live = self._query(
@@ -875,7 +896,7 @@ class Store:
             try:
                 self._conn.execute(
                     "INSERT INTO holders (job_id, node, state, submitted_s, started_s,"
-                    " ended_s, trainer_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    " ended_s, trainer_id, limit_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
                         node,
@@ -884,6 +905,7 @@ class Store:
                         now if state == "running" else None,
                         now if state == "ended" else None,
                         trainer_id,
+                        limit_s,
                     ),
                 )
             except sqlite3.IntegrityError as exc:

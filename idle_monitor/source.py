@@ -146,6 +146,9 @@ class PoolView:
     stale: bool
     stale_s: float
     growth_held: bool
+    # Seconds until the main scheduler takes each claimed node (in the pool or not:
+    # a node we hold is claimed too), from the last claims read, counted down to now.
+    claims_s: Mapping[str, float] = field(default_factory=dict)
 
 
 def cut_pool(
@@ -331,6 +334,7 @@ class LivePoolSource:
                 windows[n] = None if w is None else max(0.0, w - (now_s - reading.time_s))
         failed = self._nodes_failed_s
         stale_s = now_s - failed if failed is not None else 0.0
+        take_back = self._claims.take_back_s if self._claims else {}
         return PoolView(
             time_s=reading.time_s if reading else now_s,
             pool=pool,
@@ -339,6 +343,7 @@ class LivePoolSource:
             stale_s=stale_s,
             growth_held=(reading.growth_held if reading else True)
             or stale_s > self.config.max_stale_s,
+            claims_s={n: max(0.0, at_s - now_s) for n, at_s in take_back.items()},
         )
 
 

@@ -3,6 +3,7 @@ transitions, and several processes writing at once (bftrainer/state.py)."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sqlite3
@@ -128,6 +129,31 @@ def test_newer_schema_is_refused_and_left_untouched(state_dir: Path) -> None:
     conn.close()
 
 
+def test_a_version_1_database_is_migrated_keeping_its_rows(state_dir: Path) -> None:
+    """A state directory of the first release opens: holders gain a time limit
+    (unknown for those recorded before), and nothing recorded is lost."""
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    conn.executescript(state.MIGRATIONS[0])
+    conn.execute(
+        "INSERT INTO holders (job_id, node, state, submitted_s, started_s)"
+        " VALUES ('7', 'node1', 'running', 1.0, 2.0)"
+    )
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with Store.open(state_dir) as store:
+        assert store.schema_version == state.SCHEMA_VERSION
+        old = store.holder("7")
+        assert (old.node, old.state, old.started_s, old.limit_s) == ("node1", "running", 2.0, None)
+        assert old.ends_by_s() is None
+        new = store.add_holder("8", "node2", limit_s=180.0, now_s=3.0)
+        store.set_holder_state("8", "running", now_s=5.0)
+        assert store.holder("8").limit_s == 180.0 and new.limit_s == 180.0
+        # Seen running at 5 s, polled every 2 s: it started at 3 s at the earliest.
+        assert store.holder("8").ends_by_s(poll_interval_s=2.0) == 183.0
+
+
 def test_not_a_database_is_refused(state_dir: Path) -> None:
     state_dir.mkdir(mode=0o700)
     (state_dir / "state.db").write_bytes(b"this is not sqlite at all, just text\n" * 100)
@@ -251,6 +277,9 @@ def test_holders_one_live_per_node(store: Store) -> None:
     assert (ended.started_s, ended.ended_s, ended.reason) == (2.0, 3.0, "preempted")
     with pytest.raises(TransitionError, match="holder job 101 cannot go from ended to running"):
         store.set_holder_state("101", "running")
+    for bad in (0.0, -60.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="time limit"):
+            store.add_holder("103", "node2", limit_s=bad)
     store.add_holder("102", "node1")  # the node is free again
     assert [x.job_id for x in store.holders()] == ["102"]
     assert [x.job_id for x in store.holders(live_only=False)] == ["101", "102"]
