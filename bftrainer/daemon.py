@@ -185,6 +185,12 @@ class HeldPool:
 
     def _plan(self, view: PoolView, now_s: float) -> None:
         live = self.store.holders(live_only=True)
+        # A pending holder that would outlive its node's claim never starts (the plan
+        # moved earlier, or the scheduler wanted more slack): cancel it, so that the
+        # node is held again below with a limit that fits.
+        stuck = [h.job_id for h in live if h.state == "pending" and _outlives_claim(h, view)]
+        if stuck and self._release(stuck, "cannot start before its node's claim", now_s):
+            live = [h for h in live if h.job_id not in stuck]
         demand, allocated = self.demand()
         plan = plan_holders(
             pool=sorted(view.pool),
@@ -196,14 +202,7 @@ class HeldPool:
         )
         by_node = {h.node: h.job_id for h in live}
         if plan.release:
-            jobs = [by_node[n] for n in plan.release]
-            try:
-                self.holders.release(*jobs)
-            except HolderError as exc:
-                log.warning("holders not released: %s", exc)
-            else:
-                for job_id in jobs:
-                    self.store.set_holder_state(job_id, "ended", reason="released", now_s=now_s)
+            self._release([by_node[n] for n in plan.release], "released", now_s)
         if view.growth_held:
             return  # the pool is stale: take nothing new on old information
         for node in plan.acquire:
@@ -222,6 +221,17 @@ class HeldPool:
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, job_id)
                 self.holders.release(job_id)
+
+    def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
+        """Cancel holders and record them ended; False (and logged) when refused."""
+        try:
+            self.holders.release(*jobs)
+        except HolderError as exc:
+            log.warning("holders not released: %s", exc)
+            return False
+        for job_id in jobs:
+            self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+        return True
 
     def _publish(
         self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
@@ -264,6 +274,12 @@ def leave_by_s(
             ends.append(now_s + claim)
         out[h.node] = min(ends) if ends else None
     return out
+
+
+def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:
+    """Started now, the holder's limit (None: none) would run past its node's claim."""
+    claim = view.claims_s.get(holder.node)
+    return claim is not None and (holder.limit_s is None or holder.limit_s > claim)
 
 
 def _moved(told: Mapping[str, float | None], node: str, leave_by_s: float | None) -> bool:

@@ -127,6 +127,42 @@ def test_the_loop_learns_when_held_nodes_leave(
     assert told.nodes == others, "no held node was lost on the way"
 
 
+@pytest.mark.slurm
+def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
+    slurm_cluster: SlurmCluster,
+    holders: Tracked,  # noqa: F811
+    jobs: list[str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    nodes = idle_nodes(slurm_cluster, 8)
+    first = slurm_cluster.sbatch("-p", "main", "-w", nodes[0], "-t", "4", "--wrap", "sleep 600")
+    jobs.append(first)
+    big = slurm_cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
+    jobs.append(big)
+    wait_until(lambda: planned_start(slurm_cluster, big) is not None, 60, "a planned start")
+    # A holder without a time limit (submitted before the plan, say) never starts now.
+    store = Store.open(ensure_state_dir(tmp_path / "state"))
+    stuck = holders.acquire(nodes[1], None)
+    store.add_holder(stuck, nodes[1], limit_s=None)
+    pool = held_pool(slurm_cluster, holders, store)
+    pool.demand = lambda: (1, set())
+    pool.poll(time.time())
+    assert store.holder(stuck).state == "ended"
+    assert store.holder(stuck).reason == "cannot start before its node's claim"
+    wait_until(lambda: stuck not in holders.held() or holders.held()[stuck].state == "ended",
+               30, f"holder {stuck} cancelled")  # fmt: skip
+
+    def one_running() -> bool:
+        pool.poll(time.time())
+        return [h.state for h in store.holders()] == ["running"]
+
+    wait_until(one_running, 60, "a new holder, limited to the window, running")
+    (new,) = store.holders()
+    start = planned_start(slurm_cluster, big)
+    assert start is not None and new.limit_s is not None
+    assert new.limit_s < start - time.time()
+
+
 def test_a_held_node_leaves_at_the_earlier_of_its_claim_and_its_holder_end() -> None:
     rows = [
         HolderRow("1", "a", "running", 0.0, started_s=100.0, limit_s=1200.0),  # ends 1295
