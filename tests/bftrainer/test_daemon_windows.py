@@ -40,6 +40,18 @@ def held_pool(cluster: SlurmCluster, tracked: Tracked, store: Store) -> HeldPool
     return HeldPool(monitor, tracked, store, demand, POLL_S)
 
 
+def claim_all_but_one(cluster: SlurmCluster, started: list[str], busy: str) -> tuple[str, str]:
+    """A main job on ``busy`` for 4 min, and an 8-node one planned at its end: every
+    other node is claimed about 4 min ahead. Their ids (also added to ``started``, for the
+    cleanup), once the plan is made."""
+    first = cluster.sbatch("-p", "main", "-w", busy, "-t", "4", "--wrap", "sleep 600")
+    started.append(first)
+    big = cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
+    started.append(big)
+    wait_until(lambda: planned_start(cluster, big) is not None, 60, "a planned start")
+    return first, big
+
+
 class Told:
     """Each node's departure (epoch s) as the loop was told it, from the pool's events."""
 
@@ -70,13 +82,7 @@ def test_the_loop_learns_when_held_nodes_leave(
 ) -> None:
     nodes = idle_nodes(slurm_cluster, 8)
     busy = nodes[0]
-    # A main job on one node for 4 min, and an 8-node one planned at its end: every
-    # other node is claimed about 4 min ahead.
-    first = slurm_cluster.sbatch("-p", "main", "-w", busy, "-t", "4", "--wrap", "sleep 600")
-    jobs.append(first)
-    big = slurm_cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
-    jobs.append(big)
-    wait_until(lambda: planned_start(slurm_cluster, big) is not None, 60, "a planned start")
+    first, big = claim_all_but_one(slurm_cluster, jobs, busy)
 
     store = Store.open(ensure_state_dir(tmp_path / "state"))
     told = Told(held_pool(slurm_cluster, holders, store))
@@ -135,11 +141,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     tmp_path: Path,
 ) -> None:
     nodes = idle_nodes(slurm_cluster, 8)
-    first = slurm_cluster.sbatch("-p", "main", "-w", nodes[0], "-t", "4", "--wrap", "sleep 600")
-    jobs.append(first)
-    big = slurm_cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
-    jobs.append(big)
-    wait_until(lambda: planned_start(slurm_cluster, big) is not None, 60, "a planned start")
+    _, big = claim_all_but_one(slurm_cluster, jobs, nodes[0])
     # A holder without a time limit (submitted before the plan, say) never starts now.
     store = Store.open(ensure_state_dir(tmp_path / "state"))
     stuck = holders.acquire(nodes[1], None)
