@@ -44,7 +44,7 @@ class WindowKnowledge:
     seed: int = 0
 
 
-def _departures(trace: Trace) -> Iterator[tuple[str, float, float | None]]:
+def idle_intervals(trace: Trace) -> Iterator[tuple[str, float, float | None]]:
     """Each idle interval of the trace: (node, joined at, left at or None)."""
     since = {n: trace.start_s for n in trace.initial_idle}
     for e in trace.events:
@@ -67,7 +67,7 @@ def events_with_windows(trace: Trace, knowledge: WindowKnowledge) -> list[PoolEv
     if knowledge.mode not in WINDOW_MODES:
         raise ValueError(f"windows {knowledge.mode!r} is not one of {', '.join(WINDOW_MODES)}")
     stated: dict[float, dict[str, float | None]] = {}
-    for node, joined_s, left_s in _departures(trace):
+    for node, joined_s, left_s in idle_intervals(trace):
         if left_s is None:
             continue
         at_s, leave_s = joined_s, left_s
