@@ -8,12 +8,17 @@ goes. A trainer given node set S, with windows sorted w_(1) >= ... >= w_(k), is 
 
     V_j(S) = sum_i (O_j(i) - O_j(i-1)) * min(w_(i), T)           # throughput while held
              - O_j(C_j) * R_j                                      # Eq. 16's rescale now
-             - R_dw * sum_{tau < T} O_j(n_S(tau-))                 # one scale-down per
+             - R_dw * sum_{tau < H} O_j(n_S(tau-))                 # one scale-down per
                                                                    # distinct departure
 
 where n_S(t) counts the nodes of S still present at t: the first line is the integral
 of O_j(n_S(t)) over [0, T]. Nodes leaving together cost one scale-down, so departures
-are best concentrated in one trainer. With no window below T this is Eq. 16 exactly.
+are best concentrated in one trainer. H = max(T, ``DEPARTURE_HORIZON_S``): a departure
+past T_fwd but known within H costs its scale-down too, though the throughput until it
+is valued over T only. Which trainer holds a node when it leaves is decided now, and
+that scale-down is certain; counting it keeps nodes that leave in a few minutes out of
+trainers that hold nodes staying longer (measured on the Summit week, docs/benchmarks.md,
+"Windows"). With no window below H this is Eq. 16 exactly.
 
 Nodes are no longer interchangeable, so the exact problem is an assignment of nodes,
 not of counts. This module solves it approximately, and every candidate is valued
@@ -64,12 +69,21 @@ MAX_SWAP_TRIALS = 2000
 # Starts of the local search: the best maps of step 2 (by V). Two found a better map in
 # 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
+# Known departures up to this far ahead (or T_fwd, if longer) cost their scale-down in V,
+# though throughput is valued over T_fwd only: who holds a node when it leaves is decided
+# now, and its scale-down is certain (docs/allocator.md, "Windows").
+DEPARTURE_HORIZON_S = 600.0
+
+
+def departure_horizon_s(t_fwd_s: float) -> float:
+    """How far ahead a known departure's scale-down counts in V."""
+    return max(float(t_fwd_s), DEPARTURE_HORIZON_S)
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
-    """Each pool node's window in seconds; inf when open-ended, unknown, or at least
-    T_fwd (all alike within the horizon)."""
-    t = float(problem.t_fwd_s)
+    """Each pool node's window in seconds; inf when open-ended, unknown, or past the
+    departure horizon (all alike to V)."""
+    t = departure_horizon_s(problem.t_fwd_s)
     out = {}
     for n in problem.pool:
         x = problem.windows_s.get(n)
@@ -87,8 +101,9 @@ def raw_windows(problem: Problem) -> dict[str, float]:
 
 
 def has_windows(problem: Problem) -> bool:
-    """True when some pool node leaves within the horizon: only then do windows matter."""
-    t = float(problem.t_fwd_s)
+    """True when some pool node leaves within the departure horizon: only then do
+    windows matter."""
+    t = departure_horizon_s(problem.t_fwd_s)
     return any(w is not None and w < t for n, w in problem.windows_s.items())
 
 
@@ -109,12 +124,12 @@ def set_value(
 def _sorted_value(
     t: TrainerTerms, o: list[float], asc: list[float], t_fwd_s: float
 ) -> tuple[float, float]:
-    """(V_j, the scale-downs of departures known past the horizon) for windows sorted
+    """(V_j, the scale-downs of departures known past T_fwd) for windows sorted
     shortest first (inf: open-ended). The nodes that stay past T_fwd come first in the
     longest-first order, together worth T_fwd x O_j(m): only the nodes that leave
-    within the horizon are walked. The second term is not in V (their throughput past
-    T_fwd is not either): it only breaks ties between maps of equal V, so that nodes
-    leaving together later also go together."""
+    within T_fwd are walked, and those leaving before the departure horizon add their
+    scale-downs. The second term is not in V: it only breaks ties between maps of equal
+    V, so that nodes leaving together later also go together."""
     k = len(asc)
     if k > t.n_max or (0 < k < t.n_min) or (k and not t.runnable):
         return -math.inf, 0.0
@@ -126,6 +141,10 @@ def _sorted_value(
         value += (o[i + 1] - o[i]) * x
         if a == 0 or asc[a - 1] < x:  # the first of the nodes leaving at x
             value -= t.rescale_down_s * o[i + 1]
+    g = bisect.bisect_left(asc, departure_horizon_s(t_fwd_s), lo=f)
+    for a in range(f, g):  # leaving past T_fwd but within the departure horizon
+        if a == f or asc[a - 1] < asc[a]:
+            value -= t.rescale_down_s * o[k - a]
     if k > t.c:
         value -= t.current_value * t.rescale_up_s
     elif k < t.c:
@@ -157,7 +176,7 @@ def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: f
     held = np.where(m >= 0, np.minimum(m, t_fwd_s), 0.0)
     value = held @ (o[1:] - o[:-1])
     nxt = np.concatenate([m[:, 1:], np.full((kmax + 1, 1), -1.0)], axis=1)
-    leaves = (m >= 0) & (m < t_fwd_s) & (nxt < m)
+    leaves = (m >= 0) & (m < departure_horizon_s(t_fwd_s)) & (nxt < m)
     value -= t.rescale_down_s * (leaves @ o[1:])
     # Eq. 16's rescale-now term, as in the window-free table: base = T O(k) - that term.
     value += base - t_fwd_s * o

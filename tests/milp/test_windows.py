@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
+from bftrainer.milp.windows import DEPARTURE_HORIZON_S
 from tests.milp.oracle import brute_force as oracle_brute_force
 from tests.milp.oracle import metric
 from tests.milp.strategies import problems
@@ -24,8 +25,10 @@ TOL = 1e-6
 
 def walk_value(problem: Problem, t: TrainerSpec, nodes: tuple[str, ...]) -> float:
     """V_j by walking the horizon: the rate between departures, one scale-down (at the
-    rate before it) per instant at which some of the trainer's nodes leave."""
+    rate before it) per instant at which some of the trainer's nodes leave; past T_fwd,
+    up to the departure horizon, only the scale-downs."""
     horizon = problem.t_fwd_s
+    departures_until = max(horizon, DEPARTURE_HORIZON_S)
     windows = [problem.windows_s.get(n) for n in nodes]
     leave = [math.inf if w is None else w for w in windows]
     c, k = len(problem.current_nodes(t)), len(nodes)
@@ -37,7 +40,11 @@ def walk_value(problem: Problem, t: TrainerSpec, nodes: tuple[str, ...]) -> floa
         value -= t.rescale_down_s * metric(problem, t, present)
         present = sum(1 for x in leave if x > tau)
         now = tau
-    return value + (horizon - now) * metric(problem, t, present)
+    value += (horizon - now) * metric(problem, t, present)
+    for tau in sorted({x for x in leave if horizon <= x < departures_until}):
+        value -= t.rescale_down_s * metric(problem, t, present)
+        present = sum(1 for x in leave if x > tau)
+    return value
 
 
 def map_value(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
@@ -57,7 +64,8 @@ def windowed(draw: st.DrawFn) -> Problem:
     """Small problems whose nodes leave at a few shared instants (or never)."""
     p = draw(problems(max_pool=6, max_trainers=3))
     t = p.t_fwd_s
-    instants = [None, None, 0.1 * t, 0.4 * t, 0.8 * t, 1.5 * t]
+    h = max(t, DEPARTURE_HORIZON_S)
+    instants = [None, None, 0.1 * t, 0.4 * t, 0.8 * t, 1.5 * t, (t + h) / 2, 2 * h]
     windows = {n: draw(st.sampled_from(instants)) for n in p.pool}
     return replace(p, windows_s=windows)
 
@@ -89,9 +97,10 @@ def test_answer_is_feasible_valued_exactly_and_bounded_by_the_search(problem: Pr
 def test_windows_at_or_past_the_horizon_change_nothing(
     problem: Problem, data: st.DataObject
 ) -> None:
-    """Open-ended windows, or windows that outlast T_fwd: the window-free answer, exactly."""
-    t = problem.t_fwd_s
-    windows = {n: data.draw(st.sampled_from([None, t, 2 * t, 1e6])) for n in problem.pool}
+    """Open-ended windows, or windows that outlast the departure horizon (T_fwd, or
+    DEPARTURE_HORIZON_S if longer): the window-free answer, exactly."""
+    h = max(problem.t_fwd_s, DEPARTURE_HORIZON_S)
+    windows = {n: data.draw(st.sampled_from([None, h, 2 * h, 1e6])) for n in problem.pool}
     plain = allocate(problem, solver="dp")
     with_windows = allocate(replace(problem, windows_s=windows), solver="dp")
     assert dict(with_windows.nodes) == dict(plain.nodes)
@@ -115,6 +124,31 @@ def test_nodes_that_leave_together_go_to_one_trainer() -> None:
         tid: sum(1 for n in ns if windows[n] is not None) for tid, ns in result.nodes.items()
     }
     assert sorted(leaving.values()) == [0, 4]
+    assert close(result.objective, brute_force(problem))
+
+
+def test_nodes_that_leave_past_t_fwd_within_the_departure_horizon_go_together() -> None:
+    """Two trainers of two open-ended nodes each grow by two: of the four free nodes,
+    two leave at 300 s, past T_fwd (120 s) but within the departure horizon. They go to
+    one trainer (one scale-down), where the window-free answer splits them by pool
+    order."""
+    assert DEPARTURE_HORIZON_S > 300.0
+    pool = tuple(f"n{i}" for i in range(8))
+    windows = {"n4": 300.0, "n6": 300.0}
+    trainers = tuple(
+        TrainerSpec(f"t{j}", 1, 4, 18.0, 12.0, curve(4, 100.0), nodes=pool[2 * j : 2 * j + 2])
+        for j in range(2)
+    )
+    plain = Problem(pool=pool, trainers=trainers, t_fwd_s=120.0)
+    split = {
+        tid: sum(1 for n in ns if n in windows)
+        for tid, ns in allocate(plain, solver="dp").nodes.items()
+    }
+    assert sorted(split.values()) == [1, 1]
+    problem = replace(plain, windows_s=windows)
+    result = allocate(problem, solver="dp")
+    leaving = {tid: sum(1 for n in ns if n in windows) for tid, ns in result.nodes.items()}
+    assert sorted(leaving.values()) == [0, 2]
     assert close(result.objective, brute_force(problem))
 
 
