@@ -33,7 +33,11 @@ often a policy can arrange one is harder), so the bound is loose by at most what
 scale-ups must cost. It holds for one workload profile (all jobs the same curve and
 costs), as the paper's HPO sets are.
 
-    python benchmarks/window_bound.py [--data DIR] [--hours H]
+    python benchmarks/window_bound.py [--data DIR] [--hours H] [--decompose [oracle|none]]
+
+``--decompose`` also replays the milp policy (``--solver dp``, T_fwd 120 s, the windows
+given) with a driver that records every preemption and rescale, and splits its loss
+against the limit into the parts docs/benchmarks.md tabulates ("Windows").
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import numpy as np
 
 from bftrainer.idle_monitor.trace import Trace, load_trace
 from bftrainer.jobs import JobSpec
+from bftrainer.loop import TrainerState
 from bftrainer.replay.metrics import (
     baseline_samples,
     best_split_sps,
@@ -56,7 +61,8 @@ from bftrainer.replay.metrics import (
     reference_curve,
     utilization,
 )
-from bftrainer.replay.simulator import DONE_RTOL
+from bftrainer.replay.run import ReplayConfig, replay
+from bftrainer.replay.simulator import DONE_RTOL, SimulatedDriver
 from bftrainer.replay.windows import idle_intervals
 from bftrainer.replay.workload import read_paper_jobs
 
@@ -198,11 +204,60 @@ def bound(trace: Trace, jobs: list[JobSpec], max_trainers: int = MAX_TRAINERS) -
     }
 
 
+class _Recording(SimulatedDriver):
+    """The replay's driver, recording (old count, nodes lost or new count, cost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preemptions: list[tuple[int, int, float]] = []
+        self.rescales: list[tuple[int, int, float]] = []
+
+    def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        cost = super().preempt(trainer, old_count)
+        self.preemptions.append((old_count, old_count - len(trainer.nodes), cost))
+        return cost
+
+    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
+        old = len(trainer.nodes)
+        cost = super().rescale(trainer, nodes)
+        self.rescales.append((old, len(nodes), cost))
+        return cost
+
+
+def decompose(trace: Trace, jobs: list[JobSpec], windows: str, t_fwd_s: float = 120.0) -> dict:
+    """The milp policy's loss against the limit, in shares of A_s (one job profile)."""
+    driver = _Recording()
+    config = ReplayConfig(policy="milp", solver="dp", t_fwd_s=t_fwd_s, windows=windows)
+    s = replay(trace, jobs, config, driver=driver).summary
+    a_s = s["baseline_samples"]
+    c_r = removal_cost_per_node(jobs)
+    job = jobs[0]
+    removed = sum(lost for _, lost, _ in driver.preemptions)
+    whole_rate = sum(cost for old, lost, cost in driver.preemptions if lost < old)
+    alone = sum(job.rescale_down_s * job.rate_sps(lost) for old, lost, _ in driver.preemptions)
+    partial = whole_rate - sum(
+        job.rescale_down_s * job.rate_sps(lost) for old, lost, _ in driver.preemptions if lost < old
+    )
+    costs = s["rescale_cost_samples"] + s["preemption_cost_samples"]
+    return {
+        "utilization_efficiency": s["utilization_efficiency"],
+        "utilization_limit": s["utilization_limit"],
+        "nodes_held_when_leaving": removed,
+        "floor_share": removed * c_r / a_s,
+        "curve_shape_share": (alone - removed * c_r) / a_s,
+        "partial_hits_share": partial / a_s,
+        "scale_ups_share": sum(c for old, new, c in driver.rescales if new > old) / a_s,
+        "scale_downs_share": sum(c for old, new, c in driver.rescales if new < old) / a_s,
+        "split_and_idle_share": (s["limit_samples"] - s["samples_processed"] - costs) / a_s,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--hours", type=float, default=None, help="only the first H hours")
     p.add_argument("--nodes", type=int, default=1024)
+    p.add_argument("--decompose", nargs="?", const="oracle", choices=["oracle", "none"])
     args = p.parse_args()
     trace_path = args.data / "summit_week1_node_events.csv.gz"
     jobs_path = args.data / "hps-shufflenet-Jbnd-1000J.csv"
@@ -213,7 +268,10 @@ def main() -> None:
     if args.hours is not None:
         start = max(trace.start_s, min(j.submit_s for j in jobs))
         trace = trace.slice(end_s=start + 3600 * args.hours)
-    print(json.dumps(bound(trace, jobs), indent=1))
+    out = bound(trace, jobs)
+    if args.decompose:
+        out["decomposition"] = decompose(trace, jobs, args.decompose)
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

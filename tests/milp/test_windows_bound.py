@@ -77,3 +77,14 @@ def test_a_node_that_leaves_costs_a_removal_or_its_idle_time() -> None:
     assert b["unavoidable_cost_samples"] == pytest.approx(4 * c_r + 5 * least)
     assert b["completions_at_most"] == 0
     assert b["completion_allowance_samples"] == 0
+
+
+def test_the_decomposition_adds_up_to_the_distance_from_the_limit() -> None:
+    trace = synthetic_trace(SyntheticConfig(nodes=96, duration_s=4 * 3600.0, seed=2))
+    jobs = hpo_workload(200, trace.start_s, work_samples=2e7)
+    d = bench.decompose(trace, jobs, "oracle")
+    parts = [v for k, v in d.items() if k.endswith("_share")]
+    assert all(v >= -1e-12 for v in parts)
+    gap = d["utilization_limit"] - d["utilization_efficiency"]
+    assert sum(parts) == pytest.approx(gap, rel=1e-9)
+    assert d["nodes_held_when_leaving"] > 0
