@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import POSITIVE
+from bftrainer.cli.params import POSITIVE, SECONDS
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--holder-slack",
     "holder_slack_s",
-    type=click.FloatRange(min=0.0),
+    type=SECONDS,
     default=WINDOW_SLACK_S,
     show_default=True,
     help="Seconds a holder leaves free before its node's window ends (at least the "
