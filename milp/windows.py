@@ -8,17 +8,18 @@ goes. A trainer given node set S, with windows sorted w_(1) >= ... >= w_(k), is 
 
     V_j(S) = sum_i (O_j(i) - O_j(i-1)) * min(w_(i), T)           # throughput while held
              - O_j(C_j) * R_j                                      # Eq. 16's rescale now
-             - R_dw * sum_{tau < H} O_j(n_S(tau-))                 # one scale-down per
-                                                                   # distinct departure
+             - R_dw * sum_{tau < H} O_j(n_S(tau-)) * min(1, T / tau)  # one scale-down
+                                                                   # per distinct departure
 
 where n_S(t) counts the nodes of S still present at t: the first line is the integral
 of O_j(n_S(t)) over [0, T]. Nodes leaving together cost one scale-down, so departures
 are best concentrated in one trainer. H = max(T, ``DEPARTURE_HORIZON_S``): a departure
-past T_fwd but known within H costs its scale-down too, though the throughput until it
-is valued over T only. Which trainer holds a node when it leaves is decided now, and
-that scale-down is certain; counting it keeps nodes that leave in a few minutes out of
-trainers that hold nodes staying longer (measured on the Summit week, docs/benchmarks.md,
-"Windows"). With no window below H this is Eq. 16 exactly.
+past T_fwd but known within H costs its scale-down too, spread over the stay (weight
+T / tau) as the throughput until it is valued over T only. Which trainer holds a node
+when it leaves is decided now, and that scale-down is certain; counting it keeps nodes
+that leave in minutes out of trainers that hold nodes staying longer (measured on the
+Summit week, docs/benchmarks.md, "Windows"). With no window below H this is Eq. 16
+exactly.
 
 Nodes are no longer interchangeable, so the exact problem is an assignment of nodes,
 not of counts. This module solves it approximately, and every candidate is valued
@@ -70,9 +71,10 @@ MAX_SWAP_TRIALS = 2000
 # 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
 # Known departures up to this far ahead (or T_fwd, if longer) cost their scale-down in V,
-# though throughput is valued over T_fwd only: who holds a node when it leaves is decided
-# now, and its scale-down is certain (docs/allocator.md, "Windows").
-DEPARTURE_HORIZON_S = 600.0
+# a departure at tau past T_fwd weighted T_fwd / tau (its cost spread over the stay, as
+# throughput is valued over T_fwd only): who holds a node when it leaves is decided now,
+# and its scale-down is certain (docs/allocator.md, "Windows").
+DEPARTURE_HORIZON_S = 3600.0
 
 
 def departure_horizon_s(t_fwd_s: float) -> float:
@@ -128,8 +130,8 @@ def _sorted_value(
     shortest first (inf: open-ended). The nodes that stay past T_fwd come first in the
     longest-first order, together worth T_fwd x O_j(m): only the nodes that leave
     within T_fwd are walked, and those leaving before the departure horizon add their
-    scale-downs. The second term is not in V: it only breaks ties between maps of equal
-    V, so that nodes leaving together later also go together."""
+    scale-downs (weighted T_fwd / w). The second term is not in V: it only breaks ties
+    between maps of equal V, so that nodes leaving together later also go together."""
     k = len(asc)
     if k > t.n_max or (0 < k < t.n_min) or (k and not t.runnable):
         return -math.inf, 0.0
@@ -144,7 +146,7 @@ def _sorted_value(
     g = bisect.bisect_left(asc, departure_horizon_s(t_fwd_s), lo=f)
     for a in range(f, g):  # leaving past T_fwd but within the departure horizon
         if a == f or asc[a - 1] < asc[a]:
-            value -= t.rescale_down_s * o[k - a]
+            value -= t.rescale_down_s * o[k - a] * (t_fwd_s / asc[a])
     if k > t.c:
         value -= t.current_value * t.rescale_up_s
     elif k < t.c:
@@ -177,7 +179,8 @@ def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: f
     value = held @ (o[1:] - o[:-1])
     nxt = np.concatenate([m[:, 1:], np.full((kmax + 1, 1), -1.0)], axis=1)
     leaves = (m >= 0) & (m < departure_horizon_s(t_fwd_s)) & (nxt < m)
-    value -= t.rescale_down_s * (leaves @ o[1:])
+    weight = t_fwd_s / np.maximum(m, t_fwd_s)  # 1 within T_fwd, T_fwd / w past it
+    value -= t.rescale_down_s * ((leaves * weight) @ o[1:])
     # Eq. 16's rescale-now term, as in the window-free table: base = T O(k) - that term.
     value += base - t_fwd_s * o
     value[ks > have] = -math.inf

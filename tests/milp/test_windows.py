@@ -26,7 +26,7 @@ TOL = 1e-6
 def walk_value(problem: Problem, t: TrainerSpec, nodes: tuple[str, ...]) -> float:
     """V_j by walking the horizon: the rate between departures, one scale-down (at the
     rate before it) per instant at which some of the trainer's nodes leave; past T_fwd,
-    up to the departure horizon, only the scale-downs."""
+    up to the departure horizon, only the scale-downs, each weighted T_fwd / tau."""
     horizon = problem.t_fwd_s
     departures_until = max(horizon, DEPARTURE_HORIZON_S)
     windows = [problem.windows_s.get(n) for n in nodes]
@@ -42,7 +42,7 @@ def walk_value(problem: Problem, t: TrainerSpec, nodes: tuple[str, ...]) -> floa
         now = tau
     value += (horizon - now) * metric(problem, t, present)
     for tau in sorted({x for x in leave if horizon <= x < departures_until}):
-        value -= t.rescale_down_s * metric(problem, t, present)
+        value -= t.rescale_down_s * metric(problem, t, present) * horizon / tau
         present = sum(1 for x in leave if x > tau)
     return value
 
@@ -132,7 +132,7 @@ def test_nodes_that_leave_past_t_fwd_within_the_departure_horizon_go_together() 
     two leave at 300 s, past T_fwd (120 s) but within the departure horizon. They go to
     one trainer (one scale-down), where the window-free answer splits them by pool
     order."""
-    assert DEPARTURE_HORIZON_S > 300.0
+    assert DEPARTURE_HORIZON_S > 300.0  # the departures count, weighted 120 / 300
     pool = tuple(f"n{i}" for i in range(8))
     windows = {"n4": 300.0, "n6": 300.0}
     trainers = tuple(
