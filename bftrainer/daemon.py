@@ -282,14 +282,15 @@ def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:
     return claim is not None and (holder.limit_s is None or holder.limit_s > claim)
 
 
-def _moved(told: Mapping[str, float | None], node: str, leave_by_s: float | None) -> bool:
-    """A departure the loop has not been told (a new node, or one that moved)."""
+def _moved(told: Mapping[str, float | None], node: str, at_s: float | None) -> bool:
+    """A departure (``at_s``, None: not known) the loop has not been told: a new node,
+    or one whose departure moved."""
     if node not in told:
         return True
     was = told[node]
-    if was is None or leave_by_s is None:
-        return (was is None) != (leave_by_s is None)
-    return abs(was - leave_by_s) >= WINDOW_TOLERANCE_S
+    if was is None or at_s is None:
+        return (was is None) != (at_s is None)
+    return abs(was - at_s) >= WINDOW_TOLERANCE_S
 
 
 class SubmissionQueue:
