@@ -201,7 +201,9 @@ class Source(Protocol):
 @dataclass(frozen=True)
 class Progress:
     """What ``TrainerDriver.advance`` saw: samples processed since the last call, and
-    the trainers' reports (curves, completions) as inputs for the loop."""
+    the trainers' reports (curves, completions) as inputs for the loop. A report may
+    concern a trainer at zero nodes now (what it wrote while it ran, or its crash),
+    never one the driver has not run or one cancelled."""
 
     processed_samples: float = 0.0
     reports: tuple[CurveReport | Completion, ...] = ()
