@@ -243,13 +243,12 @@ class HeldPool:
         nodes = {}
         for n in sorted(set(view.pool) | set(holders)):
             h = holders.get(n)
-            leaves = leave_by_s.get(n)
+            window = view.windows_s.get(n)
+            if n in leave_by_s:
+                leaves = leave_by_s[n]
+                window = None if leaves is None else max(0.0, leaves - now_s)
             nodes[n] = {
-                "window_s": (
-                    (None if leaves is None else max(0.0, leaves - now_s))
-                    if n in leave_by_s
-                    else view.windows_s.get(n)
-                ),
+                "window_s": window,
                 "holder": h.job_id if h else None,
                 "holder_state": h.state if h else None,
                 "trainer": allocated.get(n),

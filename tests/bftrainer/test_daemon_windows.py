@@ -8,6 +8,8 @@ Uses all 8 nodes; cancels only the jobs it started, by id.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,16 +42,30 @@ def held_pool(cluster: SlurmCluster, tracked: Tracked, store: Store) -> HeldPool
     return HeldPool(monitor, tracked, store, demand, POLL_S)
 
 
-def claim_all_but_one(cluster: SlurmCluster, started: list[str], busy: str) -> tuple[str, str]:
-    """A main job on ``busy`` for 4 min, and an 8-node one planned at its end: every
-    other node is claimed about 4 min ahead. Their ids (also added to ``started``, for the
-    cleanup), once the plan is made."""
-    first = cluster.sbatch("-p", "main", "-w", busy, "-t", "4", "--wrap", "sleep 600")
-    started.append(first)
-    big = cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
-    started.append(big)
-    wait_until(lambda: planned_start(cluster, big) is not None, 60, "a planned start")
-    return first, big
+@dataclass(frozen=True)
+class Planned:
+    nodes: list[str]  # all 8, sorted
+    first: str  # a main job on nodes[0] for 4 min
+    big: str  # an 8-node main job planned at its end
+
+
+@pytest.fixture
+def planned(slurm_cluster: SlurmCluster, jobs: list[str]) -> Planned:  # noqa: F811
+    """A main job on one node for 4 min, and an 8-node one planned at its end: every
+    other node is claimed about 4 min ahead (both cancelled by ``jobs``)."""
+    nodes = idle_nodes(slurm_cluster, 8)
+    first = slurm_cluster.sbatch("-p", "main", "-w", nodes[0], "-t", "4", "--wrap", "sleep 600")
+    jobs.append(first)
+    big = slurm_cluster.sbatch("-p", "main", "-N", "8", "-t", "5", "--wrap", "sleep 10")
+    jobs.append(big)
+    wait_until(lambda: planned_start(slurm_cluster, big) is not None, 60, "a planned start")
+    return Planned(nodes, first, big)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(ensure_state_dir(tmp_path / "state")) as opened:
+        yield opened
 
 
 class Told:
@@ -77,16 +93,12 @@ class Told:
 def test_the_loop_learns_when_held_nodes_leave(
     slurm_cluster: SlurmCluster,
     holders: Tracked,  # noqa: F811
-    jobs: list[str],  # noqa: F811
-    tmp_path: Path,
+    planned: Planned,
+    store: Store,
 ) -> None:
-    nodes = idle_nodes(slurm_cluster, 8)
-    busy = nodes[0]
-    first, big = claim_all_but_one(slurm_cluster, jobs, busy)
-
-    store = Store.open(ensure_state_dir(tmp_path / "state"))
+    first, big = planned.first, planned.big
     told = Told(held_pool(slurm_cluster, holders, store))
-    others = set(nodes) - {busy}
+    others = set(planned.nodes[1:])
 
     def all_held() -> bool:
         told.poll(time.time())
@@ -137,15 +149,13 @@ def test_the_loop_learns_when_held_nodes_leave(
 def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     slurm_cluster: SlurmCluster,
     holders: Tracked,  # noqa: F811
-    jobs: list[str],  # noqa: F811
-    tmp_path: Path,
+    planned: Planned,
+    store: Store,
 ) -> None:
-    nodes = idle_nodes(slurm_cluster, 8)
-    _, big = claim_all_but_one(slurm_cluster, jobs, nodes[0])
+    big, node = planned.big, planned.nodes[1]
     # A holder without a time limit (submitted before the plan, say) never starts now.
-    store = Store.open(ensure_state_dir(tmp_path / "state"))
-    stuck = holders.acquire(nodes[1], None)
-    store.add_holder(stuck, nodes[1], limit_s=None)
+    stuck = holders.acquire(node, None)
+    store.add_holder(stuck, node, limit_s=None)
     pool = held_pool(slurm_cluster, holders, store)
     pool.demand = lambda: (1, set())
     pool.poll(time.time())
