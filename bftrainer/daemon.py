@@ -52,6 +52,7 @@ from bftrainer.loop import (
     WallClock,
 )
 from bftrainer.state import HolderConflictError, HolderRow, Store, TrainerRow, TransitionError
+from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,14 @@ class DaemonConfig(Config):
 
     poll_interval_s: float = 10.0
     report_every_s: float = 5.0
+    # How long a holder outlives the last renewal of its lease (by the daemon at each
+    # poll, by a trainer's supervisor while it runs there): the bound on how long a node
+    # stays held for nobody when the daemon is gone.
+    holder_lease_s: float = 300.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("poll_interval_s", "report_every_s"):
+        for name in ("poll_interval_s", "report_every_s", "holder_lease_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -107,6 +112,9 @@ class HeldPool:
         demand: Callable[[], tuple[int, set[str]]],
         poll_interval_s: float,
         usable: Sequence[str] = (),
+        *,
+        lease_dir: Path | None = None,
+        lease_s: float = 300.0,
     ) -> None:
         self.monitor = monitor
         self.holders = holders
@@ -114,9 +122,17 @@ class HeldPool:
         self.demand = demand
         self.poll_interval_s = poll_interval_s
         self.usable: set[str] = set(usable)
+        # Each holder watches a lease file (scripts/slurm/hold-nodes.sbatch): renewed at
+        # every poll, so holders end by themselves within lease_s of the daemon's end
+        # unless a trainer's supervisor renews them. None: no leases (time limits only).
+        self.lease_dir = lease_dir
+        self.lease_s = lease_s
+        self._lease_until: dict[str, float] = {}
         self._next_s = -math.inf
         # When each usable node leaves, as last told to the loop (None: not known).
         self._told: dict[str, float | None] = {}
+        self._view: PoolView | None = None  # the last poll's
+        self._replan = False  # polled since the last hold plan
 
     def jobs(self) -> dict[str, str]:
         """node -> the job id of its live holder."""
@@ -126,28 +142,57 @@ class HeldPool:
         jobs = self.jobs()
         # Slurm: workers run as steps inside the holders. LSF: over ssh (blaunch is not wired).
         mode = "slurm" if self.holders.scheduler == "slurm" else "ssh"
-        return ExecPlan(mode, {n: jobs[n] for n in nodes if n in jobs})
+        leases = {} if self.lease_dir is None else {n: str(self._lease(n)) for n in nodes}
+        return ExecPlan(
+            mode,
+            {n: jobs[n] for n in nodes if n in jobs},
+            leases=leases,
+            lease_s=self.lease_s,
+        )
+
+    def _lease(self, node: str) -> Path:
+        assert self.lease_dir is not None
+        return self.lease_dir / node
+
+    def _renew_leases(self, nodes: Iterable[str], now_s: float, *, force: bool = False) -> None:
+        """Renew the leases of ``nodes`` that are past half their time (or all: force)."""
+        if self.lease_dir is None:
+            return
+        for node in nodes:
+            if not force and self._lease_until.get(node, -math.inf) - now_s > self.lease_s / 2:
+                continue
+            try:
+                self.lease_dir.mkdir(mode=0o700, exist_ok=True)
+                renew_lease(self._lease(node), now_s + self.lease_s)
+            except OSError as exc:
+                log.error("cannot renew the lease of %s's holder: %s", node, exc)
+                continue
+            self._lease_until[node] = now_s + self.lease_s
 
     def poll(self, now_s: float) -> Polled:
+        """Read the scheduler: the nodes whose holder started or ended since the last
+        poll, and when each held node leaves. Holders are submitted and cancelled in
+        :meth:`settle`, on the step's decision."""
         if now_s < self._next_s:
             return Polled((), self._next_s)
         self._next_s = now_s + self.poll_interval_s
+        self._replan = True
         try:
             self.monitor.poll()  # keeps the last good pool (stale) on a bad reply
         except (CommandError, ValueError) as exc:
-            log.warning("pool not read: %s", exc)
+            log.warning("pool not read, keeping the last good one: %s", exc)
         try:
             self.sync_holders(now_s)
         except (HolderError, CommandError) as exc:
             log.warning("holders not read, keeping the last known: %s", exc)
             return Polled((), self._next_s)
-        running = {h.node: h for h in self.store.holders(live_only=True) if h.state == "running"}
+        live = self.store.holders(live_only=True)
+        self._renew_leases((h.node for h in live), now_s)
+        running = {h.node: h for h in live if h.state == "running"}
         joined, left = running.keys() - self.usable, self.usable - running.keys()
         self.usable = set(running)
-        view = self.monitor.view()  # one view per poll: plan, status and event agree
+        self._view = view = self.monitor.view()  # one view per poll: plan and event agree
         leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
-        self._plan(view, now_s)
-        self._publish(view, leave_by, now_s)
         # Tell the loop the departures it does not know yet (all of them after a restart).
         changed = {n: t for n, t in leave_by.items() if _moved(self._told, n, t)}
         self._told = leave_by
@@ -165,31 +210,83 @@ class HeldPool:
         event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left), windows_s=windows)
         return Polled((PoolChange(event),), self._next_s)
 
+    def settle(self, now_s: float, decided: bool) -> tuple[PoolChange, ...]:
+        """Hold what the decision needs: after a poll or a decision, submit and cancel
+        holders by the hold plan. Only nodes the decision left free are released, and
+        they leave the loop's pool in this same step (the returned change), so the loop
+        never hands a trainer a node whose holder is gone."""
+        if not (self._replan or decided) or self._view is None:
+            return ()
+        self._replan = False
+        released = self._plan(self._view, now_s) & self.usable
+        self.usable -= released
+        for n in released:
+            self._told.pop(n, None)
+        self._publish(self._view, self._told, now_s)
+        if not released:
+            return ()
+        self.store.add_pool_event(
+            joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
+        )
+        return (PoolChange(PoolEvent(now_s, left=frozenset(released))),)
+
     def sync_holders(self, now_s: float) -> None:
         """One status call: record what our holders are now; cancel unknown ones."""
-        known = {h.job_id: h.node for h in self.store.holders(live_only=True)}
-        result = self.holders.reconcile(known)
+        known = {h.job_id: h for h in self.store.holders(live_only=True)}
+        result = self.holders.reconcile({j: h.node for j, h in known.items()})
         for job_id, status in result.live.items():
             try:
                 self.store.set_holder_state(job_id, status.state, reason=status.reason, now_s=now_s)
             except TransitionError:
                 # Running in the store, pending in the scheduler: requeued (holders are
                 # --no-requeue, so only a site's override does this). Not ours any more.
-                log.warning("holder %s went back to %s: releasing it", job_id, status.state)
+                log.warning(
+                    "%s's holder %s was requeued by the scheduler: releasing it",
+                    status.node,
+                    job_id,
+                )
                 self.holders.release(job_id)
                 self.store.set_holder_state(job_id, "ended", reason="requeued", now_s=now_s)
+                continue
+            was = known[job_id]
+            if status.state == "running" and was.state == "pending":
+                limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
+                log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
         for job_id, status in result.gone.items():
             if job_id in known:
-                self.store.set_holder_state(job_id, "ended", reason=status.reason, now_s=now_s)
-                log.info("holder %s on %s ended: %s", job_id, status.node, status.reason)
+                why = self._why_ended(known[job_id], status.reason, now_s)
+                self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
+                log.info("lost %s: its holder %s %s", status.node, job_id, why)
 
-    def _plan(self, view: PoolView, now_s: float) -> None:
+    def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
+        """Why a holder ended, in an operator's words (the scheduler's state as given)."""
+        if reason == "preempted":
+            return "was preempted by a main job"
+        if reason in ("cancelled", "canceled"):
+            return "was cancelled outside bftrainer"
+        if reason == "timeout":
+            return "reached its time limit"
+        if reason == "not listed":
+            return "is no longer listed by the scheduler"
+        lease = self._lease_until.get(holder.node)
+        if reason == "completed" and lease is not None and lease <= now_s:
+            return "ended by itself: its lease expired"
+        if reason == "completed" and holder.state == "running":
+            return "ended by itself"
+        return f"ended ({reason or 'no reason given'})"
+
+    def _plan(self, view: PoolView, now_s: float) -> set[str]:
+        """Submit and cancel holders by the hold plan; the nodes released."""
         live = self.store.holders(live_only=True)
         # A pending holder that would outlive its node's claim never starts (the plan
         # moved earlier, or the scheduler wanted more slack): cancel it, so that the
         # node is held again below with a limit that fits.
         stuck = [h.job_id for h in live if h.state == "pending" and _outlives_claim(h, view)]
         if stuck and self._release(stuck, "cannot start before its node's claim", now_s):
+            log.info(
+                "re-holding %s: the holder asked for could not start before a main job",
+                ", ".join(h.node for h in live if h.job_id in stuck),
+            )
             live = [h for h in live if h.job_id not in stuck]
         demand, allocated = self.demand()
         plan = plan_holders(
@@ -201,19 +298,31 @@ class HeldPool:
             demand=demand,
         )
         by_node = {h.node: h.job_id for h in live}
-        if plan.release:
-            self._release([by_node[n] for n in plan.release], "released", now_s)
+        released: set[str] = set()
+        if plan.release and self._release(
+            [by_node[n] for n in plan.release], "no trainer needs it", now_s
+        ):
+            log.info(
+                "released %s: no trainer needs %s",
+                ", ".join(plan.release),
+                "it" if len(plan.release) == 1 else "them",
+            )
+            released = set(plan.release)
         if view.growth_held:
-            return  # the pool is stale: take nothing new on old information
+            return released  # the pool is stale: take nothing new on old information
         for node in plan.acquire:
             window = view.windows_s.get(node)
+            lease = None
+            if self.lease_dir is not None:
+                self._renew_leases([node], now_s, force=True)
+                lease = str(self._lease(node))
             try:
                 minutes = self.holders.time_limit_min(window)
-                job_id = self.holders.acquire(node, window)
+                job_id = self.holders.acquire(node, window, lease)
             except WindowTooShortError:
                 continue
             except HolderError as exc:
-                log.warning("%s", exc)
+                log.warning("%s; trying again at a later poll", exc)
                 continue
             limit_s = None if minutes is None else 60.0 * minutes
             try:
@@ -221,6 +330,7 @@ class HeldPool:
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, job_id)
                 self.holders.release(job_id)
+        return released
 
     def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
         """Cancel holders and record them ended; False (and logged) when refused."""
@@ -316,14 +426,19 @@ class SubmissionQueue:
 
 
 class StepLog:
-    """The loop's observer: logs each decision and its latency."""
+    """The loop's observer: logs each decision and its latency, and checks after each
+    recorded step that the loop's pool holds only nodes whose holder runs."""
+
+    def __init__(self, check: Callable[[], None] = lambda: None) -> None:
+        self.check = check
 
     def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
         pass
 
     def step(self, step: Step) -> None:
+        self.check()
         if step.decided:
-            log.info(
+            log.debug(
                 "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
                 "(joined %d, left %d, arrivals %d, completions %d) %s in %.1f ms, "
                 "latency %.1f ms, T_fwd %s",
@@ -361,7 +476,15 @@ class Daemon:
         self.config = config
         self.clock = WallClock()
         self.loop: Loop | None = None
-        self.pool = HeldPool(monitor, holders, store, self._demand, config.poll_interval_s)
+        self.pool = HeldPool(
+            monitor,
+            holders,
+            store,
+            self._demand,
+            config.poll_interval_s,
+            lease_dir=state_dir / "leases",
+            lease_s=config.holder_lease_s,
+        )
         self.driver = LiveDriver(
             store, state_dir, self.pool.exec_plan, env=env, report_every_s=config.report_every_s
         )
@@ -410,13 +533,26 @@ class Daemon:
             self.driver,
             self.clock,
             self.config,
-            observer=StepLog(),
+            observer=StepLog(self.check_pool),
             state=state,
         )
         try:
             self.loop.run()
         finally:
             self._shutdown()
+
+    def check_pool(self) -> None:
+        """The invariant the daemon is built on: every node the loop may hand a trainer
+        has a running holder. Logged as an error (never raised: trainers go on)."""
+        if self.loop is None:
+            return
+        running = {h.node for h in self.store.holders(live_only=True) if h.state == "running"}
+        stray = sorted(set(self.loop.pool) - running)
+        if stray:
+            log.error(
+                "internal error: the pool has %s without a running holder (please report)",
+                ", ".join(stray),
+            )
 
     def request_stop(self) -> None:
         if self.loop is not None:

@@ -19,21 +19,27 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
-from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec, TrainerExit
 from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
 
 log = logging.getLogger(__name__)
 
 # Seconds a cancelled trainer's workers get to checkpoint before they are killed.
 CANCEL_GRACE_S = 30.0
+# A supervisor that died (kill -9, the OOM killer, a reboot) or gave up for a reason
+# other than the trainer's script is started again from the trainer's checkpoint, at
+# most this many times, after RESTART_BACKOFF_S * 2**k seconds for the k-th restart.
+MAX_SUPERVISOR_RESTARTS = 3
+RESTART_BACKOFF_S = 10.0
 
 
 def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
@@ -59,11 +65,23 @@ def job_of(row: TrainerRow) -> JobSpec:
 
 @dataclass(frozen=True)
 class ExecPlan:
-    """How the trainers' workers reach their nodes: ``mode`` of ``exec.json`` and, in
-    ``slurm`` mode, the holder job of each node."""
+    """How the trainers' workers reach their nodes: ``mode`` of ``exec.json``, in
+    ``slurm`` mode the holder job of each node, and each node's holder lease (which the
+    supervisor renews for ``lease_s`` while it runs there)."""
 
     mode: str
     jobs: Mapping[str, str]
+    leases: Mapping[str, str] = field(default_factory=dict)
+    lease_s: float | None = None
+
+    def reachable(self, nodes: Sequence[str]) -> tuple[str, ...]:
+        """``nodes`` that workers can run on now: in slurm mode, those with a holder."""
+        return tuple(nodes) if self.mode != "slurm" else tuple(n for n in nodes if n in self.jobs)
+
+    def write(self, trainer_dir: Path) -> None:
+        channel.write_exec(
+            trainer_dir, self.mode, self.jobs, leases=self.leases, lease_s=self.lease_s
+        )
 
 
 class LiveDriver:
@@ -88,6 +106,8 @@ class LiveDriver:
         self.env = dict(env or {})
         self.report_every_s = report_every_s
         self.launchers: dict[str, Launcher] = {}
+        # Trainers whose supervisor is to be started again: when, and why.
+        self._restarts: dict[str, tuple[float, str]] = {}
         self._offsets: dict[str, int] = {}
         self._samples: dict[str, int] = {}
         self._reports: list[CurveReport | Completion] = []
@@ -103,15 +123,19 @@ class LiveDriver:
         try:
             launcher = Launcher.attach(trainer_dir)
         except LaunchError as exc:
-            log.warning("trainer %s: cannot re-attach: %s", row.id, exc)
-            self._fail(row.id, f"lost after a daemon restart: {exc}")
+            # Never started, or its directory is gone: start it again (bounded).
+            self.launchers.pop(row.id, None)
+            self._restart_later(row.id, None, f"cannot re-attach: {exc}", time.time())
             return
         self.launchers[row.id] = launcher
         # Re-read the reports from the start: the store keeps only the latest figures.
         self._samples[row.id] = row.samples_done
         self._offsets[row.id] = 0
+        if not launcher.alive():
+            log.info("trainer %s: its supervisor ended while the daemon was away", row.id)
+            return  # advance() reads how it ended
         self._set_hosts(row.id, launcher, tuple(nodes))
-        log.info("trainer %s: re-attached to supervisor %d", row.id, launcher.pid)
+        log.info("trainer %s: re-attached to its supervisor (pid %d)", row.id, launcher.pid)
 
     # ---- the TrainerDriver interface ------------------------------------------------
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
@@ -122,6 +146,11 @@ class LiveDriver:
         trainer holds nodes now: a crash at zero nodes must also free it."""
         processed = 0.0
         running = {t.id: t for t in trainers}
+        for trainer_id, (at_s, _) in list(self._restarts.items()):
+            if now_s >= at_s:
+                del self._restarts[trainer_id]
+                t = running.get(trainer_id)
+                self._launch(trainer_id, t.nodes if t is not None else (), restart=True)
         for trainer_id, launcher in list(self.launchers.items()):
             ended = launcher.poll()
             gained = self._read_reports(trainer_id, launcher.trainer_dir)
@@ -131,26 +160,60 @@ class LiveDriver:
             if ended is None:
                 continue
             del self.launchers[trainer_id]
-            result = channel.read_result(launcher.trainer_dir) if ended.state == "done" else None
-            if ended.state == "done" and result is not None:
-                self.store.update_progress(trainer_id, samples_done=int(result["samples"]))
-                self._finish(trainer_id, "done", "")
-            elif ended.state == "stopped" and self.store.trainer(trainer_id).cancel_requested:
-                self._finish(trainer_id, "cancelled", "cancelled")
-            else:
-                why = ended.reason or f"exit code {ended.returncode}"
-                self._fail(trainer_id, f"{ended.state}: {why} (bftrainer logs {trainer_id})")
+            self._ended(trainer_id, launcher, ended, now_s)
         reports, self._reports = tuple(self._reports), []
         return Progress(processed, reports)
 
+    def _ended(self, trainer_id: str, launcher: Launcher, ended: TrainerExit, now_s: float) -> None:
+        """A supervisor is gone: the trainer is done, cancelled, failed by its own
+        script, or is started again (bounded, with a backoff)."""
+        result = channel.read_result(launcher.trainer_dir) if ended.state == "done" else None
+        why = ended.reason or f"exit code {ended.returncode}"
+        if ended.state == "done" and result is not None:
+            self.store.update_progress(trainer_id, samples_done=int(result["samples"]))
+            self._finish(trainer_id, "done", "")
+        elif self.store.trainer(trainer_id).cancel_requested:
+            self._finish(trainer_id, "cancelled", "cancelled")
+        elif ended.state == "failed" and ended.cause == "script":
+            self._fail(trainer_id, f"{why} (its own script; bftrainer logs {trainer_id})")
+        else:
+            self._restart_later(trainer_id, launcher, why, now_s)
+
+    def _restart_later(
+        self, trainer_id: str, launcher: Launcher | None, why: str, now_s: float
+    ) -> None:
+        row = self.store.trainer(trainer_id)
+        if row.restarts >= MAX_SUPERVISOR_RESTARTS:
+            self._fail(
+                trainer_id,
+                f"gave up after {row.restarts} restarts; the last: {why} "
+                f"(bftrainer logs {trainer_id})",
+            )
+            return
+        if launcher is not None:
+            launcher.kill()  # whatever the dead supervisor left running here
+        delay_s = RESTART_BACKOFF_S * 2**row.restarts
+        self._restarts[trainer_id] = (now_s + delay_s, why)
+        log.warning(
+            "trainer %s: %s; starting it again from its checkpoint in %.0f s (restart %d of %d)",
+            trainer_id,
+            why,
+            delay_s,
+            row.restarts + 1,
+            MAX_SUPERVISOR_RESTARTS,
+        )
+
     def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
-        return now_s + self.report_every_s if self.launchers else math.inf
+        t = now_s + self.report_every_s if self.launchers else math.inf
+        return min([t, *(at for at, _ in self._restarts.values())])
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
         launcher = self.launchers.get(trainer.id)
         if launcher is None:
-            if nodes:
-                self._start(trainer, nodes)
+            if trainer.id in self._restarts:  # started again on its nodes when due
+                self.store.record_allocation(trainer.id, nodes)
+            elif nodes:
+                self._launch(trainer.id, nodes)
             return 0.0
         self._set_hosts(trainer.id, launcher, nodes)
         return 0.0
@@ -168,6 +231,7 @@ class LiveDriver:
         return 0.0
 
     def cancel(self, trainer: TrainerState) -> None:
+        self._restarts.pop(trainer.id, None)
         launcher = self.launchers.pop(trainer.id, None)
         self.store.record_allocation(trainer.id, ())
         if launcher is None:
@@ -180,14 +244,16 @@ class LiveDriver:
         self._finish(trainer.id, "cancelled", "cancelled")
 
     # ---- helpers --------------------------------------------------------------------
-    def _start(self, trainer: TrainerState, nodes: tuple[str, ...]) -> None:
-        row = self.store.trainer(trainer.id)
-        trainer_dir = self.trainers_dir / trainer.id
+    def _launch(self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool = False) -> None:
+        """Start the trainer's supervisor on ``nodes`` (those with a holder now); a
+        restart resumes from the trainer's checkpoint in its directory."""
+        row = self.store.trainer(trainer_id)
+        trainer_dir = self.trainers_dir / trainer_id
         args = list(row.args)
         if row.work_samples is not None:
             args += ["--work-samples", str(row.work_samples)]
         spec = LaunchSpec(
-            trainer_id=trainer.id,
+            trainer_id=trainer_id,
             script=Path(row.script),
             args=tuple(args),
             trainer_dir=trainer_dir,
@@ -199,30 +265,69 @@ class LiveDriver:
         try:
             trainer_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             plan = self.exec_plan(nodes)
-            channel.write_exec(trainer_dir, plan.mode, plan.jobs)
-            launcher = Launcher.start(spec, nodes)
+            hosts = self._reachable(trainer_id, plan, nodes)
+            plan.write(trainer_dir)
+            launcher = Launcher.start(spec, hosts)
         except (LaunchError, channel.ChannelError, OSError) as exc:
-            log.error("trainer %s cannot start: %s", trainer.id, exc)
-            self._fail(trainer.id, f"cannot start: {exc}")
+            self._fail(trainer_id, f"cannot start: {exc}")
             return
-        self.launchers[trainer.id] = launcher
-        self._offsets[trainer.id] = 0
-        self._samples[trainer.id] = row.samples_done
-        self.store.set_launch(trainer.id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
-        self.store.record_allocation(trainer.id, nodes)
-        self.store.set_trainer_state(trainer.id, "running")
-        log.info("trainer %s started on %d node(s): %s", trainer.id, len(nodes), ",".join(nodes))
+        self.launchers[trainer_id] = launcher
+        if not restart:  # a restart reads on from where the dead supervisor's reports were
+            self._offsets[trainer_id] = 0
+            self._samples[trainer_id] = row.samples_done
+        self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
+        self.store.record_allocation(trainer_id, nodes)
+        if restart:
+            row = self.store.add_restart(trainer_id)
+            log.info(
+                "trainer %s started again (restart %d) on %d node(s), from its checkpoint",
+                trainer_id,
+                row.restarts,
+                len(hosts),
+            )
+        else:
+            log.info("trainer %s started on %d node(s): %s", trainer_id, len(hosts), _names(hosts))
+        if not row.finished:
+            self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
+
+    def _reachable(
+        self, trainer_id: str, plan: ExecPlan, nodes: tuple[str, ...]
+    ) -> tuple[str, ...]:
+        """``nodes`` whose holder is there; the others are said once and left out (the
+        pool source reports their departure at its next poll)."""
+        hosts = plan.reachable(nodes)
+        if len(hosts) < len(nodes):
+            lost = sorted(set(nodes) - set(hosts))
+            log.warning(
+                "trainer %s: the holder of %s ended before the trainer could use it; "
+                "going on with %d node(s)",
+                trainer_id,
+                _names(lost),
+                len(hosts),
+            )
+        return hosts
 
     def _set_hosts(self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...]) -> None:
         """Tell the supervisor its hosts: exec plan first, so new hosts are reachable."""
+        hosts = nodes
         if nodes:
             plan = self.exec_plan(nodes)
-            launcher.set_exec(plan.mode, plan.jobs)
-        launcher.set_hosts(nodes)
+            hosts = self._reachable(trainer_id, plan, nodes)
+            plan.write(launcher.trainer_dir)
+        before = self.store.current_allocation(trainer_id)
+        launcher.set_hosts(hosts)
         self.store.record_allocation(trainer_id, nodes)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
+        if tuple(before) != tuple(nodes):
+            log.info(
+                "trainer %s rescaled: %d -> %d node(s)%s",
+                trainer_id,
+                len(before),
+                len(nodes),
+                "" if nodes else " (waiting for nodes)",
+            )
 
     def _read_reports(self, trainer_id: str, trainer_dir: Path) -> float:
         """New lines of the trainer's ``metrics.jsonl``: progress, batch size, curves."""
@@ -279,7 +384,14 @@ class LiveDriver:
         self.store.record_allocation(trainer_id, ())
         if state != "cancelled":
             self._reports.append(Completion(trainer_id))
-        log.info("trainer %s %s %s", trainer_id, state, reason)
+        if state == "done":
+            log.info(
+                "trainer %s done: %d samples",
+                trainer_id,
+                self.store.trainer(trainer_id).samples_done,
+            )
+        else:
+            log.info("trainer %s %s", trainer_id, state)
 
     def _fail(self, trainer_id: str, reason: str) -> None:
         self.launchers.pop(trainer_id, None)
@@ -289,6 +401,10 @@ class LiveDriver:
         self.store.record_allocation(trainer_id, ())
         self._reports.append(Completion(trainer_id))
         log.warning("trainer %s failed: %s", trainer_id, reason)
+
+
+def _names(nodes: Sequence[str]) -> str:
+    return ",".join(nodes)
 
 
 def _at(curve: Sequence[tuple[float, float]], n: int) -> float:

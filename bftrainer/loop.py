@@ -63,7 +63,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from bftrainer.churn import Churn, ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
@@ -195,6 +195,20 @@ class Source(Protocol):
     def poll(self, now_s: float) -> Polled:
         """Inputs due by ``now_s``, each returned once. Called at every step, possibly
         before the ``next_s`` it gave (another source or the driver woke the loop)."""
+        ...
+
+
+@runtime_checkable
+class Settler(Protocol):
+    """A source that acts on the step's decision before the step ends (the daemon's
+    hold plan). What it does to the pool comes back as inputs, applied in the same
+    step: so no later step sees a node the source has already let go of."""
+
+    def poll(self, now_s: float) -> Polled: ...
+
+    def settle(self, now_s: float, decided: bool) -> Sequence[Input]:
+        """Act after the decision (``decided``: one was made this step); the inputs
+        that this causes (e.g. a :class:`PoolChange` of released free nodes)."""
         ...
 
 
@@ -474,7 +488,7 @@ class Loop:
         """When the next step is due: a source's next poll, the driver's wake-up, a
         postponed re-decision, or ``until_s``."""
         t = min(self._source_next_s, until_s)
-        if not self._started:
+        if not self._started or self._dirty:
             return min(t, self.now_s)
         t = min(t, self.driver.next_wakeup_s(self.running(), self.now_s))
         if self._curves_changed:
@@ -519,6 +533,7 @@ class Loop:
         self._reports = []
         decision = self._decide()
         latency = time.perf_counter() - seen if decision is not None else 0.0
+        recorded |= self._settle(now, decision is not None)
         if recorded or decision is not None:
             self._stalled = 0
             return self._record(decision, latency)
@@ -530,6 +545,17 @@ class Loop:
             if self._stalled >= MAX_STALLED_STEPS:
                 raise LoopStalledError(self._stall_message(target))
         return None
+
+    def _settle(self, now: float, decided: bool) -> bool:
+        """Let settling sources act on the decision; apply what that changed now. A
+        change to the pool leaves the loop dirty: the next step, due at once, decides
+        again on the pool as it now is."""
+        recorded = False
+        for source in self.sources:
+            if isinstance(source, Settler):
+                for item in source.settle(now, decided):
+                    recorded |= self._apply(item)
+        return recorded
 
     def running(self) -> list[TrainerState]:
         return [t for t in self.trainers.values() if t.nodes]

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "state.db"
 LOCK_NAME = "daemon.lock"
 ENV_STATE_DIR = "BFTRAINER_STATE_DIR"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 
 TRAINER_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled")
@@ -302,6 +302,9 @@ class TrainerRow:
     reason: str
     trainer_dir: str | None
     supervisor: str | None
+    # Times the daemon started the trainer's supervisor again after it died or gave up
+    # for a reason other than the trainer's own script.
+    restarts: int = 0
 
     @property
     def finished(self) -> bool:
@@ -445,6 +448,10 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE holders ADD COLUMN limit_s REAL;
     """,
+    # 3: how often the daemon restarted a trainer's supervisor.
+    """
+    ALTER TABLE trainers ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -476,6 +483,7 @@ def _trainer(row: sqlite3.Row) -> TrainerRow:
         reason=row["reason"],
         trainer_dir=row["trainer_dir"],
         supervisor=row["supervisor"],
+        restarts=row["restarts"],
     )
 
 
@@ -783,7 +791,7 @@ class Store:
                 (state, row.reason if reason is None else reason, started, finished, trainer_id),
             )
             if state != row.state:
-                log.info("trainer %s: %s -> %s %s", trainer_id, row.state, state, reason or "")
+                log.debug("trainer %s: %s -> %s %s", trainer_id, row.state, state, reason or "")
             return self.trainer(trainer_id)
 
     def set_launch(
@@ -795,6 +803,15 @@ class Store:
             self._conn.execute(
                 "UPDATE trainers SET trainer_dir = ?, supervisor = ? WHERE id = ?",
                 (os.fspath(trainer_dir), supervisor, trainer_id),
+            )
+            return self.trainer(trainer_id)
+
+    def add_restart(self, trainer_id: str) -> TrainerRow:
+        """Count one more restart of the trainer's supervisor."""
+        with self.transaction():
+            self.trainer(trainer_id)
+            self._conn.execute(
+                "UPDATE trainers SET restarts = restarts + 1 WHERE id = ?", (trainer_id,)
             )
             return self.trainer(trainer_id)
 

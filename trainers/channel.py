@@ -119,13 +119,19 @@ def write_exec(
     mode: str,
     slurm_jobs: Mapping[str, str] | None = None,
     ssh_args: Sequence[str] = (),
+    leases: Mapping[str, str] | None = None,
+    lease_s: float | None = None,
 ) -> None:
-    """How to run a command on a host (see :func:`read_exec`)."""
+    """How to run a command on a host (see :func:`read_exec`); ``leases``: each host's
+    holder lease file, which the supervisor renews for ``lease_s`` while it runs there."""
     if mode not in EXEC_MODES:
         raise ChannelError(f"exec mode must be one of {EXEC_MODES}, got {mode!r}")
     data: dict[str, Any] = {"mode": mode, "slurm_jobs": dict(slurm_jobs or {})}
     if ssh_args:
         data["ssh_args"] = list(ssh_args)
+    if leases:
+        data["leases"] = dict(leases)
+        data["lease_s"] = lease_s
     write_json_atomic(Path(trainer_dir) / EXEC, data)
 
 
@@ -141,7 +147,30 @@ def read_exec(trainer_dir: Path) -> dict[str, Any] | None:
     ssh_args = data.get("ssh_args") or []
     if not isinstance(jobs, dict) or not isinstance(ssh_args, list):
         raise ChannelError(f"{path}: slurm_jobs must be an object, ssh_args a list")
-    return {"mode": data["mode"], "slurm_jobs": jobs, "ssh_args": [str(a) for a in ssh_args]}
+    leases = data.get("leases") or {}
+    lease_s = data.get("lease_s")
+    if not isinstance(leases, dict) or not (
+        lease_s is None or (isinstance(lease_s, int | float) and lease_s > 0)
+    ):
+        raise ChannelError(f"{path}: leases must be an object, lease_s a positive number")
+    return {
+        "mode": data["mode"],
+        "slurm_jobs": jobs,
+        "ssh_args": [str(a) for a in ssh_args],
+        "leases": {str(h): str(p) for h, p in leases.items()},
+        "lease_s": lease_s,
+    }
+
+
+# -- holder leases -------------------------------------------------------------------
+
+
+def renew_lease(path: str | Path, until_s: float) -> None:
+    """Keep a holder job for ``until_s`` (epoch s): its sleeping task ends the holder
+    once that time passes (scripts/slurm/hold-nodes.sbatch). Written by the daemon for
+    every live holder and by each supervisor for its own hosts, so a holder that serves
+    nobody ends by itself, even when the daemon is gone."""
+    write_text_atomic(Path(path), f"{int(until_s)}\n")
 
 
 # -- metrics.jsonl, result.json (written by rank 0) ----------------------------------
@@ -240,15 +269,34 @@ def read_result(trainer_dir: Path) -> dict[str, Any] | None:
 # -- exit.json (written by the supervisor) -------------------------------------------
 
 
+# Why a trainer failed: its own script raised (``script``), or what runs it gave up
+# (``infrastructure``: workers lost over and over, a host unreachable, the supervisor's
+# own error). A driver may start an infrastructure failure again from its checkpoint.
+EXIT_CAUSES = ("script", "infrastructure")
+
+
 def write_exit(
-    trainer_dir: Path, state: str, returncode: int | None, reason: str, time_s: float
+    trainer_dir: Path,
+    state: str,
+    returncode: int | None,
+    reason: str,
+    time_s: float,
+    cause: str | None = None,
 ) -> None:
+    """``cause`` (one of ``EXIT_CAUSES``) is written for a failure only."""
     if state not in ("done", "failed", "stopped"):
         raise ChannelError(f"exit state must be done, failed or stopped, got {state!r}")
-    write_json_atomic(
-        Path(trainer_dir) / EXIT,
-        {"state": state, "returncode": returncode, "reason": reason, "time_s": time_s},
-    )
+    data: dict[str, Any] = {
+        "state": state,
+        "returncode": returncode,
+        "reason": reason,
+        "time_s": time_s,
+    }
+    if state == "failed":
+        if cause not in EXIT_CAUSES:
+            raise ChannelError(f"a failure's cause must be one of {EXIT_CAUSES}, got {cause!r}")
+        data["cause"] = cause
+    write_json_atomic(Path(trainer_dir) / EXIT, data)
 
 
 def read_exit(trainer_dir: Path) -> dict[str, Any] | None:

@@ -55,7 +55,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bftrainer")
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More logging (-v info, -vv debug; the daemon logs at info by default).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only errors.")
 @click.option(
     "--log-format",
@@ -64,8 +69,13 @@ class LazyGroup(click.Group):
     show_default=True,
     help="Log line format on stderr.",
 )
-def cli(verbose: int, quiet: bool, log_format: str) -> None:
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool, log_format: str) -> None:
     """Train deep-learning jobs on the idle, unbackfillable nodes of a supercomputer."""
+    # A service's log is its operator's only view: the daemon says what it does (info)
+    # by default; one-shot commands say only what went wrong.
+    if ctx.invoked_subcommand == "daemon":
+        verbose += 1
     level = (
         logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
     )

@@ -11,7 +11,7 @@ import importlib.util
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +23,7 @@ from bftrainer.cli.params import COUNT, Number
 from bftrainer.daemon import DEFAULT_RESCALE_S
 from bftrainer.state import (
     BACKENDS,
+    AllocationRow,
     StateError,
     Store,
     TrainerRow,
@@ -30,7 +31,9 @@ from bftrainer.state import (
     daemon_running,
     resolve_state_dir,
 )
+from bftrainer.trainers import channel
 from bftrainer.trainers.channel import SUPERVISOR_LOG
+from bftrainer.trainers.launch.base import Launcher, LaunchError
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A rescale that takes longer than a day is a typo, not an elastic job.
@@ -167,7 +170,26 @@ def trainer_json(row: TrainerRow, nodes: tuple[str, ...]) -> dict[str, Any]:
         "started_s": row.started_s,
         "finished_s": row.finished_s,
         "reason": row.reason,
+        "restarts": row.restarts,
     }
+
+
+def _supervisor_exited(row: TrainerRow) -> str | None:
+    """Why a trainer the store says is running or waiting has in fact no supervisor any
+    more (the daemon records it at its next look), or None while it has one."""
+    if row.state not in ("running", "waiting") or row.trainer_dir is None:
+        return None
+    trainer_dir = Path(row.trainer_dir)
+    try:
+        if Launcher.attach(trainer_dir).alive():
+            return None
+        ended = channel.read_exit(trainer_dir)
+    except (LaunchError, channel.ChannelError):
+        ended = None
+    if ended is None:
+        return "its supervisor is gone; the daemon starts it again from its checkpoint"
+    why = f"its supervisor exited ({ended['state']}: {ended.get('reason', '')})"
+    return why + "; the daemon records it at its next look"
 
 
 def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
@@ -178,11 +200,17 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
         "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
         "pool_time_s": pool["time_s"],
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
-        "trainers": [
-            trainer_json(t, allocations[t.id].nodes if t.id in allocations else ())
-            for t in store.trainers()
-        ],
+        "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
     }
+
+
+def _trainer_now(row: TrainerRow, allocations: Mapping[str, AllocationRow]) -> dict[str, Any]:
+    """A trainer as status shows it: never ``running`` once its supervisor has exited."""
+    out = trainer_json(row, allocations[row.id].nodes if row.id in allocations else ())
+    exited = _supervisor_exited(row)
+    if exited is not None:
+        out["state"], out["reason"] = "exited", exited
+    return out
 
 
 def _rate(value: float | None) -> str:
@@ -202,15 +230,27 @@ def status_cmd(as_json: bool, state_dir: Path | None) -> None:
         return
     pid = data["daemon"]["pid"]
     click.echo(f"daemon: {'pid ' + str(pid) if pid is not None else 'not running'} ({path})")
-    held = [p for p in data["pool"] if p.get("holder_state") == "running"]
-    click.echo(f"pool: {len(data['pool'])} idle node(s), {len(held)} held")
+    held = sum(p.get("holder_state") == "running" for p in data["pool"])
+    asked = sum(p.get("holder_state") == "pending" for p in data["pool"])
+    free = len(data["pool"]) - held - asked
+    click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held")
     for p in data["pool"]:
         window = p.get("window_s")
         click.echo(
             f"  {p['node']}\twindow {'open' if window is None else f'{window:.0f} s'}"
             f"\t{p.get('holder_state') or 'free'}\t{p.get('trainer') or ''}"
         )
-    header = ("id", "state", "nodes", "samples", "samples/s", "goodput/s", "batch", "script")
+    header = (
+        "id",
+        "state",
+        "nodes",
+        "samples",
+        "samples/s",
+        "goodput/s",
+        "batch",
+        "restarts",
+        "script",
+    )
     click.echo("\t".join(header))
     for t in data["trainers"]:
         work = f"/{t['work_samples']}" if t["work_samples"] else ""
@@ -224,6 +264,7 @@ def status_cmd(as_json: bool, state_dir: Path | None) -> None:
                     _rate(t["throughput_sps"]),
                     _rate(t["goodput_sps"]),
                     str(t["batch_size"] or "-"),
+                    str(t["restarts"]),
                     Path(t["script"]).name + (f" ({t['reason']})" if t["reason"] else ""),
                 ]
             )

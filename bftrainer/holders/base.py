@@ -144,9 +144,9 @@ class Holders(ABC):
     # ------------------------------------------------------------- hooks
 
     @abstractmethod
-    def submit_argv(self, node: str, minutes: int | None) -> list[str]:
+    def submit_argv(self, node: str, minutes: int | None, lease: str | None = None) -> list[str]:
         """The command that submits one holder for ``node`` with a ``minutes`` limit
-        (None: no limit)."""
+        (None: no limit), given ``lease`` (a lease file the holder watches, if any)."""
 
     @abstractmethod
     def parse_submit(self, result: CommandResult) -> str:
@@ -186,11 +186,13 @@ class Holders(ABC):
         usable_s = window_s if window_s is None else window_s - self.slack_s
         return window_minutes(usable_s, self.max_minutes())
 
-    def acquire(self, node: str, window_s: float | None) -> str:
+    def acquire(self, node: str, window_s: float | None, lease: str | None = None) -> str:
         """Submit a holder for ``node``, limited to its window (None: open-ended, the
-        partition's maximum). Returns the job id once the scheduler accepted it."""
+        partition's maximum). ``lease``: a file holding an epoch time; the holder ends
+        by itself once that time has passed (``trainers.channel.renew_lease``). Returns
+        the job id once the scheduler accepted it."""
         minutes = self.time_limit_min(window_s)
-        argv = self.submit_argv(node, minutes)
+        argv = self.submit_argv(node, minutes, lease)
         try:
             result = self.runner.run(argv)
         except CommandError as exc:
@@ -202,13 +204,7 @@ class Holders(ABC):
                 f"holder for {node}: no job id in the reply of {shlex.join(argv)} "
                 f"({self.runner.where}): {exc}"
             ) from None
-        log.info(
-            "%s holder %s submitted for %s (limit %s min)",
-            self.scheduler,
-            job_id,
-            node,
-            "none" if minutes is None else minutes,
-        )
+        log.debug("%s holder %s submitted for %s", self.scheduler, job_id, node)
         return job_id
 
     def release(self, *job_ids: str) -> None:
@@ -229,7 +225,7 @@ class Holders(ABC):
                 result.returncode,
                 (result.stderr or result.stdout).strip()[:300],
             )
-        log.info("%s holder(s) released: %s", self.scheduler, ", ".join(ids))
+        log.debug("%s holder(s) cancelled: %s", self.scheduler, ", ".join(ids))
 
     def held(self) -> dict[str, HolderStatus]:
         """Every holder of ours the scheduler lists (ended ones too, while it lists

@@ -113,7 +113,7 @@ class LsfHolders(Holders):
         self.exclusive = exclusive
         self.extra_args = tuple(extra_args)
 
-    def submit_argv(self, node: str, minutes: int | None) -> list[str]:
+    def submit_argv(self, node: str, minutes: int | None, lease: str | None = None) -> list[str]:
         # No -W when the window is open-ended: the queue's RUNLIMIT applies.
         limit = [] if minutes is None else ["-W", str(minutes)]
         return [
@@ -134,6 +134,7 @@ class LsfHolders(Holders):
             *limit,
             *self.extra_args,
             self.script,
+            *([lease] if lease else []),
         ]
 
     def parse_submit(self, result: CommandResult) -> str:

@@ -156,7 +156,7 @@ class SlurmHolders(Holders):
                 ) from None
         return self._max_minutes[0]
 
-    def submit_argv(self, node: str, minutes: int | None) -> list[str]:
+    def submit_argv(self, node: str, minutes: int | None, lease: str | None = None) -> list[str]:
         return [
             "sbatch",
             "--parsable",
@@ -167,6 +167,7 @@ class SlurmHolders(Holders):
             f"--time={'UNLIMITED' if minutes is None else minutes}",
             *self.extra_args,
             self.script,
+            *([lease] if lease else []),
         ]
 
     def parse_submit(self, result: CommandResult) -> str:

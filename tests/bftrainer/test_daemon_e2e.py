@@ -10,178 +10,29 @@ no committed step.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bftrainer.state import Store
 from bftrainer.trainers import channel
-from bftrainer.trainers.launch.base import Launcher, LaunchError
-from tests.conftest import REPO, SlurmCluster, wait_until
+from tests.bftrainer.daemon_service import (
+    MAIN_START_LIMIT_S,
+    Service,
+    check_allocations,
+    daemon_log,
+    first_reset_at,
+    supervisor_pid,
+    wait_done,
+)
+from tests.conftest import SlurmCluster, wait_until
 from tests.trainers.elastic_harness import horovod_missing
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-EXAMPLE = REPO / "examples" / "train_mlp.py"
-BFTRAINER = [sys.executable, "-m", "bftrainer"]
-POLL_S = 1.0
-# A main job must start this soon after submission (measured: 1-4 s; the holder's
-# workers exit on SIGTERM at once).
-MAIN_START_LIMIT_S = 15.0
-
-
-class Service:
-    """A daemon started by a test, and what it can be asked; cleans up by PID."""
-
-    def __init__(self, cluster: SlurmCluster, state_dir: Path, log_dir: Path) -> None:
-        self.cluster = cluster
-        self.state_dir = state_dir
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self.main_jobs: list[str] = []
-
-    @property
-    def env(self) -> dict[str, str]:
-        # Every "node" of the local cluster is this machine on 127.0.0.1: name the NIC,
-        # as a site names its interconnect, so that horovodrun does not probe each host's
-        # interfaces at every start (that probe timed out at a load average of 16).
-        return {
-            **os.environ,
-            **self.cluster.env,
-            "PYTHONPATH": str(REPO),
-            "BFTRAINER_HOROVOD_NIC": "lo",
-            "HOROVOD_START_TIMEOUT": "120",
-        }
-
-    def start(self, policy: str = "milp") -> None:
-        """Start the daemon; ``policy`` milp decides from the trainers' reported curves
-        (speedup), equal gives each trainer an equal share whatever they report."""
-        self.starts += 1
-        config = self.log_dir / "daemon.toml"
-        config.write_text(
-            f'[policy]\npolicy = "{policy}"\nobjective = "speedup"\nredecide_every_s = 10.0\n'
-        )
-        log = (self.log_dir / f"daemon-{self.starts}.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                *BFTRAINER,
-                "-v",
-                "daemon",
-                "--scheduler",
-                "slurm",
-                "--bf-partition",
-                "bf",
-                "--env",
-                f"SLURM_CONF={self.cluster.conf}",
-                "--state-dir",
-                str(self.state_dir),
-                "--config",
-                str(config),
-                "--poll-interval",
-                str(POLL_S),
-                "--horizon",
-                "0",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-            start_new_session=True,
-        )
-        log.close()
-        wait_until(lambda: (self.state_dir / "daemon.lock").exists(), 30, "the daemon's lock")
-        wait_until(lambda: self.status()["daemon"]["pid"] == self.proc.pid, 30, "daemon up")
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-    def cli(self, *args: str) -> str:
-        done = subprocess.run(
-            [*BFTRAINER, *args, "--state-dir", str(self.state_dir)],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, f"bftrainer {' '.join(args)}: {done.stderr}"
-        return done.stdout
-
-    def status(self) -> dict[str, Any]:
-        return json.loads(self.cli("status", "--json"))
-
-    def trainer(self, trainer_id: str) -> dict[str, Any]:
-        return next(t for t in self.status()["trainers"] if t["id"] == trainer_id)
-
-    def submit(self, backend: str, work: int, max_nodes: int, *extra: str) -> str:
-        out = self.cli(
-            "submit",
-            str(EXAMPLE),
-            "--backend",
-            backend,
-            "--min-nodes",
-            "1",
-            "--max-nodes",
-            str(max_nodes),
-            "--work-samples",
-            str(work),
-            *extra,
-        )
-        return out.strip().splitlines()[-1]
-
-    def main_job(self, nodes: list[str], seconds: int) -> tuple[str, float]:
-        """Submit a main-partition job on ``nodes``; its id and seconds to RUNNING."""
-        t0 = time.monotonic()
-        job = self.cluster.sbatch(
-            "-p",
-            "main",
-            "-N",
-            str(len(nodes)),
-            "-w",
-            ",".join(nodes),
-            "-t",
-            "2",
-            "--wrap",
-            f"sleep {seconds}",
-        )
-        self.main_jobs.append(job)
-        wait_until(
-            lambda: self.cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).strip() == "RUNNING",
-            60,
-            f"main job {job} running",
-        )
-        return job, time.monotonic() - t0
-
-    def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        for pid_file in (self.state_dir / "trainers").glob("*/supervisor.pid"):
-            with contextlib.suppress(LaunchError):
-                Launcher.attach(pid_file.parent).kill()
-        if self.main_jobs:
-            self.cluster.run(["scancel", *self.main_jobs], check=False)
-        if (self.state_dir / "state.db").exists():
-            with Store.open(self.state_dir) as store:
-                jobs = [h.job_id for h in store.holders(live_only=False)]
-            if jobs:
-                self.cluster.run(["scancel", *jobs], check=False)
 
 
 @pytest.fixture
@@ -198,44 +49,6 @@ def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
         s.cleanup()
         for log in sorted(logs.glob("daemon-*.log")):
             print(f"==== {log.name}\n{log.read_text()[-6000:]}")
-
-
-def allocations(state_dir: Path) -> dict[str, list[tuple[float, tuple[str, ...]]]]:
-    with Store.open(state_dir) as store:
-        return {
-            t.id: [(a.time_s, a.nodes) for a in store.allocation_history(t.id)]
-            for t in store.trainers()
-        }
-
-
-def check_allocations(state_dir: Path, limits: dict[str, tuple[int, int]]) -> None:
-    """Every allocation is 0 or within [n_min, n_max], and no node serves two trainers."""
-    history = allocations(state_dir)
-    events = sorted((t, tid, nodes) for tid, h in history.items() for t, nodes in h)
-    current: dict[str, tuple[str, ...]] = {}
-    for _, tid, nodes in events:
-        n_min, n_max = limits[tid]
-        assert not nodes or n_min <= len(nodes) <= n_max, (tid, nodes)
-        current[tid] = nodes
-        used = [n for ns in current.values() for n in ns]
-        assert len(used) == len(set(used)), f"a node serves two trainers: {current}"
-
-
-def resets(state_dir: Path, trainer_id: str) -> list[dict[str, Any]]:
-    records, _ = channel.read_metrics(state_dir / "trainers" / trainer_id, 0)
-    return [r for r in records if r.get("kind") == "reset"]
-
-
-def wait_done(service: Service, trainer_id: str, timeout_s: float) -> dict[str, Any]:
-    wait_until(
-        lambda: service.trainer(trainer_id)["state"] in ("done", "failed", "cancelled"),
-        timeout_s,
-        f"trainer {trainer_id} to finish",
-    )
-    t = service.trainer(trainer_id)
-    log = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_LOG
-    assert t["state"] == "done", f"{trainer_id}: {t}\n{log.read_text()[-4000:]}"
-    return t
 
 
 @pytest.mark.parametrize("kill_daemon", [False, True], ids=["steady", "daemon-killed"])
@@ -311,19 +124,6 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
     assert service.stop() == 0
 
 
-def supervisor_pid(service: Service, trainer_id: str) -> int:
-    path = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_PID
-    return int(path.read_text())
-
-
-def first_reset_at(service: Service, trainer_id: str, nodes: int, after_s: float) -> float | None:
-    """When the trainer first took a step on ``nodes`` nodes after ``after_s``."""
-    for r in resets(service.state_dir, trainer_id):
-        if r["time_s"] > after_s and r["nodes"] == nodes:
-            return float(r["time_s"])
-    return None
-
-
 def test_a_crashing_trainer_is_failed_with_its_log_and_frees_its_nodes(service: Service) -> None:
     service.start()
     bad = service.submit("torchrun", 10_000, 2, "--fail-at-step", "3")
@@ -342,4 +142,63 @@ def test_a_crashing_trainer_is_failed_with_its_log_and_frees_its_nodes(service: 
         30,
         "holders released",
     )
+    assert service.stop() == 0
+
+
+def test_a_trainer_submitted_right_after_another_ended_runs(service: Service) -> None:
+    # The first trainer's end frees its nodes; the daemon releases the holders no
+    # trainer needs. A trainer submitted at once must never be handed those nodes. At
+    # the default 10 s poll the submission lands in the step that releases them.
+    service.start(poll_s=10.0)
+    first = service.submit("torchrun", 2_000, 8)
+    assert wait_done(service, first, 300)["samples_done"] == 2_000
+    second = service.submit("torchrun", 2_000, 8)
+    assert wait_done(service, second, 300)["samples_done"] == 2_000
+    third = service.submit("torchrun", 2_000, 8)
+    assert wait_done(service, third, 300)["samples_done"] == 2_000
+    assert service.stop() == 0
+    log = daemon_log(service)
+    assert "internal error" not in log and "Traceback" not in log, log[-4000:]
+    # Said at the default level (the daemon runs with -v here: the lines are INFO).
+    assert f"trainer {second} started on" in log and f"trainer {second} done" in log
+
+
+def test_a_trainer_shrinks_by_itself_when_preempted_while_the_daemon_is_down(
+    service: Service,
+) -> None:
+    service.start("equal")
+    work = 40_000
+    t = service.submit("torchrun", work, 4, "--step-delay-s", "0.1", "--max-batch", "128")
+    wait_until(lambda: len(service.trainer(t)["nodes"]) == 4, 120, "the trainer on 4 nodes")
+    wait_until(lambda: service.trainer(t)["samples_done"] > 0, 240, "the trainer training")
+    supervisor = supervisor_pid(service, t)
+    service.kill9()
+    taken = service.trainer(t)["nodes"][-1]
+    t_submit = time.time()
+    _, start_s = service.main_job([taken], 60)
+    assert start_s < MAIN_START_LIMIT_S
+    # No daemon: the supervisor sees the holder end and goes on with the other three.
+    wait_until(
+        lambda: first_reset_at(service, t, 3, t_submit) is not None,
+        120,
+        "the trainer training on 3 nodes with the daemon down",
+    )
+    assert not (service.state_dir / "trainers" / t / channel.EXIT).exists()
+    service.start("equal")
+    done = wait_done(service, t, 600)
+    assert done["samples_done"] == work and done["restarts"] == 0
+    assert supervisor_pid(service, t) == supervisor  # never restarted: it never failed
+    assert service.stop() == 0
+
+
+def test_a_killed_supervisor_is_started_again_from_its_checkpoint(service: Service) -> None:
+    service.start()
+    work = 20_000
+    t = service.submit("torchrun", work, 2, "--step-delay-s", "0.05")
+    wait_until(lambda: service.trainer(t)["samples_done"] > 2_000, 240, "the trainer training")
+    os.kill(supervisor_pid(service, t), signal.SIGKILL)
+    wait_until(lambda: service.trainer(t)["restarts"] == 1, 120, "the supervisor restarted")
+    done = wait_done(service, t, 600)
+    assert done["samples_done"] == work and done["restarts"] == 1
+    assert "restart 1" in daemon_log(service) or "started again" in daemon_log(service)
     assert service.stop() == 0

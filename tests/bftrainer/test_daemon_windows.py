@@ -77,7 +77,9 @@ class Told:
         self.nodes: set[str] = set()
 
     def poll(self, now_s: float) -> None:
-        for item in self.pool.poll(now_s).inputs:
+        """One step of the daemon's pool: its poll, then its hold plan (``settle``)."""
+        inputs = [*self.pool.poll(now_s).inputs, *self.pool.settle(now_s, decided=False)]
+        for item in inputs:
             assert isinstance(item, PoolChange)
             event: PoolEvent = item.event
             self.nodes = (self.nodes | event.joined) - event.left
@@ -159,6 +161,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     pool = held_pool(slurm_cluster, holders, store)
     pool.demand = lambda: (1, set())
     pool.poll(time.time())
+    pool.settle(time.time(), decided=False)
     assert store.holder(stuck).state == "ended"
     assert store.holder(stuck).reason == "cannot start before its node's claim"
     wait_until(lambda: stuck not in holders.held() or holders.held()[stuck].state == "ended",
@@ -166,6 +169,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
 
     def one_running() -> bool:
         pool.poll(time.time())
+        pool.settle(time.time(), decided=False)
         return [h.state for h in store.holders()] == ["running"]
 
     wait_until(one_running, 60, "a new holder, limited to the window, running")

@@ -121,7 +121,7 @@ class Trainer:
     def processes_anywhere(self) -> list[int]:
         """Every process on this machine of this trainer, whoever started it (workers
         started over ssh are sshd's children, not the supervisor's descendants)."""
-        return processes_of(self.dir)
+        return remote.processes_of(self.dir)
 
     def worker_rank(self, pid: int) -> int | None:
         try:
@@ -149,22 +149,6 @@ class Trainer:
         result = channel.read_result(self.dir)
         assert result is not None
         return result
-
-
-def processes_of(trainer_dir: Path) -> list[int]:
-    """PIDs whose environment names ``trainer_dir`` as their trainer directory."""
-    marker = f"BFTRAINER_TRAINER_DIR={trainer_dir}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in env and remote.alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
 
 
 def ledger_chain(path: Path) -> list[dict[str, Any]]:

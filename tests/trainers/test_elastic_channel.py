@@ -45,13 +45,16 @@ def test_result_and_exit_round_trip(tmp_path: Path) -> None:
     assert channel.read_result(tmp_path) is None and channel.read_exit(tmp_path) is None
     channel.ChannelWriter(tmp_path).result({"samples": 5, "steps": 1})
     assert channel.read_result(tmp_path) == {"samples": 5, "steps": 1}
-    channel.write_exit(tmp_path, "failed", 1, "boom", 3.0)
+    channel.write_exit(tmp_path, "failed", 1, "boom", 3.0, cause="script")
     assert channel.read_exit(tmp_path) == {
         "state": "failed",
         "returncode": 1,
         "reason": "boom",
         "time_s": 3.0,
+        "cause": "script",
     }
+    with pytest.raises(channel.ChannelError, match="cause"):
+        channel.write_exit(tmp_path, "failed", 1, "boom", 3.0)
     with pytest.raises(channel.ChannelError, match="done, failed or stopped"):
         channel.write_exit(tmp_path, "gone", 0, "", 0.0)
 
@@ -74,7 +77,12 @@ def test_exec_json(tmp_path: Path) -> None:
         "mode": "slurm",
         "slurm_jobs": {"node3": "1234"},
         "ssh_args": [],
+        "leases": {},
+        "lease_s": None,
     }
+    channel.write_exec(tmp_path, "slurm", {"node3": "1234"}, leases={"node3": "/l/n3"}, lease_s=60)
+    assert channel.read_exec(tmp_path)["leases"] == {"node3": "/l/n3"}
+    assert channel.read_exec(tmp_path)["lease_s"] == 60
     (tmp_path / "exec.json").write_text(json.dumps({"mode": "telnet"}))
     with pytest.raises(channel.ChannelError, match="mode"):
         channel.read_exec(tmp_path)

@@ -95,6 +95,9 @@ class TrainerExit:
     state: str  # "done" | "failed" | "stopped"
     returncode: int | None
     reason: str
+    # For a failure: "script" (the trainer's own code) or "infrastructure" (what ran
+    # it: lost workers, the supervisor killed), see channel.EXIT_CAUSES.
+    cause: str | None = None
 
 
 class Launcher:
@@ -127,7 +130,7 @@ class Launcher:
                 cwd=d,
             )
         channel.write_text_atomic(d / channel.SUPERVISOR_PID, f"{proc.pid}\n")
-        logger.info("trainer %s: supervisor %d in %s", spec.trainer_id, proc.pid, d)
+        logger.debug("trainer %s: supervisor %d in %s", spec.trainer_id, proc.pid, d)
         return cls(d, proc.pid, proc)
 
     @classmethod
@@ -174,10 +177,20 @@ class Launcher:
         try:
             data = channel.read_exit(self.trainer_dir)
         except channel.ChannelError as e:
-            return TrainerExit("failed", None, str(e))
+            return TrainerExit("failed", None, str(e), "infrastructure")
         if data is None:
-            return TrainerExit("failed", None, "the supervisor died without writing exit.json")
-        return TrainerExit(str(data["state"]), data.get("returncode"), str(data.get("reason", "")))
+            return TrainerExit(
+                "failed",
+                None,
+                f"its supervisor (pid {self.pid}) ended without saying why (killed?)",
+                "infrastructure",
+            )
+        return TrainerExit(
+            str(data["state"]),
+            data.get("returncode"),
+            str(data.get("reason", "")),
+            data.get("cause"),
+        )
 
     def wait(self, timeout_s: float | None = None) -> TrainerExit | None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -189,8 +202,11 @@ class Launcher:
         return None
 
     def kill(self) -> None:
-        """SIGKILL the supervisor, its process group and every process it started."""
+        """SIGKILL the supervisor, its process group and every process it started,
+        and any process left here by an earlier supervisor of the same trainer."""
         remote.kill_tree(self.pid, signal.SIGKILL)
+        for pid in remote.processes_of(self.trainer_dir):
+            remote.kill_tree(pid, signal.SIGKILL)
         if self._proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=10)

@@ -223,6 +223,23 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def processes_of(trainer_dir: Path) -> list[int]:
+    """PIDs on this machine whose environment names ``trainer_dir`` as their trainer
+    directory (a dead supervisor's workers, reparented away from it)."""
+    marker = f"BFTRAINER_TRAINER_DIR={Path(trainer_dir).resolve()}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in env and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def alive(pid: int) -> bool:
     """``pid`` exists and is not a zombie."""
     try:

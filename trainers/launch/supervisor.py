@@ -12,8 +12,16 @@ session, so it survives the daemon) reads ``spec.json`` and then loops:
 * a worker reports a user error (``failure.json``, from the worker wrapper), or the
   backend ends: ``exit.json`` says done (``result.json`` exists), failed or stopped;
 * the backend ends without a user error (workers lost: a node preempted under a
-  torchrun agent, a crash): it starts again from the last commit on the current hosts,
-  at most ``MAX_RESTARTS_WITHOUT_PROGRESS`` times without a new commit in between.
+  torchrun agent, a crash): it starts again from the last commit on the hosts it still
+  has, at most ``MAX_RESTARTS_WITHOUT_PROGRESS`` times in a row without a new commit
+  (a restart onto fewer hosts, after a host was lost, is not counted);
+* a host is lost when its holder job ends (preempted, released, cancelled by hand, its
+  time limit): in ``slurm`` mode the supervisor asks Slurm itself (one ``squeue`` every
+  ``BFTRAINER_HOLDER_CHECK_S``, and at once when workers die) and goes on without the
+  host, as Elastic Horovod's discovery drops a host, so a trainer shrinks onto the
+  nodes it still has even while the daemon is down. It also renews the holder leases
+  of its hosts (``exec.json``'s ``leases``), so holders live exactly as long as a
+  trainer or the daemon needs them.
 
 A worker that gets SIGTERM (its node is being preempted) commits with the others at the
 next step and leaves alone (exit 143, see the runtime); under Horovod the others go on.
@@ -55,6 +63,7 @@ from typing import Any
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.hostwatch import HostWatch
 from bftrainer.trainers.launch.worker import FAILURE
 
 logger = logging.getLogger("bftrainer.supervisor")
@@ -64,6 +73,8 @@ POLL_S = 0.25
 # in a row without progress, after waiting this long for the driver to drop lost hosts.
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
 RESTART_SETTLE_S = 3.0
+# Seconds between two looks at the hosts' holder jobs (slurm mode), when nothing died.
+HOLDER_CHECK_S = 10.0
 WORKER = ("-m", "bftrainer.trainers.launch.worker")
 Hosts = list[tuple[str, int]]
 
@@ -312,6 +323,7 @@ class Supervisor:
         self.dir = spec.trainer_dir
         self.backend: Backend | None = None
         self.stop_requested = False
+        self.watch = HostWatch(spec.trainer_dir)
         self._bad_hosts_logged = ""
         self._restarts = 0
         self._last_commit: int | None = None
@@ -357,10 +369,12 @@ class Supervisor:
             return HorovodBackend(self.spec)
         return TorchrunBackend(self.spec)
 
-    def finish(self, state: str, returncode: int | None, reason: str) -> int:
+    def finish(
+        self, state: str, returncode: int | None, reason: str, cause: str | None = None
+    ) -> int:
         if self.backend is not None and any(p.poll() is None for p in self.backend.procs):
             self.backend.terminate()
-        channel.write_exit(self.dir, state, returncode, reason, time.time())
+        channel.write_exit(self.dir, state, returncode, reason, time.time(), cause)
         (self.dir / channel.STOP_REQUEST).unlink(missing_ok=True)
         logger.info("trainer %s %s: %s", self.spec.trainer_id, state, reason)
         return 0 if state != "failed" else 1
@@ -370,18 +384,20 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         channel.write_text_atomic(self.dir / channel.SUPERVISOR_PID, f"{os.getpid()}\n")
         if not Path(self.spec.script).is_file():
-            return self.finish("failed", None, f"trainer script not found: {self.spec.script}")
+            return self.finish(
+                "failed", None, f"trainer script not found: {self.spec.script}", "script"
+            )
         hosts: Hosts = []
         running = False
         while True:
-            hosts = self._read_hosts(hosts)
+            hosts = self.watch.usable(self._read_hosts(hosts))
             reason = self._failure()
             if reason is not None:
                 rc = None
                 if self.backend is not None:
                     self.backend.terminate()
                     rc = self.backend.poll()
-                return self.finish("failed", rc, reason)
+                return self.finish("failed", rc, reason, "script")
             if not running:
                 if channel.read_result(self.dir) is not None:
                     return self.finish("done", 0, "work done")
@@ -393,7 +409,7 @@ class Supervisor:
                     try:
                         self.backend.start(hosts)
                     except (LaunchError, remote.RemoteExecError, OSError) as e:
-                        return self.finish("failed", None, str(e))
+                        return self.finish("failed", None, str(e), "infrastructure")
                     running = True
             else:
                 backend = self.backend
@@ -407,14 +423,27 @@ class Supervisor:
                         return self.finish("done", rc, "work done")
                     reason = self._failure()
                     if reason is not None:
-                        return self.finish("failed", rc, reason)
+                        return self.finish("failed", rc, reason, "script")
                     if self.stop_requested:
                         return self.finish("stopped", rc, "stopped on request")
                     if not backend.stopping:
                         err = last_error_line(self.dir / channel.SUPERVISOR_LOG)
                         why = f"{backend.name} exited with code {rc}" + (f": {err}" if err else "")
+                        hosts = self.watch.usable(self._read_hosts(hosts), look_now=True)
+                        lost = sorted({h for h, _ in backend.hosts} - {h for h, _ in hosts})
+                        if lost:
+                            # Not the trainer's fault: go on from the last commit on the
+                            # hosts that remain (none: wait for hosts), not counted.
+                            logger.warning(
+                                "%s after losing %s: going on with %d host(s) from the last commit",
+                                why,
+                                ", ".join(lost),
+                                len(hosts),
+                            )
+                            time.sleep(RESTART_SETTLE_S)
+                            continue
                         if not self._may_restart():
-                            return self.finish("failed", rc, why)
+                            return self.finish("failed", rc, why, "infrastructure")
                         # No user error: workers were lost (a node preempted under them,
                         # a crash). Start again from the last commit, on the hosts the
                         # driver gives once it has seen the loss.
@@ -450,13 +479,15 @@ def main(argv: list[str]) -> int:
     except (OSError, LaunchError) as e:
         logger.error("%s", e)
         with contextlib.suppress(OSError):
-            channel.write_exit(trainer_dir, "failed", None, str(e), time.time())
+            channel.write_exit(trainer_dir, "failed", None, str(e), time.time(), "infrastructure")
         return 1
     try:
         return Supervisor(spec).run()
     except Exception as e:
         logger.exception("supervisor failed")
-        channel.write_exit(trainer_dir, "failed", None, f"supervisor error: {e}", time.time())
+        channel.write_exit(
+            trainer_dir, "failed", None, f"supervisor error: {e}", time.time(), "infrastructure"
+        )
         return 1
 
 

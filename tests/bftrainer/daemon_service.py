@@ -1,0 +1,231 @@
+"""A bftrainer daemon run by a test or a benchmark, as a centre runs it: the CLI as
+subprocesses, its state read through ``bftrainer status --json``; cleaned up by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bftrainer.state import Store
+from bftrainer.trainers import channel
+from bftrainer.trainers.launch.base import Launcher, LaunchError
+from tests.conftest import REPO, SlurmCluster, wait_until
+
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+BFTRAINER = [sys.executable, "-m", "bftrainer"]
+POLL_S = 1.0
+# A main job must start this soon after submission (measured: 1-4 s; the holder's
+# workers exit on SIGTERM at once).
+MAIN_START_LIMIT_S = 15.0
+
+
+class Service:
+    """A daemon started by a test, and what it can be asked; cleans up by PID."""
+
+    def __init__(self, cluster: SlurmCluster, state_dir: Path, log_dir: Path) -> None:
+        self.cluster = cluster
+        self.state_dir = state_dir
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.main_jobs: list[str] = []
+
+    @property
+    def env(self) -> dict[str, str]:
+        # Every "node" of the local cluster is this machine on 127.0.0.1: name the NIC,
+        # as a site names its interconnect, so that horovodrun does not probe each host's
+        # interfaces at every start (that probe timed out at a load average of 16).
+        return {
+            **os.environ,
+            **self.cluster.env,
+            "PYTHONPATH": str(REPO),
+            "BFTRAINER_HOROVOD_NIC": "lo",
+            "HOROVOD_START_TIMEOUT": "120",
+        }
+
+    def start(self, policy: str = "milp", poll_s: float = POLL_S, lease_s: float = 300.0) -> None:
+        """Start the daemon at its default log level; ``policy`` milp decides from the
+        trainers' reported curves (speedup), equal gives each trainer an equal share
+        whatever they report. ``lease_s``: how long holders outlive the daemon."""
+        self.starts += 1
+        config = self.log_dir / "daemon.toml"
+        config.write_text(
+            f'[policy]\npolicy = "{policy}"\nobjective = "speedup"\nredecide_every_s = 10.0\n'
+            f"[daemon]\nholder_lease_s = {lease_s}\n"
+        )
+        log = (self.log_dir / f"daemon-{self.starts}.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                *BFTRAINER,
+                "daemon",
+                "--scheduler",
+                "slurm",
+                "--bf-partition",
+                "bf",
+                "--env",
+                f"SLURM_CONF={self.cluster.conf}",
+                "--state-dir",
+                str(self.state_dir),
+                "--config",
+                str(config),
+                "--poll-interval",
+                str(poll_s),
+                "--horizon",
+                "0",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        log.close()
+        wait_until(lambda: (self.state_dir / "daemon.lock").exists(), 30, "the daemon's lock")
+        wait_until(lambda: self.status()["daemon"]["pid"] == self.proc.pid, 30, "daemon up")
+
+    def logs(self) -> list[str]:
+        """The daemon's log of each start, in order."""
+        return [p.read_text() for p in sorted(self.log_dir.glob("daemon-*.log"))]
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+    def cli(self, *args: str) -> str:
+        done = subprocess.run(
+            [*BFTRAINER, *args, "--state-dir", str(self.state_dir)],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, f"bftrainer {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.cli("status", "--json"))
+
+    def trainer(self, trainer_id: str) -> dict[str, Any]:
+        return next(t for t in self.status()["trainers"] if t["id"] == trainer_id)
+
+    def submit(self, backend: str, work: int, max_nodes: int, *extra: str) -> str:
+        out = self.cli(
+            "submit",
+            str(EXAMPLE),
+            "--backend",
+            backend,
+            "--min-nodes",
+            "1",
+            "--max-nodes",
+            str(max_nodes),
+            "--work-samples",
+            str(work),
+            *extra,
+        )
+        return out.strip().splitlines()[-1]
+
+    def main_job(self, nodes: list[str], seconds: int) -> tuple[str, float]:
+        """Submit a main-partition job on ``nodes``; its id and seconds to RUNNING."""
+        t0 = time.monotonic()
+        job = self.cluster.sbatch(
+            "-p",
+            "main",
+            "-N",
+            str(len(nodes)),
+            "-w",
+            ",".join(nodes),
+            "-t",
+            "2",
+            "--wrap",
+            f"sleep {seconds}",
+        )
+        self.main_jobs.append(job)
+        wait_until(
+            lambda: self.cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).strip() == "RUNNING",
+            60,
+            f"main job {job} running",
+        )
+        return job, time.monotonic() - t0
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        for pid_file in (self.state_dir / "trainers").glob("*/supervisor.pid"):
+            with contextlib.suppress(LaunchError):
+                Launcher.attach(pid_file.parent).kill()
+        if self.main_jobs:
+            self.cluster.run(["scancel", *self.main_jobs], check=False)
+        if (self.state_dir / "state.db").exists():
+            with Store.open(self.state_dir) as store:
+                jobs = [h.job_id for h in store.holders(live_only=False)]
+            if jobs:
+                self.cluster.run(["scancel", *jobs], check=False)
+
+
+def allocations(state_dir: Path) -> dict[str, list[tuple[float, tuple[str, ...]]]]:
+    with Store.open(state_dir) as store:
+        return {
+            t.id: [(a.time_s, a.nodes) for a in store.allocation_history(t.id)]
+            for t in store.trainers()
+        }
+
+
+def check_allocations(state_dir: Path, limits: dict[str, tuple[int, int]]) -> None:
+    """Every allocation is 0 or within [n_min, n_max], and no node serves two trainers."""
+    history = allocations(state_dir)
+    events = sorted((t, tid, nodes) for tid, h in history.items() for t, nodes in h)
+    current: dict[str, tuple[str, ...]] = {}
+    for _, tid, nodes in events:
+        n_min, n_max = limits[tid]
+        assert not nodes or n_min <= len(nodes) <= n_max, (tid, nodes)
+        current[tid] = nodes
+        used = [n for ns in current.values() for n in ns]
+        assert len(used) == len(set(used)), f"a node serves two trainers: {current}"
+
+
+def resets(state_dir: Path, trainer_id: str) -> list[dict[str, Any]]:
+    records, _ = channel.read_metrics(state_dir / "trainers" / trainer_id, 0)
+    return [r for r in records if r.get("kind") == "reset"]
+
+
+def wait_done(service: Service, trainer_id: str, timeout_s: float) -> dict[str, Any]:
+    wait_until(
+        lambda: service.trainer(trainer_id)["state"] in ("done", "failed", "cancelled"),
+        timeout_s,
+        f"trainer {trainer_id} to finish",
+    )
+    t = service.trainer(trainer_id)
+    log = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_LOG
+    assert t["state"] == "done", f"{trainer_id}: {t}\n{log.read_text()[-4000:]}"
+    return t
+
+
+def supervisor_pid(service: Service, trainer_id: str) -> int:
+    path = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_PID
+    return int(path.read_text())
+
+
+def first_reset_at(service: Service, trainer_id: str, nodes: int, after_s: float) -> float | None:
+    """When the trainer first took a step on ``nodes`` nodes after ``after_s``."""
+    for r in resets(service.state_dir, trainer_id):
+        if r["time_s"] > after_s and r["nodes"] == nodes:
+            return float(r["time_s"])
+    return None
+
+
+def daemon_log(service: Service) -> str:
+    return "".join(p.read_text() for p in sorted(service.log_dir.glob("daemon-*.log")))
