@@ -1,4 +1,5 @@
-"""What a replay writes: summary.json, events.csv, trainers.csv, windows.csv, plots."""
+"""What a replay writes: summary.json, events.csv, trainers.csv, allocations.csv,
+windows.csv, plots."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ TRAINER_COLUMNS = [
     "rescale_cost_samples",
     "preemption_cost_samples",
 ]
+ALLOCATION_COLUMNS = ["time", "trainer", "nodes", "change"]
 
 
 def _clean(value: Any) -> Any:
@@ -64,6 +66,11 @@ def write_result(result: ReplayResult, out_dir: Path) -> None:
                     round(t.preemption_cost_samples),
                 ]
             )
+    with (out_dir / "allocations.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(ALLOCATION_COLUMNS)
+        for a in result.allocations:
+            w.writerow([format_time(a.time_s), a.trainer_id, a.nodes, a.change])
     with (out_dir / "windows.csv").open("w", newline="") as f:
         if result.windows:
             w2 = csv.DictWriter(f, fieldnames=list(result.windows[0]))

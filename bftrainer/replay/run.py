@@ -28,6 +28,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.policy import POLICIES as POLICY_REGISTRY
+from bftrainer.replay.allocations import AllocationChange, RecordingDriver
 from bftrainer.replay.metrics import (
     MetricsRecorder,
     baseline_samples,
@@ -105,6 +106,7 @@ class ReplayResult:
     trainers: list[TrainerState] = field(default_factory=list)
     windows: list[dict[str, float]] = field(default_factory=list)
     end_s: float = math.nan
+    allocations: list[AllocationChange] = field(default_factory=list)
 
 
 class _Progress:
@@ -156,9 +158,10 @@ def replay(
     arrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
     events = events_with_windows(trace, config.window_knowledge)
     pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
+    recorder = RecordingDriver(driver or SimulatedDriver())
     loop = Loop(
         [pool, arrivals],
-        driver or SimulatedDriver(),
+        recorder,
         VirtualClock(start_s),
         config,
         observer=_Progress(metrics, (start_s, trace.end_s), on_progress)
@@ -171,7 +174,9 @@ def replay(
     loop.run(until_s=trace.end_s, stop=lambda lp: arrivals.exhausted and not lp.trainers)
     wall_s = time.perf_counter() - wall0
     trainers = loop.finished + list(loop.trainers.values())
-    return _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s)
+    result = _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s)
+    result.allocations = recorder.changes
+    return result
 
 
 def _result(

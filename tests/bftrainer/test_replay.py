@@ -177,7 +177,7 @@ def test_cli_replay_writes_every_output(tmp_path: Path) -> None:
     for r in runs:
         assert required <= set(r)
         assert 0.0 <= r["utilization_efficiency"] <= 1.0
-    for name in ("events.csv", "trainers.csv", "windows.csv", "summary.json"):
+    for name in ("events.csv", "trainers.csv", "allocations.csv", "windows.csv", "summary.json"):
         assert (out / "milp-tfwdauto" / name).stat().st_size > 0
     for png in ("utilization_per_window.png", "costs.png"):
         assert (out / png).read_bytes().startswith(b"\x89PNG")
