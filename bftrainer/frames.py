@@ -1,0 +1,373 @@
+"""A replay's outputs, or a daemon's store, as pandas DataFrames.
+
+Analysts work in pandas, and ``bftrainer report`` draws from the same frames, so both
+read the outputs one way. Times are UTC datetimes (``NaT``: not yet), counts are
+integers, and each kind of record is one frame:
+
+- ``events``: the replay's ``events.csv`` (one row per loop step; docs/replay.md), or
+  the daemon's pool events (time, joined, left, stale);
+- ``allocations``: one row per change of a trainer's node count: time, trainer, nodes
+  (after the change), change (start, rescale, preempt, complete, cancel, fail);
+- ``trainers``: one row per trainer: id, submitted, started, finished, state,
+  rescales, and what each source adds;
+- ``pool``: the pool's size over time (time, nodes; each row holds until the next);
+- ``holders``: the daemon's holder jobs (empty for a replay);
+- ``windows``: the replay's U per window (empty for a daemon).
+
+    from bftrainer.frames import load_replay
+    f = load_replay("out/demo/milp-tfwdauto")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bftrainer.replay.allocations import CHANGES as REPLAY_CHANGES
+from bftrainer.state import StateError, Store
+
+# A daemon's trainers can also fail; a replay's never do.
+CHANGES = (*REPLAY_CHANGES, "fail")
+CHANGE_TYPE = pd.CategoricalDtype(list(CHANGES))
+# The files every replay's run folder holds (bftrainer/replay/output.py).
+REPLAY_FILES = ("summary.json", "events.csv", "trainers.csv", "allocations.csv", "windows.csv")
+# A decrease whose nodes left the pool this long before it is a preemption.
+PREEMPT_SLACK_S = 1.0
+_END_CHANGE = {"done": "complete", "cancelled": "cancel", "failed": "fail"}
+
+
+class FramesError(ValueError):
+    """A folder or store that cannot be read as frames; the message names it and why."""
+
+
+@dataclass(frozen=True)
+class Frames:
+    """One replay run's or one daemon's records (see the module docstring)."""
+
+    source: str  # "replay" or "daemon"
+    label: str
+    events: pd.DataFrame
+    allocations: pd.DataFrame
+    trainers: pd.DataFrame
+    pool: pd.DataFrame
+    holders: pd.DataFrame
+    windows: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+    start: pd.Timestamp | None = None
+    end: pd.Timestamp | None = None
+
+
+# ---------------------------------------------------------------------- replays
+
+
+def replay_runs(path: str | Path) -> dict[str, Path]:
+    """The runs of a replay's output folder, label -> folder: the folder itself for one
+    run, each run's folder for several (``--policy milp,equal``, a sweep)."""
+    out = Path(path)
+    summary = _summary(out)
+    if "runs" not in summary:
+        return {out.name: out}
+    runs = {p.name: p for p in sorted(out.iterdir()) if (p / "summary.json").is_file()}
+    if len(runs) != len(summary["runs"]):
+        raise FramesError(
+            f"{out}: summary.json lists {len(summary['runs'])} runs but {len(runs)} run "
+            "folders are there"
+        )
+    return runs
+
+
+def load_replay(path: str | Path) -> Frames:
+    """One replay run's frames, from the folder ``bftrainer replay --out`` wrote (or one
+    of its runs' folders, when it ran several)."""
+    run = Path(path)
+    summary = _summary(run)
+    if "runs" in summary:
+        labels = ", ".join(replay_runs(run))
+        raise FramesError(f"{run} holds several runs ({labels}): load one of their folders")
+    missing = [n for n in REPLAY_FILES if not (run / n).is_file()]
+    if missing:
+        raise FramesError(
+            f"{run}: not a complete replay output (no {', '.join(missing)}); replay again "
+            "with this version of bftrainer"
+        )
+    try:
+        events = pd.read_csv(run / "events.csv", dtype={"status": "string"})
+        trainers = pd.read_csv(
+            run / "trainers.csv", dtype={"id": "string", "model": "string"}, keep_default_na=False
+        )
+        allocations = pd.read_csv(run / "allocations.csv", dtype={"trainer": "string"})
+        windows = _read_optional_csv(run / "windows.csv")
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise FramesError(f"{run}: a CSV file cannot be read: {e}") from None
+    try:
+        events["time"] = _times(events["time"])
+        events["status"] = events["status"].fillna("")
+        allocations["time"] = _times(allocations["time"])
+        allocations["change"] = allocations["change"].astype(CHANGE_TYPE)
+        trainers = trainers.rename(columns={"submit": "submitted"})
+        for col in ("submitted", "started", "finished"):
+            trainers[col] = _times(trainers[col].replace("", None))
+        if not windows.empty:
+            windows["start"] = _times(windows["start"])
+    except (KeyError, ValueError) as e:
+        raise FramesError(f"{run}: not a replay output this version can read: {e}") from None
+    trainers["state"] = _replay_states(trainers)
+    pool = events[["time", "pool_nodes"]].rename(columns={"pool_nodes": "nodes"})
+    return Frames(
+        source="replay",
+        label=run.name,
+        events=events,
+        allocations=allocations[["time", "trainer", "nodes", "change"]],
+        trainers=trainers,
+        pool=pool.reset_index(drop=True),
+        holders=_empty_holders(),
+        windows=windows,
+        summary=summary,
+        start=_time_or_none(summary.get("start")),
+        end=_time_or_none(summary.get("end")),
+    )
+
+
+def _summary(out: Path) -> dict[str, Any]:
+    if not out.is_dir():
+        raise FramesError(f"{out}: not a folder (give the folder bftrainer replay --out wrote)")
+    path = out / "summary.json"
+    if not path.is_file():
+        raise FramesError(f"{out}: not a replay output (no summary.json)")
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise FramesError(f"{path}: not JSON ({e})") from None
+    if not isinstance(summary, dict):
+        raise FramesError(f"{path}: not a replay summary (a JSON object)")
+    return summary
+
+
+def _read_optional_csv(path: Path) -> pd.DataFrame:
+    """windows.csv is empty (no header) when the replay had no window."""
+    if path.stat().st_size == 0:
+        return pd.DataFrame()
+    return pd.read_csv(path)
+
+
+def _replay_states(trainers: pd.DataFrame) -> pd.Series:
+    state = pd.Series("queued", index=trainers.index, dtype="string")
+    state[trainers["started"].notna()] = "running"
+    state[trainers["finished"].notna()] = "done"
+    return state
+
+
+# ---------------------------------------------------------------------- a daemon's store
+
+
+def load_store(
+    state_dir: str | Path, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None
+) -> Frames:
+    """A daemon's records from its state directory, between ``start`` and ``end`` (None:
+    from the first, to the last). Opened with the daemon's own state API."""
+    d = Path(state_dir)
+    if start is not None and end is not None and start >= end:
+        raise FramesError(f"empty time range: {_fmt(start)} is not before {_fmt(end)}")
+    try:
+        with Store.open(d, create=False) as store:
+            rows = [vars(r) for r in store.trainers()]
+            history = {r["id"]: store.allocation_history(r["id"]) for r in rows}
+            holders = [vars(h) for h in store.holders(live_only=False)]
+            pool_events = store.pool_events()
+    except StateError as exc:
+        raise FramesError(str(exc)) from None
+    events = pd.DataFrame(
+        {
+            "time": _epoch([e.time_s for e in pool_events]),
+            "joined": pd.Series([len(e.joined) for e in pool_events], dtype="int64"),
+            "left": pd.Series([len(e.left) for e in pool_events], dtype="int64"),
+            "stale": pd.Series([e.stale for e in pool_events], dtype="bool"),
+        }
+    )
+    size, sizes = 0, []
+    for e in pool_events:
+        size += len(e.joined) - len(e.left)
+        sizes.append(size)
+    pool = pd.DataFrame({"time": events["time"], "nodes": pd.Series(sizes, dtype="int64")})
+    left_at: dict[str, list[float]] = {}
+    for e in pool_events:
+        for n in e.left:
+            left_at.setdefault(n, []).append(e.time_s)
+    changes: list[tuple[float, str, int, str]] = []
+    for r in rows:
+        changes += _store_changes(r, history[r["id"]], left_at)
+    allocations = _allocations(changes)
+    trainers = _store_trainers(rows, allocations)
+    holders_df = _store_holders(holders)
+    times = [
+        *events["time"],
+        *allocations["time"],
+        *trainers["submitted"],
+        *trainers["finished"].dropna(),
+        *holders_df["submitted"],
+        *holders_df["ended"].dropna(),
+    ]
+    if not times:
+        raise FramesError(f"{d}: the store holds no records yet")
+    first, last = min(times), max(times)
+    lo = start if start is not None else first
+    hi = end if end is not None else last
+    if lo > last or hi < first:
+        raise FramesError(
+            f"empty time range: nothing between {_fmt(lo)} and {_fmt(hi)} (the store has "
+            f"records from {_fmt(first)} to {_fmt(last)})"
+        )
+    return Frames(
+        source="daemon",
+        label=str(d),
+        events=_between(events, lo, hi),
+        allocations=_clip_steps(allocations, lo, hi, "trainer"),
+        trainers=trainers[(trainers["submitted"] <= hi) & ~(trainers["finished"] < lo)].reset_index(
+            drop=True
+        ),
+        pool=_clip_steps(pool, lo, hi),
+        holders=holders_df[
+            (holders_df["submitted"] <= hi) & ~(holders_df["ended"] < lo)
+        ].reset_index(drop=True),
+        windows=pd.DataFrame(),
+        start=lo,
+        end=hi,
+    )
+
+
+def _store_changes(
+    trainer: dict[str, Any], history: Iterable[Any], left_at: dict[str, list[float]]
+) -> list[tuple[float, str, int, str]]:
+    """A trainer's allocation history as count changes, with their kind: a decrease
+    whose nodes had just left the pool is a preemption."""
+    out: list[tuple[float, str, int, str]] = []
+    prev: tuple[str, ...] = ()
+    prev_s = -math.inf
+    for a in history:
+        if len(a.nodes) != len(prev):
+            lost = set(prev) - set(a.nodes)
+            preempted = any(
+                prev_s - PREEMPT_SLACK_S <= t <= a.time_s + PREEMPT_SLACK_S
+                for n in lost
+                for t in left_at.get(n, ())
+            )
+            if not out and a.nodes:
+                kind = "start"
+            elif preempted:
+                kind = "preempt"
+            elif not a.nodes and trainer["finished_s"] is not None:
+                kind = _END_CHANGE.get(trainer["state"], "rescale")
+            else:
+                kind = "rescale"
+            out.append((a.time_s, trainer["id"], len(a.nodes), kind))
+        prev, prev_s = a.nodes, a.time_s
+    end = _END_CHANGE.get(trainer["state"])
+    if end and trainer["finished_s"] is not None and (not out or out[-1][2] or prev):
+        out.append((trainer["finished_s"], trainer["id"], 0, end))
+    return out
+
+
+def _allocations(changes: list[tuple[float, str, int, str]]) -> pd.DataFrame:
+    changes.sort(key=lambda c: c[0])
+    return pd.DataFrame(
+        {
+            "time": _epoch([c[0] for c in changes]),
+            "trainer": pd.Series([c[1] for c in changes], dtype="string"),
+            "nodes": pd.Series([c[2] for c in changes], dtype="int64"),
+            "change": pd.Series([c[3] for c in changes], dtype=CHANGE_TYPE),
+        }
+    )
+
+
+def _store_trainers(rows: list[dict[str, Any]], allocations: pd.DataFrame) -> pd.DataFrame:
+    rescales = allocations[allocations["change"] == "rescale"].groupby("trainer").size()
+    df = pd.DataFrame(
+        {
+            "id": pd.Series([r["id"] for r in rows], dtype="string"),
+            "submitted": _epoch([r["submitted_s"] for r in rows]),
+            "started": _epoch([r["started_s"] for r in rows]),
+            "finished": _epoch([r["finished_s"] for r in rows]),
+            "state": pd.Series([r["state"] for r in rows], dtype="string"),
+            "min_nodes": pd.Series([r["min_nodes"] for r in rows], dtype="int64"),
+            "max_nodes": pd.Series([r["max_nodes"] for r in rows], dtype="int64"),
+            "samples_done": pd.Series([r["samples_done"] for r in rows], dtype="int64"),
+            "reason": pd.Series([r["reason"] for r in rows], dtype="string"),
+        }
+    )
+    df["rescales"] = df["id"].map(rescales).fillna(0).astype("int64")
+    return df
+
+
+def _store_holders(holders: list[dict[str, Any]]) -> pd.DataFrame:
+    if not holders:
+        return _empty_holders()
+    return pd.DataFrame(
+        {
+            "job_id": pd.Series([h["job_id"] for h in holders], dtype="string"),
+            "node": pd.Series([h["node"] for h in holders], dtype="string"),
+            "state": pd.Series([h["state"] for h in holders], dtype="string"),
+            "submitted": _epoch([h["submitted_s"] for h in holders]),
+            "started": _epoch([h["started_s"] for h in holders]),
+            "ended": _epoch([h["ended_s"] for h in holders]),
+            "trainer": pd.Series([h["trainer_id"] for h in holders], dtype="string"),
+            "reason": pd.Series([h["reason"] for h in holders], dtype="string"),
+            "limit_s": pd.Series([h["limit_s"] for h in holders], dtype="float64"),
+        }
+    )
+
+
+def _empty_holders() -> pd.DataFrame:
+    return _store_holders(
+        [
+            dict.fromkeys(
+                ("job_id", "node", "state", "submitted_s", "started_s", "ended_s", "trainer_id")
+            )
+            | {"reason": "", "limit_s": None}
+        ]
+    ).iloc[0:0]
+
+
+# ---------------------------------------------------------------------- time helpers
+
+
+def _times(col: pd.Series) -> pd.Series:
+    """ISO-8601 text (the replay's ``format_time``) as UTC datetimes; empty: NaT."""
+    return pd.to_datetime(col, utc=True, format="ISO8601")
+
+
+def _epoch(values: list[float | None]) -> pd.Series:
+    return pd.to_datetime(pd.Series(values, dtype="float64"), unit="s", utc=True)
+
+
+def _time_or_none(text: Any) -> pd.Timestamp | None:
+    return pd.Timestamp(text) if isinstance(text, str) else None
+
+
+def _fmt(t: pd.Timestamp) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _between(df: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> pd.DataFrame:
+    return df[(df["time"] >= lo) & (df["time"] <= hi)].reset_index(drop=True)
+
+
+def _clip_steps(
+    df: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp, key: str | None = None
+) -> pd.DataFrame:
+    """Rows of a step function (each holds until the next of its ``key``) between
+    ``lo`` and ``hi``, with the value each had at ``lo`` as a row at ``lo``."""
+    before = df[df["time"] < lo]
+    if key is None:
+        carried = before.tail(1)
+    else:  # the trainers that held nodes at lo
+        carried = before.groupby(key, sort=False).tail(1)
+        carried = carried[carried["nodes"] > 0]
+    carried = carried.assign(time=lo)
+    inside = df[(df["time"] >= lo) & (df["time"] <= hi)]
+    return pd.concat([carried, inside], ignore_index=True)
