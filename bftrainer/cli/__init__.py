@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "logs": "bftrainer.cli.service:logs_cmd",
     "pool": "bftrainer.cli.pool:pool_cmd",
     "replay": "bftrainer.cli.replay:replay_cmd",
+    "report": "bftrainer.cli.report:report_cmd",
     "run": "bftrainer.cli.run:run_cmd",
     "status": "bftrainer.cli.service:status_cmd",
     "submit": "bftrainer.cli.service:submit_cmd",

@@ -1,0 +1,162 @@
+"""Write the report: each figure as a PNG, and one HTML page with the PNGs inlined.
+
+The page is a single file a centre can mail or archive: no script, no external link;
+each image is a base64 ``data:`` URL of the PNG written beside it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from bftrainer import __version__
+from bftrainer.frames import Frames
+from bftrainer.report import figures
+from bftrainer.report.figures import View, colours_for
+from bftrainer.report.headline import headline, span
+from bftrainer.report.series import Grid, node_seconds
+
+PAGE = "report.html"
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # the PNG's file name
+    caption: str
+    png: bytes
+
+
+def window_s(start: pd.Timestamp, end: pd.Timestamp) -> float:
+    """Windows of per-window figures: an hour up to two days, then 6 h (the replay's)."""
+    return 3600.0 if (end - start).total_seconds() <= 2 * 86400 else 6 * 3600.0
+
+
+def view_of(f: Frames, top: int) -> View:
+    start, end = span(f)
+    held = node_seconds(f.allocations, end) if len(f.allocations) else pd.Series(dtype=float)
+    chosen = tuple(str(t) for t in held.index[:top] if held[t] > 0)
+    drawn = f.allocations["trainer"].nunique() if len(f.allocations) else 0
+    return View(start, end, Grid.over(start, end), chosen, colours_for(chosen), drawn - len(chosen))
+
+
+def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
+    view = view_of(f, top)
+    w = window_s(view.start, view.end)
+    drawn: list[tuple[str, str, Figure | None]] = [
+        ("pool", "The idle pool and the nodes each trainer held.", figures.pool_split(f, view)),
+        ("trainers", "Each trainer's nodes over time, with its changes.", figures.gantt(f, view)),
+        (
+            "utilization",
+            "What the trainers made of the idle nodes.",
+            figures.utilization(f, view, w),
+        ),
+        ("costs", "Rescales and preemptions.", figures.costs(f, view, w)),
+        ("latency", "How long each decision took.", figures.latency(f, view)),
+        ("holders", "The daemon's holder jobs.", figures.holders(f, view)),
+    ]
+    return view, [Image(f"{prefix}{name}.png", cap, _png(fig)) for name, cap, fig in drawn if fig]
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def write_report(runs: Sequence[Frames], out_dir: Path, top: int, title: str) -> Path:
+    """The PNGs and ``report.html`` into ``out_dir`` (which exists); the page's path."""
+    sections = []
+    for f in runs:
+        prefix = f"{f.label}-" if len(runs) > 1 else ""
+        view, images = run_images(f, top, prefix)
+        for im in images:
+            (out_dir / im.name).write_bytes(im.png)
+        sections.append(_section(f, view, images, len(runs) > 1))
+    table = headline(runs)
+    body = "\n".join(
+        [
+            f"<h1>{html.escape(title)}</h1>",
+            _table(table),
+            *_notes(runs),
+            *sections,
+            f"<footer>bftrainer {__version__}</footer>",
+        ]
+    )
+    page = out_dir / PAGE
+    page.write_text(_HTML.format(title=html.escape(title), body=body))
+    return page
+
+
+def _table(rows: Sequence[tuple[str, list[str]]]) -> str:
+    head, *rest = rows
+    cells = "".join(f"<th>{html.escape(c)}</th>" for c in head[1])
+    out = [f"<table><thead><tr><th></th>{cells}</tr></thead><tbody>"]
+    for name, values in rest:
+        tds = "".join(f"<td>{html.escape(v)}</td>" for v in values)
+        out.append(f"<tr><th>{html.escape(name)}</th>{tds}</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _notes(runs: Sequence[Frames]) -> list[str]:
+    notes = []
+    if any(f.source == "replay" for f in runs):
+        notes.append(
+            "<p>U is what the trainers processed over what the same node-hours would give "
+            "as dedicated nodes; the limit U_max is a clairvoyant policy's U (the best "
+            "split of the pool at every instant, no rescale cost). See docs/replay.md.</p>"
+        )
+    if any(f.source == "daemon" for f in runs):
+        notes.append(
+            "<p>The daemon's store does not record decision latency (its log does, at "
+            "INFO); a daemon's rescales and preemptions are read from its allocation "
+            "history: a decrease whose nodes had just left the pool is a preemption.</p>"
+        )
+    return notes
+
+
+def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> str:
+    start, end = (t.strftime("%Y-%m-%d %H:%M UTC") for t in (view.start, view.end))
+    drawn = len(view.top) + view.others
+    if view.others:
+        grouping = (
+            f"The {len(view.top)} trainers with the most node-hours are drawn on their own; "
+            f"the other {view.others:,} of the {drawn:,} that held nodes are grouped as "
+            "'other trainers'."
+        )
+    else:
+        grouping = f"All {drawn:,} trainers that held nodes are drawn on their own."
+    parts = [f"<h2>{html.escape(f.label)}</h2>" if titled else ""]
+    parts.append(f"<p>From {start} to {end}. {html.escape(grouping)}</p>")
+    for im in images:
+        data = base64.b64encode(im.png).decode("ascii")
+        parts.append(
+            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(im.caption)}">'
+            f"<figcaption>{html.escape(im.caption)} ({html.escape(im.name)})</figcaption></figure>"
+        )
+    return "\n".join(parts)
+
+
+_HTML = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; max-width: 1040px; margin: 1em auto; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ padding: 0.25em 0.8em; border-bottom: 1px solid #ddd; text-align: right; }}
+tbody th {{ text-align: left; font-weight: normal; }}
+figure {{ margin: 1.5em 0; }}
+img {{ max-width: 100%; }}
+figcaption, footer {{ color: #555; font-size: 0.9em; }}
+</style></head>
+<body>
+{body}
+</body></html>
+"""
