@@ -145,7 +145,7 @@ def gantt(f: Frames, view: View) -> Figure | None:
     first = a.groupby("trainer")["time"].min()
     rows = sorted(view.top, key=lambda t: (first[t], t))  # a Gantt chart: by start
     peaks = a.groupby("trainer")["nodes"].max()
-    fig, ax = _figure(1.2 + 0.32 * len(rows), left_in=1.9)
+    fig, ax = _figure(max(2.6, 1.2 + 0.32 * len(rows)), left_in=1.9)  # the legend's room
     end_s = view.end.timestamp()
     for i, t in enumerate(rows):
         times_s, nodes = trainer_steps(a, t)

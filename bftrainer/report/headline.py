@@ -60,8 +60,8 @@ def headline(runs: Sequence[Frames]) -> list[Row]:
             ("U / U_max", lambda f: _pct(f.summary.get("utilization_share_of_limit"))),
         ]
     rows += [
-        ("pool, node-hours", lambda f: f"{node_hours(f)[0]:,.0f}"),
-        ("harvested, node-hours", lambda f: f"{node_hours(f)[1]:,.0f}"),
+        ("pool, node-hours", lambda f: _amount(node_hours(f)[0])),
+        ("harvested, node-hours", lambda f: _amount(node_hours(f)[1])),
         ("harvested share", lambda f: _pct(_share(*node_hours(f)))),
         ("trainers done", _done),
         ("JCT p50 (h)", lambda f: _quantile(jct_hours(f.trainers), 0.5)),
@@ -84,6 +84,11 @@ def _latency(f: Frames) -> str:
     if ms.empty:
         return "-"
     return f"{ms.quantile(0.5):.1f} / {ms.quantile(0.95):.1f}"
+
+
+def _amount(x: float) -> str:
+    """Three significant digits for small amounts, whole numbers for large ones."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _share(pool: float, given: float) -> float | None:
