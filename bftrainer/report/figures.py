@@ -52,15 +52,22 @@ LEGEND_IN = 2.3  # room on the right for the legends
 
 @dataclass(frozen=True)
 class View:
-    """What every figure of one run shares: its span, bins, and the trainers drawn on
-    their own (``top``, most node-hours first) with their colours."""
+    """What every figure of one run shares: its span and bins; the zoom (the whole span
+    when short) where the trainers are drawn one by one; the trainers drawn on their
+    own there (``top``, most node-hours first) with their colours; how many others held
+    nodes in the zoom."""
 
     start: pd.Timestamp
     end: pd.Timestamp
     grid: Grid
+    zoom: tuple[pd.Timestamp, pd.Timestamp]
     top: tuple[str, ...]
     colours: dict[str, str]
     others: int
+
+    @property
+    def zoomed(self) -> bool:
+        return self.zoom != (self.start, self.end)
 
 
 def colours_for(trainers: Sequence[str]) -> dict[str, str]:
@@ -107,38 +114,41 @@ def _x(times: Sequence[pd.Timestamp] | pd.Series | pd.DatetimeIndex) -> np.ndarr
     return pd.DatetimeIndex(times).tz_convert(None).to_numpy()
 
 
-def pool_split(f: Frames, view: View) -> Figure:
-    """The pool's size, and the nodes given to each top trainer stacked under it."""
+def pool_split(f: Frames, view: View, whole: bool) -> Figure:
+    """The pool's size and the nodes given to trainers: over the whole span, all
+    trainers as one area (``whole``); over the zoom, each top trainer's nodes stacked."""
     fig, ax = _figure(4.2)
-    grid = view.grid
+    grid = view.grid if whole else Grid.over(*view.zoom)
     x = _x(grid.times)
     pool = binned_mean(seconds(f.pool["time"]), f.pool["nodes"].to_numpy(float), grid)
     total = binned_mean(*total_allocated(f.allocations), grid) if len(f.allocations) else 0 * pool
     low = np.zeros_like(pool)
-    for t in view.top:
+    for t in () if whole else view.top:
         high = low + binned_mean(*trainer_steps(f.allocations, t), grid)
         ax.fill_between(x, _post(low), _post(high), step="post", color=view.colours[t], label=t)
         low = high
     rest = np.maximum(total, low)
-    if view.others:
-        label = f"other trainers ({view.others:,})"
+    others = view.others if not whole else f.allocations["trainer"].nunique()
+    if others:
+        label = f"{'other ' if view.top and not whole else 'all '}trainers ({others:,})"
         ax.fill_between(x, _post(low), _post(rest), step="post", color=OTHER_COLOUR, label=label)
     ax.step(x, _post(pool), where="post", color=POOL_COLOUR, lw=1.2, label="idle pool")
+    if whole and view.zoomed:
+        ax.axvspan(*_x(list(view.zoom)), color="#4575b4", alpha=0.12, lw=0, label="zoom below")
     ax.set_ylabel("nodes", fontsize=FONT)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, max(1.0, float(pool.max()) * 1.08))
+    what = "the nodes given to trainers" if whole else "each trainer's nodes"
     ax.set_title(
-        f"Idle pool and the nodes given to trainers (mean over {_duration(grid.width_s)} bins)",
-        fontsize=FONT + 1,
+        f"Idle pool and {what} (mean over {_duration(grid.width_s)} bins)", fontsize=FONT + 1
     )
-    _time_axis(ax, view)
+    _time_axis(ax, view, None if whole else view.zoom)
     ax.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
 
 def gantt(f: Frames, view: View) -> Figure | None:
-    """Each top trainer's nodes over time, one row each, with its changes marked; the
-    time axis spans theirs."""
+    """Each top trainer's nodes over the zoom, one row each, with its changes marked."""
     if not view.top:
         return None
     a = f.allocations[f.allocations["trainer"].isin(view.top)]
@@ -167,9 +177,7 @@ def gantt(f: Frames, view: View) -> Figure | None:
         "(bar height: nodes, full at each one's max)",
         fontsize=FONT + 1,
     )
-    lo, hi = a["time"].min(), min(view.end, a["time"].max())
-    pad = max((hi - lo) * 0.02, pd.Timedelta(seconds=1))
-    _time_axis(ax, view, (max(view.start, lo - pad), min(view.end, hi + pad)))
+    _time_axis(ax, view, view.zoom)
     ax.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 

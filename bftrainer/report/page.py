@@ -21,9 +21,11 @@ from bftrainer.frames import Frames
 from bftrainer.report import figures
 from bftrainer.report.figures import View, colours_for
 from bftrainer.report.headline import headline, span
-from bftrainer.report.series import Grid, node_seconds
+from bftrainer.report.series import Grid, busiest, node_seconds, total_allocated
 
 PAGE = "report.html"
+# Trainers are drawn one by one over at most this long (see view_of).
+ZOOM_S = 6 * 3600.0
 DPI = 100
 
 
@@ -40,19 +42,37 @@ def window_s(start: pd.Timestamp, end: pd.Timestamp) -> float:
 
 
 def view_of(f: Frames, top: int) -> View:
+    """The span, and the zoom where trainers are drawn one by one: the whole span up to
+    ``2 * ZOOM_S``, else the ``ZOOM_S`` in which the trainers held the most node-hours
+    (over a week, 1,000 trainers of an hour each are specks)."""
     start, end = span(f)
-    held = node_seconds(f.allocations, end) if len(f.allocations) else pd.Series(dtype=float)
-    chosen = tuple(str(t) for t in held.index[:top] if held[t] > 0)
-    drawn = f.allocations["trainer"].nunique() if len(f.allocations) else 0
-    return View(start, end, Grid.over(start, end), chosen, colours_for(chosen), drawn - len(chosen))
+    grid = Grid.over(start, end)
+    zoom = (start, end)
+    if (end - start).total_seconds() > 2 * ZOOM_S and len(f.allocations):
+        lo = busiest(*total_allocated(f.allocations), grid, ZOOM_S)
+        z0 = pd.Timestamp(lo, unit="s", tz="UTC")
+        zoom = (z0, min(end, z0 + pd.Timedelta(seconds=ZOOM_S)))
+    held = node_seconds(f.allocations, *zoom) if len(f.allocations) else pd.Series(dtype=float)
+    chosen = tuple(str(t) for t in held.index[:top])
+    return View(start, end, grid, zoom, chosen, colours_for(chosen), len(held) - len(chosen))
 
 
 def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
     view = view_of(f, top)
     w = window_s(view.start, view.end)
+    zoom = "" if not view.zoomed else ", in the zoom"
     drawn: list[tuple[str, str, Figure | None]] = [
-        ("pool", "The idle pool and the nodes each trainer held.", figures.pool_split(f, view)),
-        ("trainers", "Each trainer's nodes over time, with its changes.", figures.gantt(f, view)),
+        (
+            "pool",
+            "The idle pool and the nodes given to trainers.",
+            figures.pool_split(f, view, True),
+        ),
+        (
+            "pool-zoom",
+            "The idle pool and each trainer's nodes, in the zoom.",
+            figures.pool_split(f, view, False),
+        ),
+        ("trainers", f"Each trainer's nodes, with its changes{zoom}.", figures.gantt(f, view)),
         (
             "utilization",
             "What the trainers made of the idle nodes.",
@@ -62,6 +82,8 @@ def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
         ("latency", "How long each decision took.", figures.latency(f, view)),
         ("holders", "The daemon's holder jobs.", figures.holders(f, view)),
     ]
+    if not view.zoomed:  # the whole span is the zoom: one picture of the pool, split
+        drawn = [("pool", c, fig) if n == "pool-zoom" else (n, c, fig) for n, c, fig in drawn[1:]]
     return view, [Image(f"{prefix}{name}.png", cap, _png(fig)) for name, cap, fig in drawn if fig]
 
 
@@ -124,8 +146,15 @@ def _notes(runs: Sequence[Frames]) -> list[str]:
 
 
 def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> str:
-    start, end = (t.strftime("%Y-%m-%d %H:%M UTC") for t in (view.start, view.end))
+    start, end = (_time(t) for t in (view.start, view.end))
     drawn = len(view.top) + view.others
+    where = ""
+    if view.zoomed:
+        hours = (view.zoom[1] - view.zoom[0]).total_seconds() / 3600
+        where = (
+            f"Trainers are drawn one by one in a zoom: the {hours:g} h in which they held "
+            f"the most node-hours, from {_time(view.zoom[0])} to {_time(view.zoom[1])}. "
+        )
     if view.others:
         grouping = (
             f"The {len(view.top)} trainers with the most node-hours are drawn on their own; "
@@ -134,6 +163,7 @@ def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> st
         )
     else:
         grouping = f"All {drawn:,} trainers that held nodes are drawn on their own."
+    grouping = where + grouping
     parts = [f"<h2>{html.escape(f.label)}</h2>" if titled else ""]
     parts.append(f"<p>From {start} to {end}. {html.escape(grouping)}</p>")
     for im in images:
@@ -143,6 +173,10 @@ def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> st
             f"<figcaption>{html.escape(im.caption)} ({html.escape(im.name)})</figcaption></figure>"
         )
     return "\n".join(parts)
+
+
+def _time(t: pd.Timestamp) -> str:
+    return t.strftime("%Y-%m-%d %H:%M UTC")
 
 
 _HTML = """<!DOCTYPE html>

@@ -66,18 +66,25 @@ def last_per_time(df: pd.DataFrame, key: str | None = None) -> pd.DataFrame:
     return df.drop_duplicates(subset, keep="last")
 
 
-def node_seconds(allocations: pd.DataFrame, end: pd.Timestamp) -> pd.Series:
-    """Node-seconds each trainer held until ``end``, largest first."""
+def node_seconds(allocations: pd.DataFrame, start: pd.Timestamp, end: pd.Timestamp) -> pd.Series:
+    """Node-seconds each trainer held between ``start`` and ``end``, largest first
+    (trainers that held none there are left out)."""
     a = last_per_time(allocations, "trainer").sort_values(["trainer", "time"], kind="stable")
-    t = seconds(a["time"])
+    lo, hi = start.timestamp(), end.timestamp()
+    t = np.maximum(seconds(a["time"]), lo)
     following = a.groupby("trainer", sort=False)["time"].shift(-1).fillna(end)
-    held = a["nodes"].to_numpy(float) * np.maximum(0.0, seconds(following) - t)
-    return (
-        pd.Series(held, index=a["trainer"].to_numpy())
-        .groupby(level=0)
-        .sum()
-        .sort_values(ascending=False, kind="stable")
-    )
+    held = a["nodes"].to_numpy(float) * np.maximum(0.0, np.minimum(seconds(following), hi) - t)
+    total = pd.Series(held, index=a["trainer"].to_numpy()).groupby(level=0).sum()
+    return total[total > 0].sort_values(ascending=False, kind="stable")
+
+
+def busiest(times_s: np.ndarray, values: np.ndarray, grid: Grid, length_s: float) -> float:
+    """The start (epoch s, on a bin edge) of the ``length_s`` window of ``grid`` where
+    the step function's integral is largest: where the trainers did most."""
+    k = max(1, min(len(grid.edges_s) - 1, round(length_s / grid.width_s)))
+    per_bin = binned_mean(times_s, values, grid)
+    window = np.convolve(per_bin, np.ones(k), mode="valid")  # sums of k bins in a row
+    return float(grid.edges_s[int(np.argmax(window))])
 
 
 def total_allocated(allocations: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,8 @@ import matplotlib.image
 import pandas as pd
 import pytest
 
-from tests.bftrainer.test_frames import build_store, run_replay
+from bftrainer.state import Store
+from tests.bftrainer.test_frames import T0, build_store, run_replay
 
 MAX_PAGE_BYTES = 5 * 1024 * 1024
 
@@ -147,3 +148,18 @@ def test_bad_input_gets_one_clear_line(tmp_path: Path, args: object, message: st
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_a_long_span_zooms_on_where_the_trainers_held_most(tmp_path: Path) -> None:
+    """Over more than 12 h, trainers are drawn one by one in the busiest 6 h."""
+    build_store(tmp_path / "state")
+    with Store.open(tmp_path / "state") as s:
+        s.add_pool_event(left=["n4"], now_s=T0 + 13 * 3600)
+    r = report("--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "rep" / "report.html").read_text()
+    assert (
+        "Trainers are drawn one by one in a zoom: the 6 h in which they held the most "
+        "node-hours, from 2023-11-14 22:13 UTC to 2023-11-15 04:13 UTC." in text
+    )
+    assert {p.name for p in (tmp_path / "rep").glob("pool*.png")} == {"pool.png", "pool-zoom.png"}
