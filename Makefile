@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/bftrainer replay --policy milp,equal --out $(DEMO_OUT)
+	$(BIN)/bftrainer report $(DEMO_OUT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

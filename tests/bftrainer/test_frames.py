@@ -168,3 +168,19 @@ def test_a_store_from_a_newer_version_is_named(tmp_path: Path) -> None:
         conn.execute("PRAGMA user_version = 99")
     with pytest.raises(FramesError, match="schema version 99, newer than this bftrainer"):
         load_store(tmp_path / "state")
+
+
+def test_the_pandas_example_of_the_docs_runs(replay_out: Path, tmp_path: Path) -> None:
+    """docs/replay.md's example, as written, on a replay's output at out/demo."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "replay.md").read_text()
+    example = docs.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(example.strip().splitlines()) == 5
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "demo").symlink_to(replay_out)
+    r = subprocess.run(
+        [sys.executable, "-c", example], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()
+    assert header.split() == ["id", "state", "wait_h", "peak_nodes"]
+    assert len(rows) == 5
