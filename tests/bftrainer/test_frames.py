@@ -174,7 +174,7 @@ def test_the_pandas_example_of_the_docs_runs(replay_out: Path, tmp_path: Path) -
     """docs/replay.md's example, as written, on a replay's output at out/demo."""
     docs = (Path(__file__).resolve().parents[2] / "docs" / "replay.md").read_text()
     example = docs.split("```python\n", 1)[1].split("```", 1)[0]
-    assert len(example.strip().splitlines()) == 5
+    assert len([line for line in example.splitlines() if line.strip()]) == 5
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "demo").symlink_to(replay_out)
     r = subprocess.run(
