@@ -186,9 +186,7 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
     """The share of the pool's node-hours given to trainers per window and, for a
     replay, U per window with the clairvoyant limit U_max."""
     fig, ax = _figure(3.6)
-    grid = Grid.over(
-        view.start, view.end, max(1, round((view.end - view.start).total_seconds() / window_s))
-    )
+    grid = Grid.windows(view.start, view.end, window_s)
     pool = binned_mean(seconds(f.pool["time"]), f.pool["nodes"].to_numpy(float), grid)
     given = binned_mean(*total_allocated(f.allocations), grid) if len(f.allocations) else 0 * pool
     share = np.divide(100 * given, pool, out=np.full_like(pool, np.nan), where=pool > 0)
@@ -198,7 +196,8 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
         _post(share),
         where="post",
         color="#4575b4",
-        lw=1.5,
+        lw=2.5,
+        zorder=3,  # above the limit's dashes where both are near 100%
         label="harvested share of the pool's node-hours",
     )
     if f.source == "replay" and len(f.windows):
@@ -222,7 +221,7 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
                 label=f"limit U_max, whole replay ({100 * limit:.1f}%)",
             )
     ax.set_ylim(0, 105)
-    ax.set_ylabel(f"% per {_duration(grid.width_s)}", fontsize=FONT)
+    ax.set_ylabel(f"% per {_duration(window_s)} window", fontsize=FONT)
     ax.set_title("What the trainers made of the idle nodes", fontsize=FONT + 1)
     _time_axis(ax, view)
     ax.legend(fontsize=FONT - 1, loc="lower left")
@@ -233,9 +232,7 @@ def costs(f: Frames, view: View, window_s: float) -> Figure:
     """Rescales and preemptions per window and, for a replay, the samples they cost."""
     panels = 2 if f.source == "replay" else 1
     fig, axes = _figures(2.6 * panels + 0.6, rows=panels, left_in=0.9)
-    grid = Grid.over(
-        view.start, view.end, max(1, round((view.end - view.start).total_seconds() / window_s))
-    )
+    grid = Grid.windows(view.start, view.end, window_s)
     x = _x(grid.times)
     ax = axes[0]
     width = np.diff(x)
@@ -252,7 +249,7 @@ def costs(f: Frames, view: View, window_s: float) -> Figure:
             color=colour,
             label=label,
         )
-    ax.set_ylabel(f"count per {_duration(grid.width_s)}", fontsize=FONT)
+    ax.set_ylabel(f"count per {_duration(window_s)} window", fontsize=FONT)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Rescales and preemptions", fontsize=FONT + 1)
     ax.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

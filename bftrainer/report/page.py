@@ -36,8 +36,12 @@ class Image:
     png: bytes
 
 
-def window_s(start: pd.Timestamp, end: pd.Timestamp) -> float:
-    """Windows of per-window figures: an hour up to two days, then 6 h (the replay's)."""
+def window_s(f: Frames, start: pd.Timestamp, end: pd.Timestamp) -> float:
+    """Windows of per-window figures: a replay's own (its U per window), else an hour up
+    to two days and 6 h beyond."""
+    hours = f.summary.get("window_hours")
+    if isinstance(hours, int | float) and hours > 0:
+        return float(hours) * 3600
     return 3600.0 if (end - start).total_seconds() <= 2 * 86400 else 6 * 3600.0
 
 
@@ -59,7 +63,7 @@ def view_of(f: Frames, top: int) -> View:
 
 def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
     view = view_of(f, top)
-    w = window_s(view.start, view.end)
+    w = window_s(f, view.start, view.end)
     zoom = "" if not view.zoomed else ", in the zoom"
     drawn: list[tuple[str, str, Figure | None]] = [
         (

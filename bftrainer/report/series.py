@@ -27,8 +27,16 @@ class Grid:
         lo, hi = start.timestamp(), end.timestamp()
         return cls(np.linspace(lo, max(hi, lo + 1.0), bins + 1))
 
+    @classmethod
+    def windows(cls, start: pd.Timestamp, end: pd.Timestamp, window_s: float) -> Grid:
+        """Windows of ``window_s`` from ``start``, the last one cut at ``end`` (as the
+        replay's windows.csv)."""
+        lo, hi = start.timestamp(), max(end.timestamp(), start.timestamp() + 1.0)
+        return cls(np.append(np.arange(lo, hi, window_s), hi))
+
     @property
     def width_s(self) -> float:
+        """The first bin's width (all of them, but for the last of ``windows``)."""
         return float(self.edges_s[1] - self.edges_s[0])
 
     @property
