@@ -64,18 +64,26 @@ def view_of(f: Frames, top: int) -> View:
 def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
     view = view_of(f, top)
     w = window_s(f, view.start, view.end)
-    zoom = "" if not view.zoomed else ", in the zoom"
+    if view.zoomed:  # the whole span, all trainers as one; the zoom, split
+        pools = [
+            (
+                "pool",
+                "The idle pool and the nodes given to trainers.",
+                figures.pool_split(f, view, True),
+            ),
+            (
+                "pool-zoom",
+                "The idle pool and each trainer's nodes, in the zoom.",
+                figures.pool_split(f, view, False),
+            ),
+        ]
+    else:  # the whole span is the zoom
+        pools = [
+            ("pool", "The idle pool and each trainer's nodes.", figures.pool_split(f, view, False))
+        ]
+    zoom = ", in the zoom" if view.zoomed else ""
     drawn: list[tuple[str, str, Figure | None]] = [
-        (
-            "pool",
-            "The idle pool and the nodes given to trainers.",
-            figures.pool_split(f, view, True),
-        ),
-        (
-            "pool-zoom",
-            "The idle pool and each trainer's nodes, in the zoom.",
-            figures.pool_split(f, view, False),
-        ),
+        *pools,
         ("trainers", f"Each trainer's nodes, with its changes{zoom}.", figures.gantt(f, view)),
         (
             "utilization",
@@ -86,8 +94,6 @@ def run_images(f: Frames, top: int, prefix: str) -> tuple[View, list[Image]]:
         ("latency", "How long each decision took.", figures.latency(f, view)),
         ("holders", "The daemon's holder jobs.", figures.holders(f, view)),
     ]
-    if not view.zoomed:  # the whole span is the zoom: one picture of the pool, split
-        drawn = [("pool", c, fig) if n == "pool-zoom" else (n, c, fig) for n, c, fig in drawn[1:]]
     return view, [Image(f"{prefix}{name}.png", cap, _png(fig)) for name, cap, fig in drawn if fig]
 
 
