@@ -261,16 +261,23 @@ def _store_changes(
                 kind = "start"
             elif preempted:
                 kind = "preempt"
-            elif not a.nodes and trainer["finished_s"] is not None:
+            elif not a.nodes and _at_end(trainer, a.time_s):
                 kind = _END_CHANGE.get(trainer["state"], "rescale")
             else:
                 kind = "rescale"
             out.append((a.time_s, trainer["id"], len(a.nodes), kind))
         prev, prev_s = a.nodes, a.time_s
     end = _END_CHANGE.get(trainer["state"])
-    if end and trainer["finished_s"] is not None and (not out or out[-1][2] or prev):
-        out.append((trainer["finished_s"], trainer["id"], 0, end))
+    if end and trainer["finished_s"] is not None and out and out[-1][3] != end:
+        out.append((trainer["finished_s"], trainer["id"], 0, end))  # its end, at zero nodes
     return out
+
+
+def _at_end(trainer: dict[str, Any], time_s: float) -> bool:
+    """The trainer ended at ``time_s`` (an empty allocation then is its end, not a
+    shrink to zero while it waited)."""
+    finished = trainer["finished_s"]
+    return finished is not None and abs(time_s - finished) <= PREEMPT_SLACK_S
 
 
 def _allocations(changes: list[tuple[float, str, int, str]]) -> pd.DataFrame:

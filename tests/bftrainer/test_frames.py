@@ -134,6 +134,24 @@ def test_a_stores_frames_tell_each_change_and_its_kind(tmp_path: Path) -> None:
     assert f.holders["ended"].tolist() == [at(150), at(310)]
 
 
+def test_a_trainer_that_waits_at_zero_nodes_then_fails_is_told_apart(tmp_path: Path) -> None:
+    """Going to no node while it waits is a rescale; its end comes at its finish."""
+    with Store.open(tmp_path / "state") as s:
+        s.add_pool_event(joined=["n1"], now_s=T0)
+        t = s.submit("a.py", now_s=T0)
+        s.record_allocation(t, ["n1"], now_s=T0 + 5)
+        s.set_trainer_state(t, "running", now_s=T0 + 5)
+        s.record_allocation(t, [], now_s=T0 + 50)
+        s.set_trainer_state(t, "waiting", now_s=T0 + 50)
+        s.set_trainer_state(t, "failed", reason="exit 1", now_s=T0 + 90)
+    f = load_store(tmp_path / "state")
+    assert [(r.time, r.nodes, r.change) for r in f.allocations.itertuples()] == [
+        (at(5), 1, "start"),
+        (at(50), 0, "rescale"),
+        (at(90), 0, "fail"),
+    ]
+
+
 def test_a_time_range_keeps_what_held_at_its_start(tmp_path: Path) -> None:
     build_store(tmp_path / "state")
     f = load_store(tmp_path / "state", start=at(50), end=at(250))
