@@ -346,6 +346,9 @@ def holders(f: Frames, view: View) -> Figure | None:
     if len(reasons):
         bottom.barh(reasons.index.astype(str), reasons.to_numpy(), color="#7f7f7f")
         bottom.invert_yaxis()
+    else:
+        bottom.set_yticks([])
+        bottom.text(0.5, 0.5, "no holder job has ended", ha="center", va="center", fontsize=FONT)
     bottom.set_xlabel("holder jobs ended", fontsize=FONT)
     bottom.set_title("Why the ended holders ended", fontsize=FONT + 1)
     bottom.tick_params(labelsize=FONT)

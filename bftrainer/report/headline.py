@@ -17,6 +17,7 @@ from bftrainer.frames import Frames
 from bftrainer.report.series import Grid, binned_mean, seconds, total_allocated
 
 Row = tuple[str, list[str]]
+MIN_SPAN = pd.Timedelta(minutes=1)
 
 
 def span(f: Frames) -> tuple[pd.Timestamp, pd.Timestamp]:
@@ -24,7 +25,7 @@ def span(f: Frames) -> tuple[pd.Timestamp, pd.Timestamp]:
     times = pd.concat([f.pool["time"], f.allocations["time"]])
     start = f.start if f.start is not None else times.min()
     end = f.end if f.end is not None else times.max()
-    return start, end
+    return start, max(end, start + MIN_SPAN)  # records of one instant: a short span
 
 
 def node_hours(f: Frames) -> tuple[float, float]:

@@ -163,3 +163,15 @@ def test_a_long_span_zooms_on_where_the_trainers_held_most(tmp_path: Path) -> No
         "node-hours, from 2023-11-14 22:13 UTC to 2023-11-15 04:13 UTC." in text
     )
     assert {p.name for p in (tmp_path / "rep").glob("pool*.png")} == {"pool.png", "pool-zoom.png"}
+
+
+def test_a_daemon_that_has_only_seen_its_pool_gets_a_report(tmp_path: Path) -> None:
+    """Records of one instant, no trainer yet: a page all the same, without warnings."""
+    with Store.open(tmp_path / "state") as s:
+        s.add_pool_event(joined=["n1", "n2"], now_s=T0)
+        s.add_holder("9", "n1", now_s=T0)
+    r = report("--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "rep"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    check_images(tmp_path / "rep")
+    text = (tmp_path / "rep" / "report.html").read_text()
+    assert "<tr><th>trainers done</th><td>0 / 0</td></tr>" in text
