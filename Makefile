@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/bftrainer replay --policy milp,equal --out $(DEMO_OUT)
+	$(BIN)/bftrainer replay --policy milp,equal,scavenger --out $(DEMO_OUT)
 	$(BIN)/bftrainer report $(DEMO_OUT)
 
 lint: $(STAMP)

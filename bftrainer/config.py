@@ -15,6 +15,7 @@ A file has a ``[policy]`` table with any of :class:`Config`'s fields::
     fair_share_speedup = false
     max_trainers = 10          # P_jmax: trainers admitted at once
     redecide_every_s = 60.0    # a curve report re-decides at most this often (inf: never)
+    scavenger_size = 16        # the scavenger policy's rigid job size (omit: each job's n_max)
 
 Other commands add their own tables (``replay``: ``window_hours``). Unknown tables or
 keys and bad values are refused with one line naming the file, the key and the value.
@@ -74,6 +75,9 @@ class Config:
     fair_share_speedup: bool = False
     max_trainers: int = DEFAULT_MAX_TRAINERS
     redecide_every_s: float = 60.0
+    # The scavenger baseline's rigid size for every job, within its [n_min, n_max];
+    # None: each job's n_max (bftrainer/policy.py, ScavengerPolicy).
+    scavenger_size: int | None = None
 
     def __post_init__(self) -> None:
         _choice("policy", self.policy, list(POLICIES))
@@ -108,6 +112,9 @@ class Config:
         if self.max_trainers < 1:
             raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a number >= 1")
         _number("redecide_every_s", self.redecide_every_s, lo=0.0, lo_open=False, allow_inf=True)
+        size = self.scavenger_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ConfigError(f"scavenger_size = {size!r}: expected a whole number >= 1")
 
     def make_policy(self) -> Policy:
         """The policy of this name, from the registry, built with these settings."""

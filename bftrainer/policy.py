@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bftrainer.churn import Churn, auto_t_fwd_s
+from bftrainer.jobs import JobSpec
 from bftrainer.loop import Decision, Policy, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
@@ -72,9 +73,53 @@ class EqualSharePolicy:
         return Decision(map_counts(current, counts, pool))
 
 
+@dataclass(frozen=True)
+class ScavengerPolicy:
+    """What a centre runs without bftrainer: a preemptible partition with requeue.
+
+    Each job is rigid (:func:`rigid_size`) and starts, first come first served, once
+    that many pool nodes are free; the queue's head blocks the jobs behind it (when every
+    job has one size, as in the paper's job sets, backfill would do the same). A job that
+    lost any node is killed and requeued at its place in the queue, a running one keeps
+    its nodes: it never shrinks or grows. A (re)start takes the first free nodes in pool
+    order: a requeued job is a new launch, on any nodes. What a kill costs (the work
+    since the last checkpoint, a restart) is the driver's accounting
+    (``bftrainer/replay/rigid.py``).
+    """
+
+    size: int | None = None
+    name: str = "scavenger"
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+        nodes: dict[str, tuple[str, ...]] = {}
+        for t in trainers:
+            if t.nodes and len(t.nodes) == rigid_size(t.job, self.size):
+                nodes[t.id] = t.nodes
+        held = {n for kept in nodes.values() for n in kept}
+        free = [n for n in pool if n not in held]
+        blocked = False
+        for t in trainers:
+            if t.id in nodes:
+                continue
+            size = rigid_size(t.job, self.size)
+            if blocked or len(free) < size:
+                blocked = True  # first come, first served: nobody passes the head
+                nodes[t.id] = ()
+                continue
+            nodes[t.id], free = tuple(free[:size]), free[size:]
+        return Decision(nodes)
+
+
+def rigid_size(job: JobSpec, size: int | None) -> int:
+    """A rigid job's node count: ``size`` (a centre's fixed job size) within the job's
+    own [n_min, n_max], or its n_max when no size is set."""
+    return job.n_max if size is None else min(max(size, job.n_min), job.n_max)
+
+
 POLICIES: dict[str, Callable[[Config], Policy]] = {
     "milp": MilpPolicy,
     "equal": lambda config: EqualSharePolicy(),
+    "scavenger": lambda config: ScavengerPolicy(config.scavenger_size),
 }
 
 

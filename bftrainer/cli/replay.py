@@ -68,6 +68,9 @@ FLAG_NAMES = {
     "windows_known_share": "--windows-share",
     "windows_lead_s": "--windows-lead",
     "windows_error_s": "--windows-error",
+    "scavenger_size": "--scavenger-size",
+    "checkpoint_every_s": "--checkpoint-every",
+    "restart_s": "--restart-cost",
 }
 
 
@@ -202,6 +205,25 @@ FLAG_NAMES = {
     help="realistic: standard deviation of the stated departure time, s (default 0).",
 )
 @click.option(
+    "--scavenger-size",
+    type=Number(integer=True, min=1),
+    help="scavenger: every job's rigid node count, within its own limits (default: its n_max).",
+)
+@click.option(
+    "--checkpoint-every",
+    "checkpoint_every_s",
+    type=Number(min=0.0, min_open=True),
+    help="scavenger: a job checkpoints every this many seconds of training; a kill loses "
+    f"the training since (default {DEFAULT.checkpoint_every_s:g}).",
+)
+@click.option(
+    "--restart-cost",
+    "restart_s",
+    type=Number(min=0.0),
+    help="scavenger: seconds a requeued job holds its nodes restarting from its checkpoint "
+    "(default: the job's R_up, what an elastic trainer pays to grow).",
+)
+@click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -233,6 +255,9 @@ def replay_cmd(
     windows_known_share: float | None,
     windows_lead_s: float | None,
     windows_error_s: float | None,
+    scavenger_size: int | None,
+    checkpoint_every_s: float | None,
+    restart_s: float | None,
     sweep: str | None,
     out_dir: Path,
     progress: bool,
@@ -274,6 +299,9 @@ def replay_cmd(
         "windows_known_share": windows_known_share,
         "windows_lead_s": windows_lead_s,
         "windows_error_s": windows_error_s,
+        "scavenger_size": scavenger_size,
+        "checkpoint_every_s": checkpoint_every_s,
+        "restart_s": restart_s,
     }
     try:
         base = DEFAULT
@@ -290,6 +318,11 @@ def replay_cmd(
             if p not in POLICIES:
                 raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
         configs = [replace(base, policy=p) for p in names]
+        if factory is not None and "scavenger" in names:
+            raise UsageError(
+                "--policy scavenger replays rigid jobs from their throughput curves; it "
+                "cannot run Pollux's trainers (--workload pollux)"
+            )
     try:
         check_output_dir(out_dir, OUTPUT_MARKER)  # before the run, not after an hour of it
     except OutputDirError as e:

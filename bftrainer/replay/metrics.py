@@ -51,6 +51,10 @@ class MetricsRecorder:
     windows: dict[int, Window] = field(default_factory=dict)
     # Seconds spent at each pool size N(t): the limit's integral of P_best(N(t)).
     pool_size_s: dict[int, float] = field(default_factory=dict)
+    # Node-seconds held by trainers: R less this is the pool's idle node-time. The
+    # allocation changes only at recorded steps, so the last step's holds in between.
+    allocated_node_s: float = 0.0
+    _allocated_nodes: int = field(default=0, repr=False)
 
     def _window(self, t_s: float) -> Window:
         k = max(0, int((t_s - self.start_s) // self.window_s))
@@ -60,6 +64,7 @@ class MetricsRecorder:
 
     def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed_samples: float) -> None:
         self.resource_node_s += pool_nodes * (t1_s - t0_s)
+        self.allocated_node_s += self._allocated_nodes * (t1_s - t0_s)
         self.pool_size_s[pool_nodes] = self.pool_size_s.get(pool_nodes, 0.0) + (t1_s - t0_s)
         self.processed_samples += processed_samples
         rate = processed_samples / (t1_s - t0_s)
@@ -73,6 +78,7 @@ class MetricsRecorder:
 
     def step(self, step: Step) -> None:
         self.steps.append(step)
+        self._allocated_nodes = step.allocated_nodes
         self.rescale_cost_samples += step.rescale_cost_samples
         self.preemption_cost_samples += step.preemption_cost_samples
         cost = step.rescale_cost_samples + step.preemption_cost_samples

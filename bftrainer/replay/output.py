@@ -81,10 +81,7 @@ def write_result(result: ReplayResult, out_dir: Path) -> None:
 def summary_table(results: Sequence[ReplayResult]) -> str:
     """A short table, one column per replay."""
     rows = [
-        (
-            "policy",
-            lambda s: s["policy"] + (f" T_fwd={t_fwd_label(s)}" if s["policy"] == "milp" else ""),
-        ),
+        ("policy", _policy_label),
         ("events", lambda s: f"{s['events']:,}"),
         ("hours", lambda s: f"{s['hours']:.1f}"),
         ("eq. nodes", lambda s: f"{s['eq_nodes']:.1f}"),
@@ -95,6 +92,9 @@ def summary_table(results: Sequence[ReplayResult]) -> str:
         ("rescale cost", lambda s: f"{s['rescale_cost_samples']:.3e}"),
         ("preemption cost", lambda s: f"{s['preemption_cost_samples']:.3e}"),
         ("trainers done", lambda s: f"{s['trainers_completed']}/{s['trainers_arrived']}"),
+        ("mean JCT, done (h)", lambda s: _hours(s["mean_trainer_turnaround_s"])),
+        ("wasted node-hours", lambda s: _number(s.get("wasted_node_hours"))),
+        ("idle node-hours", lambda s: _number(s.get("idle_node_hours"))),
         ("events/s", lambda s: f"{s['events_per_s']:.0f}" if s["events_per_s"] else "-"),
     ]
     return align_columns([[name] + [fmt(r.summary) for r in results] for name, fmt in rows])
@@ -110,6 +110,23 @@ def align_columns(table: Sequence[Sequence[str]]) -> str:
         )
         for row in table
     )
+
+
+def _policy_label(s: dict[str, Any]) -> str:
+    if s["policy"] == "milp":
+        return f"milp T_fwd={t_fwd_label(s)}"
+    if s["policy"] == "scavenger":
+        size = s.get("scavenger_size")
+        return f"scavenger {'n_max' if size is None else size} nodes"
+    return str(s["policy"])
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.1f}"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:,.0f}"
 
 
 def _pct(u: float | None) -> str:

@@ -20,6 +20,7 @@ from bftrainer.loop import (
     Arrival,
     Loop,
     LoopState,
+    Policy,
     PoolChange,
     Step,
     TimedSource,
@@ -28,6 +29,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.policy import POLICIES as POLICY_REGISTRY
+from bftrainer.policy import ScavengerPolicy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
 from bftrainer.replay.metrics import (
     MetricsRecorder,
@@ -37,7 +39,8 @@ from bftrainer.replay.metrics import (
     reference_curve,
     utilization,
 )
-from bftrainer.replay.simulator import SimulatedDriver
+from bftrainer.replay.rigid import DEFAULT_CHECKPOINT_EVERY_S, CheckpointRestartDriver
+from bftrainer.replay.simulator import SimulatedDriver, Waste
 from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
 POLICIES = tuple(POLICY_REGISTRY)
@@ -50,18 +53,29 @@ class ReplayError(ValueError):
 @dataclass(frozen=True)
 class ReplayConfig(Config):
     """The loop's configuration plus what only the replay needs: the window of the
-    per-window U, and what the pool source knows of departures (bftrainer/replay/
+    per-window U, what the pool source knows of departures (bftrainer/replay/
     windows.py: ``windows`` none | oracle | realistic, and the realistic one's share
-    known, lead time and error)."""
+    known, lead time and error), and how the scavenger policy's rigid jobs checkpoint
+    and restart (bftrainer/replay/rigid.py; ``restart_s`` None: each job's R_up)."""
 
     window_s: float = 6 * 3600.0
     windows: str = "none"
     windows_known_share: float = 1.0
     windows_lead_s: float = math.inf
     windows_error_s: float = 0.0
+    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
+    restart_s: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        c = self.checkpoint_every_s
+        if isinstance(c, bool) or not isinstance(c, int | float) or not (0 < c < math.inf):
+            raise ConfigError(f"checkpoint_every_s = {c!r}: expected a finite number > 0")
+        r = self.restart_s
+        if r is not None and (
+            isinstance(r, bool) or not isinstance(r, int | float) or not (0 <= r < math.inf)
+        ):
+            raise ConfigError(f"restart_s = {r!r}: expected a finite number >= 0 (seconds)")
         w = self.window_s
         if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
             raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")
@@ -94,6 +108,8 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
         "windows_known_share": "windows_known_share",
         "windows_lead_s": "windows_lead_s",
         "windows_error_s": "windows_error_s",
+        "checkpoint_every_s": "checkpoint_every_s",
+        "restart_s": "restart_s",
     },
 }
 
@@ -140,7 +156,9 @@ def replay(
     The replay starts at the first job's submission (or the trace's start, if later) and
     ends at the trace's end, or earlier once every job has completed. ``driver`` simulates
     the trainers (default: ``SimulatedDriver``, progress from each job's throughput
-    curve). ``on_progress`` gets the fraction of the trace's time covered, as it goes.
+    curve; for the scavenger policy, ``CheckpointRestartDriver``, the same progress with
+    a rigid job's kills and restarts). ``on_progress`` gets the fraction of the trace's
+    time covered, as it goes.
     """
     if not jobs:
         raise ReplayError("the workload has no jobs")
@@ -153,17 +171,25 @@ def replay(
         )
     if start_s > trace.start_s:
         trace = trace.slice(start_s=start_s)
+    policy = config.make_policy()
+    driver = driver or _simulated_driver(config, policy)
+    if isinstance(policy, ScavengerPolicy) and not isinstance(driver, CheckpointRestartDriver):
+        raise ReplayError(
+            "the scavenger policy replays rigid jobs that restart from checkpoints: it runs "
+            f"with the checkpoint-restart driver, not {type(driver).__name__}"
+        )
     wall0 = time.perf_counter()
     metrics = MetricsRecorder(start_s=start_s, window_s=config.window_s)
     arrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
     events = events_with_windows(trace, config.window_knowledge)
     pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
-    recorder = RecordingDriver(driver or SimulatedDriver())
+    recorder = RecordingDriver(driver)
     loop = Loop(
         [pool, arrivals],
         recorder,
         VirtualClock(start_s),
         config,
+        policy=policy,
         observer=_Progress(metrics, (start_s, trace.end_s), on_progress)
         if on_progress
         else metrics,
@@ -174,9 +200,18 @@ def replay(
     loop.run(until_s=trace.end_s, stop=lambda lp: arrivals.exhausted and not lp.trainers)
     wall_s = time.perf_counter() - wall0
     trainers = loop.finished + list(loop.trainers.values())
-    result = _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s)
+    waste = driver.waste if isinstance(driver, SimulatedDriver | CheckpointRestartDriver) else None
+    result = _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s, waste)
     result.allocations = recorder.changes
     return result
+
+
+def _simulated_driver(config: ReplayConfig, policy: Policy) -> TrainerDriver:
+    """Elastic trainers for the allocating policies; rigid, checkpointing jobs for the
+    scavenger baseline."""
+    if isinstance(policy, ScavengerPolicy):
+        return CheckpointRestartDriver(config.checkpoint_every_s, config.restart_s)
+    return SimulatedDriver()
 
 
 def _result(
@@ -187,6 +222,7 @@ def _result(
     start_s: float,
     end_s: float,
     wall_s: float,
+    waste: Waste | None = None,
 ) -> ReplayResult:
     elapsed = end_s - start_s
     curve = reference_curve(jobs)
@@ -250,12 +286,28 @@ def _result(
         "trainers_completed": len(done),
         "mean_trainer_runtime_s": statistics.fmean(runtimes) if runtimes else None,
         "mean_trainer_turnaround_s": statistics.fmean(turnaround) if turnaround else None,
+        "median_trainer_turnaround_s": statistics.median(turnaround) if turnaround else None,
+        "idle_node_hours": (m.resource_node_s - m.allocated_node_s) / 3600,
+        **_waste_fields(waste),
         "solver_timeouts": sum(1 for s in decided if s.status in ("time_limit", "kept_current")),
         "mean_solve_s": statistics.fmean(s.solve_s for s in decided) if decided else 0.0,
         "wall_s": wall_s,
         "events_per_s": len(m.steps) / wall_s if wall_s > 0 else None,
     }
     return ReplayResult(config, summary, m, trainers, windows, end_s)
+
+
+def _waste_fields(waste: Waste | None) -> dict[str, Any]:
+    """Node-hours held without keeping the work (None: a driver that does not count)."""
+    if waste is None:
+        keys = ("wasted_node_hours", "lost_work_node_hours", "restart_node_hours", "kills")
+        return dict.fromkeys(keys)
+    return {
+        "wasted_node_hours": waste.total_node_s / 3600,
+        "lost_work_node_hours": waste.lost_node_s / 3600,
+        "restart_node_hours": waste.restart_node_s / 3600,
+        "kills": waste.kills,
+    }
 
 
 def _window_fields(config: ReplayConfig) -> dict[str, Any]:

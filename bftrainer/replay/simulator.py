@@ -10,10 +10,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from bftrainer.loop import Completion, Progress, TrainerState
 
 DONE_RTOL = 1e-9
+
+
+@dataclass
+class Waste:
+    """Node-seconds that trainers held without keeping the work, by cause: the simulated
+    drivers sum them for the replay's ``wasted_node_hours`` (samples alone cannot say
+    how many nodes a cost held)."""
+
+    stalled_node_s: float = 0.0  # elastic: a rescale or preemption, R x the nodes it had
+    lost_node_s: float = 0.0  # rigid: training since the last checkpoint, lost to a kill
+    restart_node_s: float = 0.0  # rigid: a requeued job reading its checkpoint back
+    kills: int = 0  # rigid: jobs killed because one of their nodes left
+
+    @property
+    def total_node_s(self) -> float:
+        return self.stalled_node_s + self.lost_node_s + self.restart_node_s
 
 
 class SimulatedDriver:
@@ -22,6 +39,7 @@ class SimulatedDriver:
     def __init__(self) -> None:
         self._now_s: float | None = None
         self._reported: set[str] = set()
+        self.waste = Waste()
 
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         dt_s = 0.0 if self._now_s is None else now_s - self._now_s
@@ -41,6 +59,7 @@ class SimulatedDriver:
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         cost = trainer.job.rescale_down_s * trainer.job.rate_sps(old_count)
         trainer.preemption_cost_samples += cost
+        self.waste.stalled_node_s += trainer.job.rescale_down_s * old_count
         return cost
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
@@ -50,6 +69,7 @@ class SimulatedDriver:
         seconds = trainer.job.rescale_up_s if new > old else trainer.job.rescale_down_s
         cost = seconds * trainer.job.rate_sps(old)
         trainer.rescale_cost_samples += cost
+        self.waste.stalled_node_s += seconds * old
         if old:
             trainer.rescales += 1
         return cost

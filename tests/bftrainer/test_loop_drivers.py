@@ -37,6 +37,7 @@ from bftrainer.loop import (
     WallClock,
 )
 from bftrainer.replay.pollux_sim import PolluxSimDriver, PolluxSimOptions
+from bftrainer.replay.rigid import CheckpointRestartDriver
 from bftrainer.replay.simulator import SimulatedDriver
 from tests.bftrainer.test_loop import ScriptedDriver, job
 from tests.bftrainer.test_pollux_replay import toy_job, write_toy
@@ -50,6 +51,8 @@ class DriverCase:
     pool: tuple[str, ...] = ("n0", "n1", "n2", "n3")
     # A live driver runs real trainers: the wall clock, script times from its start.
     wall_clock: bool = False
+    # The policy it runs under: rigid jobs need the scavenger policy.
+    config: Config = field(default_factory=lambda: Config(policy="equal", redecide_every_s=30.0))
 
 
 def simulated(tmp: Path) -> DriverCase:
@@ -59,6 +62,12 @@ def simulated(tmp: Path) -> DriverCase:
         JobSpec("c", "m", 60.0, 1, 2, 5.0, 2.0, 1000.0, ((1.0, 5.0), (2.0, 10.0))),
     ]
     return DriverCase(SimulatedDriver(), jobs, 5000.0)
+
+
+def rigid(tmp: Path) -> DriverCase:
+    """Rigid jobs that checkpoint and restart (the scavenger baseline), under its policy."""
+    driver = CheckpointRestartDriver(checkpoint_every_s=20.0, restart_s=3.0)
+    return DriverCase(driver, simulated(tmp).jobs, 5000.0, config=Config(policy="scavenger"))
 
 
 def pollux(tmp: Path, batch_adapt: bool = True) -> DriverCase:
@@ -103,6 +112,7 @@ def live(tmp: Path) -> DriverCase:
 
 DRIVERS: dict[str, Callable[[Path], DriverCase]] = {
     "simulated": simulated,
+    "rigid": rigid,
     "pollux-adaptive": pollux,
     "pollux-fixed-batch": lambda tmp: pollux(tmp, batch_adapt=False),
     "scripted": scripted,
@@ -208,7 +218,7 @@ def drive(
         [source, inbox],
         checked,
         clock,
-        Config(policy="equal", redecide_every_s=30.0),
+        case.config,
         state=LoopState(now_s=t0, pool=case.pool),
     )
     loop.run(until_s=t0 + case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)
