@@ -117,7 +117,7 @@ def _policy_label(s: dict[str, Any]) -> str:
         return f"milp T_fwd={t_fwd_label(s)}"
     if s["policy"] == "scavenger":
         size = s.get("scavenger_size")
-        return f"scavenger {'n_max' if size is None else size} nodes"
+        return f"scavenger size={'n_max' if size is None else size}"
     return str(s["policy"])
 
 

@@ -267,7 +267,7 @@ def test_cli_prints_scavenger_beside_milp_and_equal(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     header = done.stdout.splitlines()[0]
-    assert "milp" in header and "equal" in header and "scavenger 4 nodes" in header
+    assert "milp" in header and "equal" in header and "scavenger size=4" in header
     for row in ("U (A_e / A_s)", "mean JCT, done (h)", "wasted node-hours", "idle node-hours"):
         assert row in done.stdout
     runs = {r["policy"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
