@@ -182,6 +182,17 @@ def test_every_scavenger_figure_of_a_tiny_trace_by_hand() -> None:
     assert result.trainers[0].rescales == 1
 
 
+@pytest.mark.parametrize("policy", ["milp", "equal"])
+def test_elastic_policies_waste_their_rescale_and_preemption_stalls(policy: str) -> None:
+    # The job grows 2 -> 3 at 100 s (R_up 30 s x 2 nodes) and is cut 3 -> 2 at 200 s
+    # (R_dw 2 s x 3 nodes); every node of the pool is held throughout.
+    config = ReplayConfig(policy=policy, t_fwd_s=1000.0)
+    s = replay(tiny_trace(), [job(n_max=4)], config).summary
+    assert s["wasted_node_hours"] == pytest.approx((30 * 2 + 2 * 3) / 3600)
+    assert s["idle_node_hours"] == 0.0
+    assert (s["kills"], s["lost_work_node_hours"], s["restart_node_hours"]) == (0, 0.0, 0.0)
+
+
 class RecordingDriver(CheckpointRestartDriver):
     """The real driver, recording every start: (time, job, node count)."""
 
