@@ -51,6 +51,7 @@ from bftrainer.loop import (
     TrainerState,
     WallClock,
 )
+from bftrainer.policy import LIVE_POLICIES
 from bftrainer.state import HolderConflictError, HolderRow, Store, TrainerRow, TransitionError
 from bftrainer.trainers.channel import renew_lease
 
@@ -581,4 +582,11 @@ def load_daemon_config(
     config = DaemonConfig()
     if path is not None:
         config = load_config(path, config, DAEMON_TABLES)
-    return with_overrides(config, overrides, names)
+    config = with_overrides(config, overrides, names)
+    if config.policy not in LIVE_POLICIES:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(
+            f"{where}policy = {config.policy!r}: the daemon runs {' or '.join(LIVE_POLICIES)} "
+            "(the others are replay baselines)"
+        )
+    return config

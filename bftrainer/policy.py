@@ -121,6 +121,9 @@ POLICIES: dict[str, Callable[[Config], Policy]] = {
     "equal": lambda config: EqualSharePolicy(),
     "scavenger": lambda config: ScavengerPolicy(config.scavenger_size),
 }
+# The policies the daemon can carry out on real, elastic trainers. The scavenger baseline
+# models rigid jobs killed and requeued from checkpoints: a replay model only.
+LIVE_POLICIES = ("equal", "milp")
 
 
 def equal_share_counts(limits: list[tuple[str, int, int]], pool_size: int) -> dict[str, int]:

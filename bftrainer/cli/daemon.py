@@ -20,7 +20,7 @@ from bftrainer.cli.service import state_dir_option
 from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders
 from bftrainer.idle_monitor.runner import CommandRunner
-from bftrainer.policy import POLICIES
+from bftrainer.policy import LIVE_POLICIES
 from bftrainer.state import (
     DaemonLock,
     DaemonRunningError,
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--policy",
-    type=click.Choice(sorted(POLICIES)),
+    type=click.Choice(LIVE_POLICIES),
     help="The allocation policy (default milp).",
 )
 @policy_options

@@ -163,3 +163,18 @@ def test_replay_with_a_bad_config_file_exits_2_with_one_line(tmp_path: Path) -> 
     code, output, _ = replay_cli(tmp_path, "--config", str(path))
     assert code == 2
     assert f"{path}: [policy] solver = 'glpk'" in output
+
+
+def test_the_daemon_refuses_a_replay_only_policy(tmp_path: Path) -> None:
+    # The scavenger baseline kills and requeues rigid jobs: a model, not something the
+    # live driver can do to elastic trainers.
+    from bftrainer.daemon import load_daemon_config
+
+    config = tmp_path / "d.toml"
+    config.write_text('[policy]\npolicy = "scavenger"\n')
+    with pytest.raises(ConfigError, match=r"d\.toml: policy = 'scavenger': the daemon runs"):
+        load_daemon_config(config, {})
+    result = CliRunner().invoke(
+        cli, ["daemon", "--scheduler", "slurm", "--bf-partition", "bf", "--policy", "scavenger"]
+    )
+    assert result.exit_code == 2 and "'scavenger' is not one of" in result.output
