@@ -26,8 +26,10 @@ logged and tried again at a later poll.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -561,6 +563,15 @@ class Daemon:
 
     def _shutdown(self) -> None:
         """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
+        try:
+            self._release_spare()
+        except (sqlite3.Error, OSError) as exc:
+            if not state_unwritable(exc):
+                raise
+            log.warning("holders not released at exit: the state cannot be written (%s)", exc)
+        log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
+
+    def _release_spare(self) -> None:
         allocated = {n for a in self.store.current_allocations().values() for n in a.nodes}
         spare = [h for h in self.store.holders(live_only=True) if h.node not in allocated]
         if spare:
@@ -571,7 +582,21 @@ class Daemon:
             else:
                 for h in spare:
                     self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
-        log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
+
+
+# errno values that mean "this file system cannot take the write", not a bug.
+_UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO})
+
+
+def state_unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the state directory cannot be written (full disk, quota,
+    read-only, permissions, I/O error) rather than a bug."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return any(
+            w in text for w in ("full", "readonly", "read-only", "disk i/o", "unable to open")
+        )
+    return isinstance(exc, OSError) and exc.errno in _UNWRITABLE
 
 
 def load_daemon_config(

@@ -152,6 +152,12 @@ class LiveDriver:
                 t = running.get(trainer_id)
                 self._launch(trainer_id, t.nodes if t is not None else (), restart=True)
         for trainer_id, launcher in list(self.launchers.items()):
+            if not launcher.trainer_dir.is_dir():
+                # Deleted by hand: its checkpoint and reports are gone with it.
+                del self.launchers[trainer_id]
+                why = f"its directory {launcher.trainer_dir} was deleted; it starts over"
+                self._restart_later(trainer_id, launcher, why, now_s)
+                continue
             ended = launcher.poll()
             gained = self._read_reports(trainer_id, launcher.trainer_dir)
             if trainer_id in running:  # the loop's progress counts running trainers
@@ -194,6 +200,7 @@ class LiveDriver:
             launcher.kill()  # whatever the dead supervisor left running here
         delay_s = RESTART_BACKOFF_S * 2**row.restarts
         self._restarts[trainer_id] = (now_s + delay_s, why)
+        self.store.add_restart(trainer_id)  # counted when decided: a failed start counts too
         log.warning(
             "trainer %s: %s; starting it again from its checkpoint in %.0f s (restart %d of %d)",
             trainer_id,
@@ -268,17 +275,21 @@ class LiveDriver:
             hosts = self._reachable(trainer_id, plan, nodes)
             plan.write(trainer_dir)
             launcher = Launcher.start(spec, hosts)
-        except (LaunchError, channel.ChannelError, OSError) as exc:
+        except OSError as exc:  # the file system, not the trainer: try again (bounded)
+            self._restart_later(trainer_id, None, f"cannot start: {exc}", time.time())
+            return
+        except (LaunchError, channel.ChannelError) as exc:
             self._fail(trainer_id, f"cannot start: {exc}")
             return
         self.launchers[trainer_id] = launcher
+        if not (trainer_dir / channel.METRICS).exists():  # new, or its directory was deleted
+            self._offsets[trainer_id] = 0
         if not restart:  # a restart reads on from where the dead supervisor's reports were
             self._offsets[trainer_id] = 0
             self._samples[trainer_id] = row.samples_done
         self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
         self.store.record_allocation(trainer_id, nodes)
         if restart:
-            row = self.store.add_restart(trainer_id)
             log.info(
                 "trainer %s started again (restart %d) on %d node(s), from its checkpoint",
                 trainer_id,

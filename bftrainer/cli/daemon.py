@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sqlite3
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -98,7 +100,8 @@ def daemon_cmd(
     Runs in the foreground until SIGTERM or Ctrl-C; then it stops taking work and exits,
     leaving running trainers and their holder jobs for the next start to re-attach to.
     """
-    from bftrainer.daemon import Daemon, load_daemon_config
+    from bftrainer import __version__
+    from bftrainer.daemon import Daemon, load_daemon_config, state_unwritable
 
     flags = {**policy_flags(source), "policy": policy, "poll_interval_s": poll_interval_s}
     holders_of = _holder_factory(source, holder_script, holder_args, holder_slack_s, job_name)
@@ -132,9 +135,38 @@ def daemon_cmd(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    log.info("bftrainer daemon started: state %s, %s", path, source["scheduler"])
+    where = (
+        f"partition {source['bf_partitions'][0]}"
+        if source["scheduler"] == "slurm"
+        else f"queue {source['bf_queues'][0]}"
+    )
+    log.info(
+        "bftrainer %s daemon started (pid %d): %s %s, state %s, policy %s (%s), "
+        "poll every %g s, holder lease %g s",
+        __version__,
+        os.getpid(),
+        source["scheduler"],
+        where,
+        path,
+        config.policy,
+        config.objective,
+        config.poll_interval_s,
+        config.holder_lease_s,
+    )
     try:
         daemon.run()
+    except (sqlite3.Error, OSError) as exc:
+        if not state_unwritable(exc):
+            raise
+        # SQLite rolled the unfinished write back: nothing recorded is lost, and the
+        # trainers (detached) and their holders (leases they renew) go on meanwhile.
+        log.error(
+            "stopping: the state directory %s cannot be written (%s); trainers keep "
+            "running; start the daemon again once it can be written",
+            path,
+            exc,
+        )
+        raise SystemExit(1) from None
     finally:
         store.close()
         monitor.runner.close()
