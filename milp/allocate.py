@@ -18,6 +18,7 @@ from bftrainer.milp.node import build_node_model
 from bftrainer.milp.objective import TrainerTerms, admitted, build_terms, objective_of_counts
 from bftrainer.milp.problem import Problem
 from bftrainer.milp.solvers import DEFAULT_MIP_GAP, MILP_SOLVERS, SolveStatus
+from bftrainer.milp.solvers.stdout_guard import solver_stdout_to_log
 from bftrainer.milp.windows import allocate_windows, has_windows
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,8 @@ def _solve_milp(
         remaining_s = deadline - time.perf_counter() - min(1e-4 * len(terms), 0.2 * time_limit_s)
         if remaining_s > 0:
             milp = cm.milp if formulation == "count" else nm.milp
-            outcome = backend.solve(milp, time_limit_s=remaining_s, mip_gap=mip_gap)
+            with solver_stdout_to_log():  # stdout is the commands' output (--json)
+                outcome = backend.solve(milp, time_limit_s=remaining_s, mip_gap=mip_gap)
             if outcome.x is not None and outcome.status is not SolveStatus.INFEASIBLE:
                 if formulation == "count":
                     answer = map_counts(current_nodes, cm.counts(outcome.x, terms), problem.pool)

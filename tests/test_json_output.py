@@ -1,0 +1,141 @@
+"""Every command's ``--json`` output is JSON and nothing else, as a script reads it.
+
+Each command runs as a subprocess and its whole stdout goes through ``json.loads``: one
+stray byte (a solver's banner printed from native code) fails it. The list of commands
+is checked against the command line itself, so a new ``--json`` gets a case here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import pytest
+
+from bftrainer.cli import cli
+from bftrainer.state import Store, ensure_state_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "idle_monitor" / "fixtures"
+
+
+def commands_with_json() -> set[str]:
+    found = set()
+
+    def walk(command: click.Command, path: list[str]) -> None:
+        if isinstance(command, click.Group):
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, name
+                walk(sub, [*path, name])
+            return
+        if any("--json" in p.opts for p in command.params if isinstance(p, click.Option)):
+            found.add(" ".join(path))
+
+    walk(cli, [])
+    return found
+
+
+def allocate(solver: str) -> Callable[[Path], list[str]]:
+    def args(tmp_path: Path) -> list[str]:
+        return ["allocate", str(ROOT / "examples" / "problem.json"), "--solver", solver]
+
+    return args
+
+
+def status(tmp_path: Path) -> list[str]:
+    path = ensure_state_dir(tmp_path / "state")
+    Store.open(path).close()
+    return ["status", "--state-dir", str(path)]
+
+
+def trace_stats(tmp_path: Path) -> list[str]:
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,a,0\n")
+    return ["trace", "stats", str(trace)]
+
+
+def goodput_fit(tmp_path: Path) -> list[str]:
+    obs = tmp_path / "obs.csv"
+    rows = [(n, b, 0.05 + 0.002 * b / n + 0.01 * n) for n in (1, 2, 4, 8) for b in (16, 64)]
+    obs.write_text(
+        "nodes,local_bsz,accum_steps,step_time_s\n"
+        + "".join(f"{n},{b},0,{t}\n" for n, b, t in rows)
+    )
+    return ["goodput", "fit", str(obs)]
+
+
+def pool(tmp_path: Path) -> list[str]:
+    """LSF's recorded replies, printed by programs of those names on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program, name in [
+        ("bhosts", "lsf-bhosts-wide.txt"),
+        ("bslots", "lsf-bslots-long.txt"),
+        ("bjobs", "lsf-bjobs-killable.json"),
+    ]:
+        script = bin_dir / program
+        script.write_text(f"#!/bin/sh\nexec cat {FIXTURES / name}\n")
+        script.chmod(0o755)
+    return ["pool", "--scheduler", "lsf", "--bf-queue", "killable"]
+
+
+CASES: dict[str, list[Callable[[Path], list[str]]]] = {
+    "allocate": [allocate("highs"), allocate("cbc"), allocate("gurobi"), allocate("dp")],
+    "status": [status],
+    "trace stats": [trace_stats],
+    "goodput fit": [goodput_fit],
+    "pool": [pool],
+}
+
+
+def test_every_command_with_json_has_a_case() -> None:
+    assert commands_with_json() == set(CASES)
+
+
+@pytest.mark.parametrize(
+    "make_args",
+    [pytest.param(f, id=f"{name}-{i}") for name, fs in CASES.items() for i, f in enumerate(fs)],
+)
+def test_json_stdout_is_json_and_nothing_else(
+    tmp_path: Path, make_args: Callable[[Path], list[str]]
+) -> None:
+    args = make_args(tmp_path)
+    if "gurobi" in args and importlib.util.find_spec("gurobipy") is None:
+        pytest.skip("gurobipy is not installed")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env.pop("LSF_ENVDIR", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", *args, "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    json.loads(done.stdout.decode())  # strict: no byte before or after the object
+
+
+def test_a_replay_prints_no_solver_output(tmp_path: Path) -> None:
+    """The daemon and the replay solve in-process like ``allocate``: their stdout is ours."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bftrainer", "replay", "--synthetic-nodes", "16"),
+            *("--synthetic-hours", "2", "--jobs-count", "20", "--no-progress"),
+            *("--out", str(tmp_path / "o")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "HiGHS" not in done.stdout + done.stderr
