@@ -3,18 +3,38 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXTRAS := dev,parquet,torch,gurobi
 DEMO_OUT ?= out/demo
 
-.PHONY: demo test venv lint typecheck unit bench clean horovod horovod-if-possible
+.PHONY: demo test venv lint typecheck unit bench clean horovod horovod-if-possible upgrade-check
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned: 2.13.0 is a CPU build on local disk; unpinned pulls gigabytes.
-	$(BIN)/pip install --quiet -e '.[dev,parquet,torch,gurobi]'
+	# constraints.txt: the versions the suite passed with (a new release changed output).
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# The newest versions pyproject.toml allows, in a venv of their own, through the same
+# checks as `make test` (Horovod aside); constraints.txt is rewritten only if they pass,
+# so an upgrade is a reviewed diff, not a surprise.
+UPGRADE_VENV := .venv-upgrade
+upgrade-check:
+	rm -rf $(UPGRADE_VENV)
+	$(PYTHON) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade pip
+	$(UPGRADE_VENV)/bin/pip install --quiet --upgrade -e '.[$(EXTRAS)]'
+	$(UPGRADE_VENV)/bin/ruff check .
+	$(UPGRADE_VENV)/bin/ruff format --check .
+	$(UPGRADE_VENV)/bin/mypy bftrainer milp idle_monitor trainers
+	$(UPGRADE_VENV)/bin/pytest
+	head -3 constraints.txt > constraints.txt.new
+	$(UPGRADE_VENV)/bin/pip freeze --exclude-editable | grep -v '^bftrainer' >> constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	git diff --stat constraints.txt || true
 
 demo: $(STAMP)
 	$(BIN)/bftrainer replay --policy milp,equal,scavenger --out $(DEMO_OUT)
@@ -45,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/allocator.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(UPGRADE_VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -75,3 +75,34 @@ def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> N
     )
     assert run.returncode == 0, run.stderr
     assert "status optimal" in run.stdout
+
+
+def pinned() -> dict[str, str]:
+    """constraints.txt as {normalised name: version}."""
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_constraints_pin_every_dependency_within_pyproject_ranges() -> None:
+    """`make venv` installs with constraints.txt: each requirement of the package and of
+    the extras it installs is pinned there, to a version pyproject.toml allows."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    installed = ["dev", "parquet", "torch", "gurobi"]
+    assert f"EXTRAS := {','.join(installed)}" in (ROOT / "Makefile").read_text()
+    pins = pinned()
+    for text in [*project["dependencies"], *(r for e in installed for r in extras[e])]:
+        req = Requirement(text)
+        version = pins.get(canonicalize_name(req.name))
+        assert version is not None, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(version, prereleases=True), (req, version)
