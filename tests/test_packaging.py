@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import sysconfig
@@ -13,6 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_PREFIX = "bftrainer/idle_monitor/fixtures/"
+# setuptools' note on every editable install with a package-dir mapping ("Editable
+# installation. Please be careful with folders..."): information, not a fault of ours.
+EDITABLE_NOTE = "BuildBackendWarning: Editable installation."
 FOLDERS = {
     "bftrainer": "bftrainer",
     "milp": "bftrainer.milp",
@@ -27,9 +32,11 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
     )
     found = set()
     for folder, name in FOLDERS.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder).parts
-            found.add(".".join((name, *rel)))
+        # A folder of data (idle_monitor/fixtures) is a package to setuptools too: unlisted,
+        # pip warns and the wheel may leave it out.
+        for sub in [ROOT / folder, *(ROOT / folder).rglob("*")]:
+            if sub.is_dir() and sub.name != "__pycache__" and any(sub.iterdir()):
+                found.add(".".join((name, *sub.relative_to(ROOT / folder).parts)))
     assert found == listed
 
 
@@ -42,8 +49,12 @@ def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> N
         capture_output=True,
     )
     (wheel,) = tmp_path.glob("bftrainer-*.whl")
-    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
     assert tops == {"bftrainer", wheel.name.split("-py3")[0] + ".dist-info"}
+    fixtures = {p.name for p in (ROOT / "idle_monitor" / "fixtures").iterdir()}
+    shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith(FIXTURE_PREFIX)}
+    assert fixtures == shipped, "the wheel carries every recorded scheduler output"
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -106,3 +117,38 @@ def test_constraints_pin_every_dependency_within_pyproject_ranges() -> None:
         version = pins.get(canonicalize_name(req.name))
         assert version is not None, f"{req.name} is not pinned in constraints.txt"
         assert req.specifier.contains(version, prereleases=True), (req, version)
+
+
+def warnings_in(output: str) -> list[str]:
+    return [
+        line.strip()
+        for line in output.splitlines()
+        if re.search(r"\w+Warning\b", line) and EDITABLE_NOTE not in line
+    ]
+
+
+@pytest.mark.slow
+def test_pip_wheel_and_editable_install_print_no_warning(tmp_path: Path) -> None:
+    """pip hides a build backend's warnings without -v; -v shows what a packager sees."""
+    offline = ["--no-deps", "--no-build-isolation", "--no-index", "-v"]
+    wheel = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", *offline, "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert wheel.returncode == 0, wheel.stderr
+    assert not warnings_in(wheel.stdout + wheel.stderr)
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    # setuptools (the backend, without build isolation) from the dev venv.
+    env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
+    editable = subprocess.run(
+        [env_dir / "bin" / "python", "-m", "pip", "install", *offline, "-e", str(ROOT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert editable.returncode == 0, editable.stderr
+    assert not warnings_in(editable.stdout + editable.stderr)
