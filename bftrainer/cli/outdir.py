@@ -3,13 +3,18 @@
 A command writes into a fresh temporary folder beside ``--out`` and renames it into
 place only when everything was written: an interrupted run leaves the earlier output
 as it was, and a finished one replaces it whole (no subfolder of an earlier run with
-other policies survives beside the new ones). An existing folder is replaced only if
-it is an earlier output of the same command (it holds ``marker``) or empty; any other
-folder is refused, so ``--out .`` cannot delete a user's files.
+other policies survives beside the new ones).
+
+An existing folder is replaced only if it is empty or an earlier output of the same
+command: it holds ``MARKER``, which only this module writes and which lists every file
+written then. A file not in that list (a user's notes, a folder merely holding a
+``summary.json``) makes the folder refused, so nothing bftrainer did not write is ever
+removed. Both checks, and whether the folder can be made at all, come before the work.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,34 +22,69 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+MARKER = ".bftrainer-output.json"
+
 
 class OutputDirError(ValueError):
-    """``--out`` names something this command must not replace."""
+    """``--out`` names something this command must not replace or cannot create."""
 
 
-def check_output_dir(out: Path, marker: str) -> None:
+def _written_files(out: Path) -> set[str]:
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def _manifest(out: Path, command: str) -> set[str] | None:
+    """The files listed by ``out``'s marker for ``command``; None if it has none."""
+    try:
+        data = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("command") != command:
+        return None
+    files = data.get("files")
+    return {str(f) for f in files} if isinstance(files, list) else None
+
+
+def check_output_dir(out: Path, command: str) -> None:
     """Refuse ``out`` up front (before a long run) unless it is new, empty or an
-    earlier output of this command, which holds ``marker``."""
-    if not out.exists() and not out.is_symlink():
-        return
-    if out.is_symlink() or not out.is_dir():
-        raise OutputDirError(f"{out}: exists and is not a folder")
-    if any(out.iterdir()) and not (out / marker).is_file():
-        raise OutputDirError(
-            f"{out}: not empty and not an earlier output (no {marker}); "
-            "choose a new or empty folder"
-        )
+    earlier output of ``command`` with nothing added since, and its parent is writable."""
+    if out.exists() or out.is_symlink():
+        if out.is_symlink() or not out.is_dir():
+            raise OutputDirError(f"{out}: exists and is not a folder")
+        if any(out.iterdir()):
+            listed = _manifest(out, command)
+            if listed is None:
+                raise OutputDirError(
+                    f"{out}: not empty and not an earlier output of bftrainer {command} "
+                    f"(no {MARKER}); choose a new or empty folder"
+                )
+            foreign = sorted(_written_files(out) - listed - {MARKER})
+            if foreign:
+                raise OutputDirError(
+                    f"{out}: holds {foreign[0]}, which bftrainer did not write; move it "
+                    "or choose another folder"
+                )
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{out}: cannot be created ({parent} is not a writable folder)")
 
 
 @contextmanager
-def replaced_on_success(out: Path, marker: str) -> Iterator[Path]:
+def replaced_on_success(out: Path, command: str) -> Iterator[Path]:
     """Yield a temporary folder to write into; on success it becomes ``out``."""
-    check_output_dir(out, marker)
+    check_output_dir(out, command)
     out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    except OSError as e:
+        raise OutputDirError(f"{out}: cannot be created: {e.strerror}") from None
     try:
         yield tmp
+        files = sorted(_written_files(tmp))
+        (tmp / MARKER).write_text(json.dumps({"command": command, "files": files}, indent=1))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700

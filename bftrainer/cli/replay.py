@@ -324,7 +324,7 @@ def replay_cmd(
                 "cannot run Pollux's trainers (--workload pollux)"
             )
     try:
-        check_output_dir(out_dir, OUTPUT_MARKER)  # before the run, not after an hour of it
+        check_output_dir(out_dir, "replay")  # before the run, not after an hour of it
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
     try:
@@ -338,7 +338,7 @@ def replay_cmd(
             r.summary.update(pollux_summary(r.trainers, end_s, rep))
     reports = [(r, rep) for r, rep in outcomes if rep is not None]
     try:
-        with replaced_on_success(out_dir, OUTPUT_MARKER) as tmp:
+        with replaced_on_success(out_dir, "replay") as tmp:
             _write_outputs(tmp, results, reports, bool(sweep))
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
@@ -346,10 +346,6 @@ def replay_cmd(
     if reports:
         click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
     click.echo(f"\nwrote {out_dir}/")
-
-
-# An earlier replay's folder holds this file; only such a folder is replaced.
-OUTPUT_MARKER = "summary.json"
 
 
 def _write_outputs(

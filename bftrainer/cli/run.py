@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -29,6 +30,73 @@ from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, Laun
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
+
+
+def _same_work(old: LaunchSpec, new: LaunchSpec) -> bool:
+    """The checkpoint continues only the same script, arguments (the work among them)
+    and trainer id."""
+    return (old.script, old.args, old.trainer_id) == (
+        new.script.resolve(),
+        new.args,
+        new.trainer_id,
+    )
+
+
+def _attached_alive(trainer_dir: Path) -> bool:
+    try:
+        return Launcher.attach(trainer_dir).alive()
+    except LaunchError:
+        return False
+
+
+def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
+    """What an existing ``--trainer-dir`` holds, said in one line on stderr: None (new,
+    empty, or removed by --fresh), "resume" or "done" (the same work); any other folder is
+    refused, so an earlier run's result is never taken for this one's."""
+    d = spec.trainer_dir
+    if not d.exists() and not d.is_symlink():
+        return None
+    if not d.is_dir():
+        raise UsageError(f"--trainer-dir {d}: exists and is not a folder")
+    if not any(d.iterdir()):
+        return None
+    spec_file = d / channel.SPEC
+    if not spec_file.is_file():
+        raise UsageError(
+            f"--trainer-dir {d}: not empty and not a trainer directory (no {channel.SPEC}); "
+            "choose a new or empty folder"
+        )
+    if (d / channel.SUPERVISOR_PID).is_file() and _attached_alive(d):
+        raise UsageError(f"--trainer-dir {d}: a trainer is running there now")
+    try:
+        old = LaunchSpec.from_json(spec_file.read_text(), str(spec_file))
+    except (OSError, LaunchError):
+        old = None
+    if fresh:
+        shutil.rmtree(d)  # a trainer directory (spec.json): written by bftrainer run
+        click.echo(
+            f"bftrainer run: starting afresh in {d} (the earlier run's files removed)", err=True
+        )
+        return None
+    if old is None or not _same_work(old, spec):
+        what = "unreadable spec" if old is None else f"{old.script.name} {' '.join(old.args)}"
+        raise UsageError(
+            f"--trainer-dir {d} holds an earlier run of other work ({what}): add --fresh "
+            "to start afresh there, or choose another --trainer-dir"
+        )
+    try:
+        result = channel.read_result(d)
+    except channel.ChannelError as e:
+        raise UsageError(f"--trainer-dir {d}: {e}; add --fresh to start afresh") from None
+    if result is not None:
+        click.echo(
+            f"bftrainer run: {d} holds this work finished by an earlier run: its result "
+            "follows (--fresh trains again)",
+            err=True,
+        )
+        return "done"
+    click.echo(f"bftrainer run: resuming the same work in {d} from its checkpoint", err=True)
+    return "resume"
 
 
 def _read_host_file(path: Path) -> list[str]:
@@ -52,6 +120,11 @@ def _read_host_file(path: Path) -> list[str]:
     help="Trainer directory [default: ./bftrainer-run-<script stem>].",
 )
 @click.option("--trainer-id", help="Trainer id [default: the script's stem].")
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start afresh in an existing trainer directory: its earlier run's files go.",
+)
 @click.option("--max-hosts", type=COUNT, default=64, show_default=True)
 @click.option("--min-hosts", type=COUNT, default=1, show_default=True)
 @click.option(
@@ -74,6 +147,7 @@ def run_cmd(
     hosts_file: Path,
     trainer_dir: Path | None,
     trainer_id: str | None,
+    fresh: bool,
     max_hosts: int,
     min_hosts: int,
     exec_mode: str | None,
@@ -103,7 +177,14 @@ def run_cmd(
         min_hosts=min_hosts,
         max_hosts=max_hosts,
     )
-    trainer_dir.mkdir(parents=True, exist_ok=True)
+    earlier = _earlier_run(spec, fresh)
+    if earlier == "done":
+        click.echo(json.dumps(channel.read_result(trainer_dir), sort_keys=True))
+        return
+    try:
+        trainer_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror}") from None
     if exec_mode or ssh_args:
         channel.write_exec(trainer_dir, exec_mode or "ssh", {}, ssh_args)
     try:

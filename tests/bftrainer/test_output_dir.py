@@ -1,0 +1,68 @@
+"""`replay --out` replaces only what bftrainer wrote there (issue 19): an earlier output
+is recognised by the marker only bftrainer writes, and a file it did not write stops it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bftrainer.cli.outdir import MARKER
+
+SMALL = ["--synthetic-nodes", "8", "--synthetic-hours", "1", "--jobs-count", "4"]
+
+
+def replay(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", *SMALL, "--no-progress", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def one_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    return line
+
+
+def test_an_earlier_output_is_replaced_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert replay(out).returncode == 0
+    listed = set(json.loads((out / MARKER).read_text())["files"])
+    assert "summary.json" in listed
+    (out / "summary.json").write_text("{}")  # a file we wrote, changed: still ours
+    again = replay(out)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "summary.json").read_text())  # the new run's
+
+
+def test_a_file_bftrainer_did_not_write_is_never_removed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert replay(out).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    line = one_error(replay(out))
+    assert "notes.txt" in line and "did not write" in line
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_folder_with_a_summary_json_of_its_own_is_not_an_earlier_output(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    (out / "thesis.tex").write_text("mine")
+    line = one_error(replay(out))
+    assert str(out) in line and MARKER in line
+    assert (out / "thesis.tex").read_text() == "mine"
+
+
+def test_an_out_that_cannot_be_created_is_refused_before_the_replay(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    line = one_error(replay(tmp_path / "afile" / "out"))
+    assert "afile" in line and "cannot be created" in line
