@@ -48,7 +48,10 @@ class SimulatedDriver:
         done: list[Completion] = []
         for t in trainers:
             if dt_s > 0:
-                samples = t.job.rate_sps(len(t.nodes)) * dt_s
+                # A trainer done within the step (its wake-up is rounded to the clock's
+                # resolution) processes no more than its work.
+                left = max(0.0, t.job.work_samples - t.progress_samples)
+                samples = min(t.job.rate_sps(len(t.nodes)) * dt_s, left)
                 t.processed_samples += samples
                 total += samples
             if t.id not in self._reported and self._is_done(t):
@@ -82,10 +85,18 @@ class SimulatedDriver:
         return trainer.progress_samples >= trainer.job.work_samples * (1 - DONE_RTOL)
 
     def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
-        """The next completion at current rates."""
+        """The next completion at current rates, never ``now_s`` itself.
+
+        At trace times (~1.6e9 s, 2.4e-7 s apart) a little work left at a high rate
+        finishes within the clock's resolution: ``now_s + left / rate == now_s``, and a
+        loop woken at ``now_s`` again would never move. The next representable instant
+        processes ``rate x ulp >= left`` samples, so the work is done there, at any
+        job size, rate or clock magnitude.
+        """
         best = math.inf
         for t in trainers:
             rate = t.job.rate_sps(len(t.nodes))
             if rate > 0:
-                best = min(best, now_s + max(0.0, t.job.work_samples - t.progress_samples) / rate)
+                left_s = max(0.0, t.job.work_samples - t.progress_samples) / rate
+                best = min(best, max(now_s + left_s, math.nextafter(now_s, math.inf)))
         return best
