@@ -14,6 +14,8 @@ import gzip
 import logging
 import math
 import os
+import stat
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ def load_trace(
 
 def _read(path: Path, *, strict: bool) -> tuple[list[str], Trace | None]:
     try:
+        # A FIFO would block the open (or never end), a device never ends: refused
+        # from stat alone, before any open.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise TraceFormatError(f"{path}: not a regular file (a FIFO, device or folder)")
         with path.open("rb") as f:
             magic = f.read(4)
     except OSError as exc:
@@ -70,7 +76,9 @@ def _read(path: Path, *, strict: bool) -> tuple[list[str], Trace | None]:
             if first is None:
                 raise TraceFormatError(f"{path}: empty file (no header)")
             return first, parse_rows(path, first, reader, strict=strict, line_word="line")
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as exc:
+        # zlib.error: a corrupt gzip stream (gzip raises BadGzipFile, an OSError, only
+        # for a bad header).
         raise TraceFormatError(f"{path}: cannot read trace: {exc}") from exc
 
 

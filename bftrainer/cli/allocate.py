@@ -8,7 +8,7 @@ from typing import Any, TextIO
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import Number
+from bftrainer.cli.params import InputTextFile, Number
 from bftrainer.milp import (
     DEFAULT_TIME_LIMIT_S,
     FORMULATIONS,
@@ -22,7 +22,7 @@ from bftrainer.milp.solvers import SolverError
 
 
 @click.command("allocate")
-@click.argument("problem_file", metavar="PROBLEM.json", type=click.File("r"))
+@click.argument("problem_file", metavar="PROBLEM.json", type=InputTextFile())
 @click.option("--formulation", type=click.Choice(FORMULATIONS), default="count", show_default=True)
 @click.option("--solver", type=click.Choice(SOLVERS), default="highs", show_default=True)
 @click.option(

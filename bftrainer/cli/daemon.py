@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import POSITIVE, SECONDS
+from bftrainer.cli.params import POSITIVE, SECONDS, InputFile
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=InputFile(),
     help="TOML file with [policy] and [daemon] tables (docs/deployment.md); flags win.",
 )
 @click.option(

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.params import InputFile
 from bftrainer.trainers.throughput import (
     FitError,
     ObservationFileError,
@@ -22,9 +23,7 @@ def goodput() -> None:
 
 
 @goodput.command("fit")
-@click.argument(
-    "obs_file", metavar="OBS.csv", type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
+@click.argument("obs_file", metavar="OBS.csv", type=InputFile(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def fit_cmd(obs_file: Path, as_json: bool) -> None:
     """Fit the step-time model to observed steps and show how well it reproduces them.

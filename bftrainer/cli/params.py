@@ -10,6 +10,9 @@ it so.
 from __future__ import annotations
 
 import math
+import os
+import stat
+from pathlib import Path
 from typing import Any
 
 import click
@@ -110,3 +113,55 @@ class TFwd(Number):
 T_FWD = TFwd(min=0.0, max=T_FWD_MAX_S)
 # Nodes of a synthetic trace: a machine far beyond any real one still fits in memory.
 SYNTHETIC_NODES = Number(integer=True, min=1, max=1_000_000)
+
+
+def not_regular_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as an input file, or None. A FIFO (or a device, a
+    socket) blocks the reader forever or never ends, so only regular files are read;
+    ``stat`` answers without opening it. A missing path is left to the reader's own
+    message."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device or socket"
+    )
+    return f"{path} is {kind}, not a regular file"
+
+
+class InputFile(click.Path):
+    """A file a command reads: a regular file (or '-' for stdin where allowed)."""
+
+    def __init__(
+        self, *, exists: bool = False, allow_dash: bool = False, path_type: type | None = Path
+    ) -> None:
+        super().__init__(exists=exists, dir_okay=False, allow_dash=allow_dash, path_type=path_type)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        if str(path) != "-":
+            problem = not_regular_file(Path(os.fsdecode(path)))
+            if problem is not None:
+                self.fail(problem, param, ctx)
+        return path
+
+
+class InputTextFile(click.File):
+    """``click.File("r")`` that refuses a FIFO, device or socket before opening it."""
+
+    def __init__(self) -> None:
+        super().__init__("r")
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str | Path) and str(value) != "-":
+            problem = not_regular_file(Path(value))
+            if problem is not None:
+                self.fail(problem, param, ctx)
+        return super().convert(value, param, ctx)

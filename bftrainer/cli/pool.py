@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import SECONDS, Number
+from bftrainer.cli.params import SECONDS, InputFile, Number
 from bftrainer.idle_monitor.runner import CommandRunner, LocalRunner, RetryPolicy, SshRunner
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig, Reading, Scheduler
 
@@ -44,12 +44,12 @@ def source_options(func: F) -> F:
         ),
         click.option(
             "--ssh-key",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=InputFile(),
             help="Private key for --ssh (default: the SSH agent and ~/.ssh keys).",
         ),
         click.option(
             "--known-hosts",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=InputFile(),
             help="known_hosts file that must hold the login node's key "
             "(default ~/.ssh/known_hosts).",
         ),

@@ -22,6 +22,7 @@ from bftrainer.cli.params import (
     SEED,
     SYNTHETIC_HOURS,
     T_FWD,
+    InputFile,
     Number,
 )
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
@@ -75,7 +76,7 @@ FLAG_NAMES = {
 
 
 @click.command("replay")
-@click.argument("trace_path", metavar="[TRACE]", required=False, type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="[TRACE]", required=False, type=InputFile(path_type=None))
 @click.option("--nodes", "node_slice", help="Nodes by first-seen order, e.g. 0:1024.")
 @click.option("--start", help="Replay from this time (YYYY-mm-dd HH:MM:SS, ISO-8601 or epoch s).")
 @click.option("--end", help="Replay until this time.")
@@ -101,12 +102,12 @@ FLAG_NAMES = {
     help="Seed of the synthetic trace and workload.",
 )
 @click.option(
-    "--jobs", "jobs_path", type=click.Path(dir_okay=False), help="A paper job set (*-Jbnd-*.csv)."
+    "--jobs", "jobs_path", type=InputFile(path_type=None), help="A paper job set (*-Jbnd-*.csv)."
 )
 @click.option(
     "--profiles",
     "profiles_path",
-    type=click.Path(dir_okay=False),
+    type=InputFile(path_type=None),
     help="Its profiles (*-JNPs-*.csv); found by name if omitted.",
 )
 @click.option(
@@ -166,7 +167,7 @@ FLAG_NAMES = {
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False),
+    type=InputFile(path_type=None),
     help="A TOML file with [policy] (and [replay]) settings; flags override it.",
 )
 @click.option(

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, SECONDS
+from bftrainer.cli.params import COUNT, SECONDS, InputFile
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
@@ -110,7 +110,7 @@ def _read_host_file(path: Path) -> list[str]:
 @click.option("--backend", type=click.Choice(BACKENDS), required=True, help="Elastic backend.")
 @click.option(
     "--hosts-file",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=InputFile(),
     required=True,
     help="host[:slots] per line; re-read as it changes (empty: zero hosts).",
 )

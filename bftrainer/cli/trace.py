@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES
+from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES, InputFile
 from bftrainer.cli.trace_record import record
 from bftrainer.idle_monitor.synthetic import (
     DEFAULT_NODES,
@@ -65,7 +65,7 @@ def trace() -> None:
 
 
 @trace.command("stats")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("trace_path", metavar="TRACE", type=InputFile())
 @click.option("--nodes", "node_range", metavar="A:B", help="Nodes A..B-1 in first-seen order.")
 @click.option("--start", help="Start here; the state then is the snapshot (time or epoch s).")
 @click.option("--end", help="End here (time or epoch s).")
