@@ -89,7 +89,8 @@ class Config:
         if self.t_fwd_s != "auto":
             if isinstance(self.t_fwd_s, str):
                 raise ConfigError(f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or seconds')
-            _number("t_fwd_s", self.t_fwd_s, lo=0.0, lo_open=False, allow_inf=False)
+            # 0 values every allocation at nothing: no trainer would ever start.
+            _number("t_fwd_s", self.t_fwd_s, lo=0.0, lo_open=True, allow_inf=False)
             if self.t_fwd_s > T_FWD_MAX_S:
                 raise ConfigError(
                     f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or a number <= {T_FWD_MAX_S:g}'

@@ -119,7 +119,8 @@ class Problem:
             seen: set[str] = set()
             dup = next(n for n in self.pool if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise ProblemError(f"pool lists node {dup!r} twice")
-        _check_number(self.t_fwd_s, "t_fwd", minimum=0.0, maximum=T_FWD_MAX_S)
+        # T_fwd = 0 values every allocation at nothing: no trainer would ever start.
+        _check_number(self.t_fwd_s, "t_fwd", minimum=0.0, maximum=T_FWD_MAX_S, open_min=True)
         if self.objective not in OBJECTIVES:
             raise ProblemError(
                 f"objective {self.objective!r} is not one of {', '.join(OBJECTIVES)}"
@@ -253,13 +254,15 @@ def _string_list(value: Any, what: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _check_number(value: Any, what: str, *, minimum: float, maximum: float = math.inf) -> None:
+def _check_number(
+    value: Any, what: str, *, minimum: float, maximum: float = math.inf, open_min: bool = False
+) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ProblemError(f"{what} is {value!r}, expected a number")
     if not math.isfinite(value):
         raise ProblemError(f"{what} is {value!r}, expected a finite number")
-    if value < minimum:
-        raise ProblemError(f"{what} is {value!r}, expected >= {minimum:g}")
+    if value < minimum or (open_min and value == minimum):
+        raise ProblemError(f"{what} is {value!r}, expected {'>' if open_min else '>='} {minimum:g}")
     if value > maximum:
         raise ProblemError(
             f"{what} is {value!r}, expected <= {maximum:g} (the allocator's limits: "

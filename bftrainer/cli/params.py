@@ -110,7 +110,7 @@ class TFwd(Number):
 
 
 # T_fwd as the allocator accepts it (docs/allocator.md, "Limits"), or auto.
-T_FWD = TFwd(min=0.0, max=T_FWD_MAX_S)
+T_FWD = TFwd(min=0.0, min_open=True, max=T_FWD_MAX_S)
 # Nodes of a synthetic trace: a machine far beyond any real one still fits in memory.
 SYNTHETIC_NODES = Number(integer=True, min=1, max=1_000_000)
 

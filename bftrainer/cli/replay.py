@@ -312,18 +312,30 @@ def replay_cmd(
     except ConfigError as e:
         raise UsageError(str(e)) from None
     if sweep:
+        if policies is not None and policies.strip() != "milp":
+            raise UsageError(f"--sweep runs the milp policy only; drop --policy {policies!r}")
         configs = [replace(base, policy="milp", t_fwd_s=v) for v in _sweep_values(sweep)]
     else:
         names = [p.strip() for p in (policies or base.policy).split(",") if p.strip()]
+        if not names:
+            raise UsageError(f"--policy {policies!r}: name one of {', '.join(POLICIES)}")
         for p in names:
             if p not in POLICIES:
                 raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
+            if names.count(p) > 1:
+                raise UsageError(f"--policy {p!r} is named twice (its runs share one folder)")
         configs = [replace(base, policy=p) for p in names]
         if factory is not None and "scavenger" in names:
             raise UsageError(
                 "--policy scavenger replays rigid jobs from their throughput curves; it "
                 "cannot run Pollux's trainers (--workload pollux)"
             )
+    windows_count = (trace.end_s - trace.start_s) / base.window_s
+    if windows_count > MAX_WINDOWS:
+        raise UsageError(
+            f"--window-hours {base.window_s / 3600:g}: {windows_count:.3g} windows over the "
+            f"trace's {(trace.end_s - trace.start_s) / 3600:g} h; at most {MAX_WINDOWS:,}"
+        )
     try:
         check_output_dir(out_dir, "replay")  # before the run, not after an hour of it
     except OutputDirError as e:
@@ -379,6 +391,10 @@ def _label(r: ReplayResult) -> str:
     return f"milp-tfwd{tfwd}" if c.policy == "milp" else c.policy
 
 
+# Windows of the per-window U: each is a row of windows.csv and a bar of its plot.
+MAX_WINDOWS = 100_000
+
+
 def _sweep_values(text: str) -> list[float | str]:
     key, _, values = text.partition("=")
     if key.strip() != "tfwd" or not values:
@@ -386,6 +402,9 @@ def _sweep_values(text: str) -> list[float | str]:
     out = [T_FWD.parse(v) for v in values.split(",")]
     if any(v is None for v in out):
         raise UsageError(f"--sweep {text!r}: each T_fwd must be {T_FWD.describe()} (seconds)")
+    twice = next((v for i, v in enumerate(out) if v in out[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--sweep {text!r}: T_fwd {twice} is given twice (one folder per value)")
     return [v if isinstance(v, str) else float(v) for v in out if v is not None]
 
 

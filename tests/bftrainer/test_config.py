@@ -79,7 +79,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("solver = 'dp'\n", "key 'solver' is outside a table (expected policy)"),
         ("[policy]\nsolver = 'glpk'\n", "solver = 'glpk': expected one of highs"),
         ("[policy]\npolicy = 'greedy'\n", "policy = 'greedy': expected one of milp, equal"),
-        ("[policy]\nt_fwd_s = -5\n", "t_fwd_s = -5.0: expected a number >= 0"),
+        ("[policy]\nt_fwd_s = -5\n", "t_fwd_s = -5.0: expected a number > 0"),
         ("[policy]\nt_fwd_s = nan\n", "t_fwd_s = nan: expected a finite number"),
         ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number > 0"),
         ("[policy]\nt_fwd_s = '120'\n", "t_fwd_s = '120': expected \"auto\" or seconds"),
