@@ -171,6 +171,21 @@ def check_state_dir(path: Path) -> None:
         )
 
 
+def _check_existing_db(path: Path, state_dir: Path) -> None:
+    """For the commands that only read or flag: the database must already be a file
+    with content; they never create one."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise StateDirError(f"no bftrainer state in {state_dir} (no {DB_NAME})") from None
+    except OSError as exc:
+        raise StateDirError(f"cannot use {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise StateDirError(f"{path} is not a regular file (a folder?): not a state database")
+    if st.st_size == 0:
+        raise SchemaError(f"{path} is empty (0 bytes): not a bftrainer state database")
+
+
 def ensure_state_dir(path: Path) -> Path:
     """Create the state directory (mode 0700, parents as needed) or check the existing
     one (``check_state_dir``). Returns it."""
@@ -550,20 +565,21 @@ class Store:
         path = state_dir / DB_NAME
         if create:
             ensure_state_dir(state_dir)
+            if not os.access(state_dir, os.W_OK | os.X_OK):
+                raise StateDirError(f"state directory {state_dir} is not writable")
+            # Create the file owner-only; SQLite gives its -wal and -shm files that mode.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         else:
             check_state_dir(state_dir)
-            if not path.exists():
-                raise StateDirError(f"no bftrainer state in {state_dir} (no {DB_NAME})")
-        # Create the file owner-only; SQLite gives its -wal and -shm files the same mode.
-        with contextlib.suppress(FileExistsError):
-            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            _check_existing_db(path, state_dir)
         conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
         conn.row_factory = sqlite3.Row
         store = cls(conn, path)
         try:
-            store._setup(busy_timeout_s)
+            store._setup(busy_timeout_s, create=create)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise SchemaError(f"{path} is not a usable bftrainer state database: {exc}") from None
@@ -572,9 +588,26 @@ class Store:
             raise
         return store
 
-    def _setup(self, busy_timeout_s: float) -> None:
+    def _setup(self, busy_timeout_s: float, *, create: bool = True) -> None:
         c = self._conn
         c.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        if not create:
+            # status, cancel, logs: never create, migrate or convert; say what is wrong.
+            c.execute("PRAGMA foreign_keys = ON")
+            version = self._check_version()
+            if version != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"{self.path} has schema version {version}, not {SCHEMA_VERSION}: "
+                    + (
+                        "not a bftrainer state database"
+                        if version == 0
+                        else "start the daemon of this version once to migrate it"
+                    )
+                )
+            check = [r[0] for r in c.execute("PRAGMA quick_check(3)").fetchall()]
+            if check != ["ok"]:
+                raise SchemaError(f"{self.path} fails SQLite's integrity check: {'; '.join(check)}")
+            return
         mode = c.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise SchemaError(f"{self.path}: cannot switch to WAL mode (got {mode!r})")

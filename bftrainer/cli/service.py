@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -72,6 +73,10 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
         yield store
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
+    except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        # A missing table or column, bad JSON in a column, a setting of another shape:
+        # the store is not as bftrainer wrote it. Named, never changed.
+        raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     finally:
         store.close()
 
@@ -301,6 +306,10 @@ def logs_cmd(trainer_id: str, follow: bool, state_dir: Path | None) -> None:
         if row.trainer_dir is None:
             raise click.ClickException(f"trainer {trainer_id} has not started yet: no log")
         log_path = Path(row.trainer_dir) / SUPERVISOR_LOG
+        if not log_path.parent.is_dir():
+            raise click.ClickException(
+                f"trainer {trainer_id}'s directory {log_path.parent} is gone, its log with it"
+            )
         offset = 0
         while True:
             offset = _print_from(log_path, offset)

@@ -1,0 +1,109 @@
+"""Commands that only read the state (status, logs) never create, migrate or repair it,
+and say in one line what is wrong with it (issue 19)."""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bftrainer.state import DB_NAME, Store, ensure_state_dir
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+
+
+def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bftrainer", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def one_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    return line
+
+
+def state_with_a_trainer(tmp_path: Path) -> tuple[Path, str]:
+    path = ensure_state_dir(tmp_path / "state")
+    with Store.open(path) as store:
+        tid = store.submit(EXAMPLE, ["--work-samples", "10"])
+    return path, tid
+
+
+def empty_file(db: Path) -> None:
+    db.unlink()
+    db.write_bytes(b"")
+
+
+def a_folder(db: Path) -> None:
+    db.unlink()
+    db.mkdir()
+
+
+def sql(statement: str) -> Callable[[Path], None]:
+    def change(db: Path) -> None:
+        conn = sqlite3.connect(db)
+        conn.execute(statement)
+        conn.commit()
+        conn.close()
+
+    return change
+
+
+def torn_page(db: Path) -> None:
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big") or 65536
+    assert len(data) >= 3 * page
+    data[2 * page : 3 * page] = bytes(range(256)) * (page // 256)
+    db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (empty_file, "empty (0 bytes)"),
+        (a_folder, "not a regular file"),
+        (sql("DROP TABLE allocations"), "damaged"),
+        (sql("UPDATE trainers SET args = '{not json'"), "damaged"),
+        (sql("INSERT INTO settings (key, value) VALUES ('pool', '[1, 2]')"), "damaged"),
+        (sql("PRAGMA user_version = 0"), "schema version 0"),
+        (torn_page, DB_NAME),
+    ],
+    ids=["empty", "folder", "no-table", "bad-json", "setting-shape", "no-version", "torn"],
+)
+def test_status_reports_a_damaged_store_and_leaves_it_as_it_was(
+    tmp_path: Path, damage: Callable[[Path], None], message: str
+) -> None:
+    state, _ = state_with_a_trainer(tmp_path)
+    db = state / DB_NAME
+    for suffix in ("-wal", "-shm"):
+        (state / (DB_NAME + suffix)).unlink(missing_ok=True)
+    damage(db)
+    before = sorted(p.name for p in state.iterdir())
+    digest = hashlib.sha256(db.read_bytes()).hexdigest() if db.is_file() else None
+    for args in (["status"], ["status", "--json"]):
+        line = one_error(bftrainer(*args, "--state-dir", str(state)))
+        assert message in line and str(state) in line
+    assert sorted(p.name for p in state.iterdir()) == before, "nothing created"
+    if digest is not None:
+        assert hashlib.sha256(db.read_bytes()).hexdigest() == digest, "nothing written"
+
+
+def test_logs_of_a_trainer_whose_directory_is_gone_is_an_error(tmp_path: Path) -> None:
+    state, tid = state_with_a_trainer(tmp_path)
+    gone = tmp_path / "gone"
+    with Store.open(state) as store:
+        store.set_launch(tid, trainer_dir=str(gone), supervisor="1")
+    line = one_error(bftrainer("logs", tid, "--state-dir", str(state)))
+    assert str(gone) in line and "gone" in line
