@@ -57,6 +57,7 @@ __all__ = [
     "TraceRangeError",
     "TraceWriter",
     "check_epoch_s",
+    "check_trace_out",
     "format_time",
     "load_trace",
     "parse_time_s",
@@ -92,6 +93,25 @@ def trace_rows(trace: Trace) -> Iterator[tuple[str, str, str, str]]:
         yield format_time(trace.end_s), node, "1" if node in idle else "0", ""
 
 
+def check_trace_out(path: Path) -> None:
+    """Refuse, before any work, a trace file that cannot or must not be written: the
+    rename that finishes a write would replace a symlink, device, FIFO or folder at
+    ``path`` with a regular file; Parquet needs pyarrow; the folder must be writable."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a symlink" if path.is_symlink() else "not a regular file"
+        raise TraceFormatError(f"{path}: is {kind}; a trace is only written over a regular file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise TraceFormatError(f"{path}: {folder} is not a writable folder")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise TraceFormatError(
+                f"{path}: writing Parquet needs pyarrow (pip install pyarrow), or use .csv.gz"
+            ) from None
+
+
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> int:
     """Write a whole trace in the canonical format; the suffix picks the container.
 
@@ -103,6 +123,7 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> int:
     interrupted write never leaves a cut-off trace (or half of an earlier one's rewrite).
     """
     final = Path(path)
+    check_trace_out(final)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial{final.suffix}")
     try:
         count = _write_trace_to(trace, tmp, final)

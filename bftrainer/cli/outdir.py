@@ -64,11 +64,21 @@ def check_output_dir(out: Path, command: str) -> None:
                     f"{out}: holds {foreign[0]}, which bftrainer did not write; move it "
                     "or choose another folder"
                 )
-    parent = out.absolute().parent
+    check_can_create(out.absolute().parent)
+
+
+def check_can_create(folder: Path) -> None:
+    """Refuse up front a ``folder`` that cannot be written into or made: the work of a
+    long run is lost if this is found only when writing its results."""
+    if folder.exists() or folder.is_symlink():
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputDirError(f"{folder}: not a writable folder")
+        return
+    parent = folder.absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputDirError(f"{out}: cannot be created ({parent} is not a writable folder)")
+        raise OutputDirError(f"{folder}: cannot be created ({parent} is not a writable folder)")
 
 
 @contextmanager

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.outdir import OutputDirError, check_can_create
 from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES, InputFile
 from bftrainer.cli.trace_record import record
 from bftrainer.idle_monitor.synthetic import (
@@ -22,6 +23,8 @@ from bftrainer.idle_monitor.synthetic import (
 from bftrainer.idle_monitor.trace import (
     TraceFormatError,
     TraceRangeError,
+    check_epoch_s,
+    check_trace_out,
     load_trace,
     parse_time_s,
     write_trace,
@@ -92,11 +95,20 @@ def stats(
     nodes = parse_node_range(node_range)
     start_s = parse_time_option("--start", start)
     end_s = parse_time_option("--end", end)
+    if start_s is not None and end_s is not None and end_s <= start_s:
+        raise UsageError(f"--start {start} and --end {end}: the span is empty")
+    if plots_dir is not None:
+        try:
+            check_can_create(plots_dir)  # before the trace is read and summarised
+        except OutputDirError as exc:
+            raise UsageError(f"--plots {exc}") from None
     began = time.perf_counter()
     try:
         loaded = load_trace(trace_path, nodes=nodes, start_s=start_s, end_s=end_s)
     except (TraceFormatError, TraceRangeError) as exc:
         raise UsageError(str(exc)) from None
+    if loaded.end_s <= loaded.start_s:
+        raise UsageError(f"{trace_path}: the trace (as sliced) spans no time: no statistics")
     load_s = time.perf_counter() - began
     log.info("loaded %s in %.2f s", trace_path, load_s)
     summary = summarize(loaded)
@@ -156,9 +168,19 @@ def synth(nodes: int, hours: float, seed: int, poll_s: float, start: str | None,
         )
     except SyntheticConfigError as exc:
         raise UsageError(str(exc)) from None
+    try:
+        check_epoch_s(config.start_s + config.duration_s)
+    except ValueError as exc:
+        raise UsageError(f"--start and --hours: the trace would end at a {exc}") from None
+    try:
+        check_trace_out(out)  # before generating: a year of a large machine takes a while
+    except TraceFormatError as exc:
+        raise UsageError(f"--out {exc}") from None
     generated = synthetic_trace(config)
     try:
         rows = write_trace(generated, out)
+    except TraceFormatError as exc:
+        raise UsageError(f"--out {exc}") from None
     except OSError as exc:
         raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
     click.echo(

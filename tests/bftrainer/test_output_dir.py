@@ -65,4 +65,4 @@ def test_a_folder_with_a_summary_json_of_its_own_is_not_an_earlier_output(
 def test_an_out_that_cannot_be_created_is_refused_before_the_replay(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("")
     line = one_error(replay(tmp_path / "afile" / "out"))
-    assert "afile" in line and "cannot be created" in line
+    assert "afile" in line and "not a writable folder" in line
