@@ -139,3 +139,30 @@ def test_a_replay_prints_no_solver_output(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "HiGHS" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "make_args",
+    [pytest.param(fs[0], id=name) for name, fs in CASES.items()],
+)
+def test_output_on_a_full_disk_is_one_line(
+    tmp_path: Path, make_args: Callable[[Path], list[str]]
+) -> None:
+    """stdout that cannot be written (> /dev/full) was a traceback."""
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    env.pop("LSF_ENVDIR", None)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "bftrainer", *make_args(tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    assert "No space left on device" in line

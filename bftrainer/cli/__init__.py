@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import sys
 
 import click
@@ -110,4 +111,23 @@ class JsonFormatter(logging.Formatter):
 
 
 def main() -> None:
-    cli(prog_name="bftrainer")
+    try:
+        cli(prog_name="bftrainer")
+    except OSError as exc:
+        # What a command did not handle itself: most often its output cannot be written
+        # (stdout on a full disk, > /dev/full). One line, not a traceback.
+        _drop_stdout()
+        where = f": {exc.filename}" if exc.filename else " (writing the output?)"
+        sys.stderr.write(f"Error: {exc.strerror or exc}{where}\n")
+        sys.exit(1)
+
+
+def _drop_stdout() -> None:
+    """Discard what is still buffered for stdout, so that flushing it at exit does not
+    fail a second time with Python's 'Exception ignored' report."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
