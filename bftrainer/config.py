@@ -140,6 +140,8 @@ def load_config(path: Path, base: C, tables: Mapping[str, Mapping[str, str]] = P
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise ConfigError(f"{path}: not a usable TOML value: {e}") from None
     config = base
     for name, table in data.items():
         if not isinstance(table, dict):

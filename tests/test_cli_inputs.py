@@ -113,3 +113,23 @@ def test_a_corrupt_gzip_trace_is_one_line(tmp_path: Path) -> None:
         ), repr(result.exception)
         (line,) = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
         assert "t.csv.gz" in line and "cannot read trace" in line
+
+
+def test_an_integer_of_5000_digits_is_one_line(tmp_path: Path) -> None:
+    """Python refuses int() of more than 4,300 digits with a ValueError of its own."""
+    digits = "1" * 5000
+    problem = tmp_path / "p.json"
+    problem.write_text(f'{{"pool": ["a"], "t_fwd": {digits}, "trainers": []}}')
+    config = tmp_path / "c.toml"
+    config.write_text(f"[policy]\nmax_trainers = {digits}\n")
+    for args in (
+        ["allocate", str(problem)],
+        ["replay", "--config", str(config), "--out", str(tmp_path / "o")],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert not isinstance(result.exception, Exception) or isinstance(
+            result.exception, SystemExit
+        ), repr(result.exception)
+        (line,) = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
+        assert "4300 digits" in line

@@ -54,6 +54,8 @@ def allocate_cmd(
         raise UsageError(f"{name}: not UTF-8 text ({e.reason}); expected JSON") from None
     except RecursionError:
         raise UsageError(f"{name}: JSON nested too deeply to be a problem") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise UsageError(f"{name}: not a usable JSON value: {e}") from None
     try:
         problem = problem_from_dict(data)
     except ProblemError as e:
