@@ -102,6 +102,16 @@ class ThroughputParams:
         return {k: float(v) for k, v in asdict(self).items()}
 
 
+# The largest machines have ~10^4 nodes and ~10^5 GPUs; a step is seconds, not days.
+OBSERVATION_LIMITS = {
+    "nodes": 1e6,
+    "replicas": 1e8,
+    "local_bsz": 1e9,
+    "accum_steps": 1e6,
+    "step_time_s": 1e6,
+}
+
+
 @dataclass(frozen=True)
 class StepObservation:
     """One observed optimizer step (or the mean of several at the same configuration).
@@ -117,6 +127,13 @@ class StepObservation:
     step_time_s: float
 
     def __post_init__(self) -> None:
+        # Beyond these no real step was observed: a typo (1e20 nodes) would otherwise be
+        # fitted and reported with errors of 1e14 %.
+        for name, limit in OBSERVATION_LIMITS.items():
+            if getattr(self, name) > limit:
+                raise ObservationError(
+                    f"{name} is {getattr(self, name)!r}, more than any real step ({limit:g})"
+                )
         if self.nodes < 1:
             raise ObservationError(f"nodes must be >= 1, got {self.nodes}")
         if self.replicas < self.nodes:

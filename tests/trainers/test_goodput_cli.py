@@ -98,3 +98,23 @@ def test_an_under_determined_fit_says_so(tmp_path: Path, rows: list[str]) -> Non
     out = json.loads(result.stdout)
     assert out["under_determined"] is True
     assert out["distinct_configs"] <= out["free_params"]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("nodes", "1e20"), ("local_bsz", "1e12"), ("accum_steps", "1e9"), ("step_time_s", "1e9")],
+)
+def test_values_beyond_any_real_step_are_one_line(tmp_path: Path, column: str, value: str) -> None:
+    """Issue 19: 1e20 nodes was fitted and reported with errors of 1e14 %."""
+    rows = {"nodes": "1", "local_bsz": "16", "accum_steps": "0", "step_time_s": "0.1"}
+    path = tmp_path / "obs.csv"
+    path.write_text(
+        "nodes,local_bsz,accum_steps,step_time_s\n"
+        + ",".join({**rows, column: value}.values())
+        + "\n"
+        + "2,16,0,0.12\n"
+    )
+    result = CliRunner().invoke(cli, ["goodput", "fit", str(path)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
+    assert "obs.csv:2" in line and column in line and "more than any real step" in line
