@@ -85,3 +85,9 @@ def record(
     click.echo(
         f"stopped: {recorder.records} record(s), {recorder.rows} row(s) in {out_dir}", err=True
     )
+    if recorder.records == 0 and not stop.is_set():
+        # Every poll failed (an unreachable scheduler): not a recording, whatever the file.
+        raise click.ClickException(
+            f"no poll of {options['scheduler']} could be read, so nothing was recorded "
+            "(see the log lines above)"
+        )
