@@ -186,6 +186,13 @@ def _check_existing_db(path: Path, state_dir: Path) -> None:
         raise SchemaError(f"{path} is empty (0 bytes): not a bftrainer state database")
 
 
+def _blame_the_directory_if_read_only(state_dir: Path, exc: sqlite3.Error) -> None:
+    """SQLite says "readonly database" or "unable to open" when it is the directory that
+    cannot be written (its -wal and -shm files live there): name the directory."""
+    if not os.access(state_dir, os.W_OK | os.X_OK) or "readonly" in str(exc):
+        raise StateDirError(f"state directory {state_dir} is not writable ({exc})") from None
+
+
 def ensure_state_dir(path: Path) -> Path:
     """Create the state directory (mode 0700, parents as needed) or check the existing
     one (``check_state_dir``). Returns it."""
@@ -582,6 +589,7 @@ class Store:
             store._setup(busy_timeout_s, create=create)
         except sqlite3.DatabaseError as exc:
             conn.close()
+            _blame_the_directory_if_read_only(state_dir, exc)
             raise SchemaError(f"{path} is not a usable bftrainer state database: {exc}") from None
         except BaseException:
             conn.close()

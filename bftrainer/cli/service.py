@@ -73,6 +73,10 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
         yield store
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
+    except sqlite3.OperationalError as exc:
+        if "readonly" in str(exc):
+            raise click.ClickException(f"state directory {path} is not writable ({exc})") from None
+        raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, AttributeError) as exc:
         # A missing table or column, bad JSON in a column, a setting of another shape:
         # the store is not as bftrainer wrote it. Named, never changed.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.state import DB_NAME, Store, ensure_state_dir
+from bftrainer.state import DB_NAME, DaemonLock, Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
@@ -107,3 +107,21 @@ def test_logs_of_a_trainer_whose_directory_is_gone_is_an_error(tmp_path: Path) -
         store.set_launch(tid, trainer_dir=str(gone), supervisor="1")
     line = one_error(bftrainer("logs", tid, "--state-dir", str(state)))
     assert str(gone) in line and "gone" in line
+
+
+def test_a_state_directory_that_cannot_be_written_is_named_not_the_database(
+    tmp_path: Path,
+) -> None:
+    """An immutable folder (chattr +i) stands for a read-only one: root ignores modes."""
+    state, tid = state_with_a_trainer(tmp_path)
+    for suffix in ("-wal", "-shm"):
+        (state / (DB_NAME + suffix)).unlink(missing_ok=True)
+    with DaemonLock(state):  # cancel needs a daemon; its lock file is made first
+        if subprocess.run(["chattr", "+i", str(state)], capture_output=True).returncode != 0:
+            pytest.skip("chattr +i is not available here")
+        try:
+            for args in (["status"], ["cancel", tid]):
+                line = one_error(bftrainer(*args, "--state-dir", str(state)))
+                assert f"state directory {state} is not writable" in line, line
+        finally:
+            subprocess.run(["chattr", "-i", str(state)], check=True)
