@@ -41,6 +41,11 @@ DEFAULT_START_S = parse_time_s("2021-02-10 00:00:00")
 """The Summit log's first day, so synthetic and real traces plot on one calendar."""
 
 
+# Generation grows with node-hours: a Summit-month (4,608 nodes x 720 h, 2 million rows)
+# took 10 s here. Past this it would run for long with nothing shown.
+MAX_NODE_HOURS = SUMMIT_NODES * 8760.0
+
+
 class SyntheticConfigError(ValueError):
     """A synthetic-trace option out of range; the message names it and its value."""
 
@@ -111,6 +116,14 @@ class SyntheticConfig:
                 raise SyntheticConfigError(
                     f"synthetic trace option {name}={getattr(self, name)!r} is out of range"
                 )
+        node_hours = max(self.nodes, self.machine_nodes) * self.duration_s / 3600.0
+        if node_hours > MAX_NODE_HOURS:
+            raise SyntheticConfigError(
+                f"a synthetic trace of {self.nodes:,} nodes for {self.duration_s / 3600:g} h "
+                f"is {node_hours:.3g} node-hours (slices of a smaller machine count as "
+                f"{self.machine_nodes:,} nodes); at most {MAX_NODE_HOURS:.3g}, a Summit-sized "
+                "machine for a year (about 2 min to generate): fewer nodes or hours"
+            )
 
 
 def node_names(count: int) -> tuple[str, ...]:

@@ -76,3 +76,18 @@ def test_stats_plots_where_they_cannot_be_written_fail_before_reading(tmp_path: 
     (tmp_path / "afile").write_text("")
     line = one_error(["trace", "stats", str(trace), "--plots", str(tmp_path / "afile" / "p")])
     assert "--plots" in line and "afile" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["trace", "synth", "--nodes", "1000000", "--hours", "8760", "--out", "x.csv"],
+        ["replay", "--synthetic-nodes", "1000000", "--synthetic-hours", "100", "--out", "o"],
+    ],
+)
+def test_a_synthetic_trace_too_large_to_generate_is_refused_at_once(
+    tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert "node-hours" in one_error(args)
+    assert not list(tmp_path.iterdir())
