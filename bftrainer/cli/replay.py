@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import pickle
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,8 @@ from bftrainer.replay.run import (
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
+
+log = logging.getLogger(__name__)
 
 DEFAULT = ReplayConfig()
 FLAG_NAMES = {
@@ -375,14 +379,23 @@ def _write_outputs(
             write_result(r, out_dir / _label(r))
         runs = [json.loads((out_dir / _label(r) / "summary.json").read_text()) for r in results]
         (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
-    plot_windows(results, out_dir / "utilization_per_window.png")
-    plot_costs(results, out_dir / "costs.png")
+    _plot(plot_windows, results, out_dir / "utilization_per_window.png")
+    _plot(plot_costs, results, out_dir / "costs.png")
     if sweep:
-        plot_sweep(results, out_dir / "utilization_vs_tfwd.png")
+        _plot(plot_sweep, results, out_dir / "utilization_vs_tfwd.png")
     for r, rep in reports:
         write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if len(results) > 1 else out_dir)
     if len(reports) > 1:
-        plot_efficiency([(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
+        _plot(plot_efficiency, [(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
+
+
+def _plot(draw: Callable[[Any, Path], object], data: Any, path: Path) -> None:
+    """A figure that cannot be drawn costs that figure only: the runs' results (hours of
+    work, all in summary.json and the CSVs) are written whatever a plot does."""
+    try:
+        draw(data, path)
+    except Exception as exc:
+        log.error("%s not written: %r (the figures are in the CSV files)", path.name, exc)
 
 
 def _label(r: ReplayResult) -> str:

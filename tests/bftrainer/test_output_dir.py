@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from bftrainer.cli import cli
 from bftrainer.cli.outdir import MARKER
 
 SMALL = ["--synthetic-nodes", "8", "--synthetic-hours", "1", "--jobs-count", "4"]
@@ -66,3 +70,20 @@ def test_an_out_that_cannot_be_created_is_refused_before_the_replay(tmp_path: Pa
     (tmp_path / "afile").write_text("")
     line = one_error(replay(tmp_path / "afile" / "out"))
     assert "afile" in line and "not a writable folder" in line
+
+
+def test_a_plot_that_fails_loses_no_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's plot failed after every run had finished, and nothing was written."""
+    import bftrainer.cli.replay as replay_cli
+
+    def broken(*_args: object) -> None:
+        raise ValueError("cannot draw this")
+
+    monkeypatch.setattr(replay_cli, "plot_sweep", broken)
+    out = tmp_path / "out"
+    args = ["replay", *SMALL, "--sweep", "tfwd=auto,60", "--no-progress", "--out", str(out)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    runs = json.loads((out / "summary.json").read_text())["runs"]
+    assert len(runs) == 2
+    assert (out / "costs.png").is_file() and not (out / "utilization_vs_tfwd.png").exists()
