@@ -101,7 +101,7 @@ def test_auto_is_the_default_and_fixed_values_stay_available(tmp_path: Path) -> 
     ("value", "message"),
     [
         ("fast", "t_fwd_s = 'fast': expected \"auto\" or seconds"),
-        (-1, "t_fwd_s = -1.0: expected a number >= 0"),
+        (-1, "t_fwd_s = -1.0: expected a number > 0"),
         (1e9, 't_fwd_s = 1000000000.0: expected "auto" or a number <= 1e+07'),
     ],
 )
@@ -119,7 +119,7 @@ def test_tfwd_flag_takes_auto_or_seconds_and_names_a_bad_value(tmp_path: Path) -
     base = ["replay", "--synthetic-hours", "1", "--synthetic-nodes", "16", "--policy", "milp"]
     bad = CliRunner().invoke(cli, [*base, "--tfwd", "soon", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2
-    assert "'soon' is not auto or a finite number >= 0" in bad.output
+    assert "'soon' is not auto or a finite number > 0" in bad.output
     sweep = CliRunner().invoke(cli, [*base, "--sweep", "tfwd=auto,-3", "--out", str(tmp_path)])
     assert sweep.exit_code == 2 and "each T_fwd must be auto or" in sweep.output
 

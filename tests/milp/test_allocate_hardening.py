@@ -64,7 +64,7 @@ def extreme_problems(draw: st.DrawFn) -> Problem:
                 curve=tuple((n, v * scale) for n, v in t.curve),
             )
         )
-    t_fwd = draw(st.sampled_from([0.0, 1.0, 120.0, 1e5, T_FWD_MAX_S]))
+    t_fwd = draw(st.sampled_from([1e-3, 1.0, 120.0, 1e5, T_FWD_MAX_S]))  # T_fwd > 0
     return replace(p, trainers=tuple(trainers), t_fwd_s=t_fwd)
 
 
