@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.bftrainer.daemon_service import Service
-from tests.bftrainer.soak import Soak, replay_command, schedule
+from tests.bftrainer.soak import KINDS, Soak, replay_command, schedule
 from tests.conftest import SlurmCluster
 from tests.trainers.elastic_harness import horovod_missing
 
@@ -25,16 +25,7 @@ def test_schedules_are_reproducible_and_cover_every_fault() -> None:
     assert a == schedule(SEED, DURATION_S, 8, DOWN_S)
     assert a != schedule(SEED + 1, DURATION_S, 8, DOWN_S)
     kinds = {x.kind for s in range(1, 4) for x in schedule(s, 1200.0, 8, 120.0)}
-    assert kinds == {
-        "submit",
-        "cancel",
-        "main_job",
-        "scancel_holder",
-        "kill_daemon",
-        "term_daemon",
-        "daemon_down",
-        "kill_supervisor",
-    }
+    assert kinds == set(KINDS)
 
 
 def test_soak_one_seed(slurm: SlurmCluster, tmp_path: Path) -> None:
