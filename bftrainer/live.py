@@ -234,7 +234,7 @@ class LiveDriver:
                 old_count - len(trainer.nodes),
                 len(trainer.nodes),
             )
-            self._set_hosts(trainer.id, launcher, trainer.nodes)
+            self._set_hosts(trainer.id, launcher, trainer.nodes, say=False)
         return 0.0
 
     def cancel(self, trainer: TrainerState) -> None:
@@ -318,8 +318,11 @@ class LiveDriver:
             )
         return hosts
 
-    def _set_hosts(self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...]) -> None:
-        """Tell the supervisor its hosts: exec plan first, so new hosts are reachable."""
+    def _set_hosts(
+        self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...], *, say: bool = True
+    ) -> None:
+        """Tell the supervisor its hosts: exec plan first, so new hosts are reachable;
+        ``say``: log the rescale (a preemption has said it already)."""
         hosts = nodes
         if nodes:
             plan = self.exec_plan(nodes)
@@ -331,7 +334,7 @@ class LiveDriver:
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
-        if tuple(before) != tuple(nodes):
+        if say and tuple(before) != tuple(nodes):
             log.info(
                 "trainer %s rescaled: %d -> %d node(s)%s",
                 trainer_id,
