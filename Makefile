@@ -37,7 +37,7 @@ upgrade-check:
 	git diff --stat constraints.txt || true
 
 demo: $(STAMP)
-	$(BIN)/bftrainer replay --policy milp,equal,scavenger --out $(DEMO_OUT)
+	$(BIN)/bftrainer replay --policy milp,equal,scavenger --scavenger-size 4 --out $(DEMO_OUT)
 	$(BIN)/bftrainer report $(DEMO_OUT)
 
 lint: $(STAMP)
