@@ -33,8 +33,8 @@ class Tracked(SlurmHolders):
         super().__init__(runner, job_name=f"bftrainer-hold-test{os.getpid()}")
         self.started = started
 
-    def acquire(self, node: str, window_s: float | None) -> str:
-        job_id = super().acquire(node, window_s)
+    def acquire(self, node: str, window_s: float | None, lease: str | None = None) -> str:
+        job_id = super().acquire(node, window_s, lease)
         self.started.append(job_id)
         return job_id
 
