@@ -161,11 +161,19 @@ class HeldPool:
         """Renew the leases of ``nodes`` that are past half their time (or all: force)."""
         if self.lease_dir is None:
             return
-        for node in nodes:
-            if not force and self._lease_until.get(node, -math.inf) - now_s > self.lease_s / 2:
-                continue
+        due = [
+            n
+            for n in nodes
+            if force or self._lease_until.get(n, -math.inf) - now_s <= self.lease_s / 2
+        ]
+        if due:
             try:
-                self.lease_dir.mkdir(mode=0o700, exist_ok=True)
+                self.lease_dir.mkdir(mode=0o700, exist_ok=True)  # once, not per node
+            except OSError as exc:
+                log.error("cannot create the lease folder %s: %s", self.lease_dir, exc)
+                return
+        for node in due:
+            try:
                 renew_lease(self._lease(node), now_s + self.lease_s)
             except OSError as exc:
                 log.error("cannot renew the lease of %s's holder: %s", node, exc)
