@@ -9,11 +9,11 @@ docs/holders.md):
   cluster); a holder no longer listed has ended.
 - ``squeue -O 'JobID:|,...'`` prints each field unpadded and untruncated, ending with
   ``|``. ``ReqNodes`` holds the ``-w`` node even while pending.
-- A holder preempted by a ``main`` job exits by itself during the grace time (its srun
-  task exits at SIGTERM) and shows ``COMPLETED``; only ``PreemptTime`` (epoch seconds
-  with ``SLURM_TIME_FORMAT=%s``; ``N/A`` otherwise) tells a preemption apart. It is set
-  the moment Slurm preempts, while the job may still show ``RUNNING``: from then on the
-  node is not ours.
+- A preempted holder shows ``PREEMPTED`` (``GraceTime=0``, the recommended setting) or,
+  with a grace time it exits within, ``COMPLETED``; ``PreemptTime`` (epoch seconds with
+  ``SLURM_TIME_FORMAT=%s``; ``N/A`` otherwise) tells a preemption apart in both. It is
+  set the moment Slurm preempts, while the job may still show ``RUNNING``: from then on
+  the node is not ours.
 - ``scancel`` of an ended or unknown job exits 0.
 """
 
