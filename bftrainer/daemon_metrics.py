@@ -24,7 +24,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server, write_to_textfile
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    disable_created_metrics,
+    start_http_server,
+    write_to_textfile,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -82,7 +88,7 @@ class _ReadingCollector(Collector):
         yield _counter("holders_preempted", "Holder jobs preempted by a main job.", h.preempted)
         yield _counter(
             "holders_released",
-            "Holder jobs bftrainer cancelled (no trainer needed the node).",
+            "Holder jobs bftrainer cancelled (no trainer needed the node, or at exit).",
             h.released,
         )
         yield _counter(
@@ -130,6 +136,9 @@ class DaemonMetrics:
     ) -> None:
         self.textfile = textfile
         self.port = port
+        # No *_created series: the histogram's start time is noise on a dashboard (this
+        # process is the daemon's; nothing else here exports metrics).
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self._readings = _ReadingCollector(clock)
         self.registry.register(self._readings)

@@ -111,6 +111,7 @@ def test_the_textfile_and_the_endpoint_say_the_same_as_the_reading(tmp_path: Pat
             assert value(samples, le, le="+Inf") == 2
             # Only ours: node_exporter exports process_* and go_* itself.
             assert all(name.startswith("bftrainer_") for name, _ in samples)
+            assert not any(name.endswith("_created") for name, _ in samples)
         assert [p.name for p in tmp_path.iterdir()] == ["bftrainer.prom"]  # no temp file left
     finally:
         metrics.close()
