@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -160,7 +161,7 @@ class DaemonMetrics:
         *,
         clock: Callable[[], float] = time.time,
     ) -> DaemonMetrics:
-        """Check the textfile's folder (by writing the file once) and bind the port;
+        """Check that the textfile's folder takes a file and bind the port;
         :class:`MetricsError` with one line if either cannot be used. ``clock``: the
         time the pool's age is counted to."""
         metrics = cls(Path(textfile) if textfile is not None else None, port, clock=clock)
@@ -171,8 +172,9 @@ class DaemonMetrics:
                     f"metrics textfile {metrics.textfile}: the folder {folder} does not exist "
                     "(give node_exporter's --collector.textfile.directory)"
                 )
-            try:
-                metrics._write()
+            try:  # a file of another name: nothing half-filled is left if the start fails
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".bftrainer-check-"):
+                    pass
             except OSError as exc:
                 raise MetricsError(
                     f"metrics textfile {metrics.textfile}: cannot write it: {exc.strerror or exc}"
