@@ -30,9 +30,11 @@ import errno
 import logging
 import math
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Protocol
 
 from bftrainer.acquisition import plan_holders
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
@@ -79,9 +81,26 @@ class DaemonConfig(Config):
     # poll, by a trainer's supervisor while it runs there): the bound on how long a node
     # stays held for nobody when the daemon is gone.
     holder_lease_s: float = 300.0
+    # Opt-in metrics (bftrainer.daemon_metrics, docs/deployment.md): a node_exporter
+    # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
+    metrics_textfile: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        port = self.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+        ):
+            raise ConfigError(f"metrics_port = {port!r}: expected a port number, 1 to 65535")
+        textfile = self.metrics_textfile
+        if textfile is not None and (
+            not isinstance(textfile, str) or not textfile.endswith(".prom")
+        ):
+            raise ConfigError(
+                f"metrics_textfile = {textfile!r}: expected a file name ending in .prom "
+                "(node_exporter's textfile collector reads only those)"
+            )
         for name in ("poll_interval_s", "report_every_s", "holder_lease_s"):
             value = getattr(self, name)
             if (
@@ -102,6 +121,20 @@ DAEMON_TABLES = {
 
 
 # ---------------------------------------------------------------------- sources
+
+
+@dataclass
+class HoldCounts:
+    """What the holders did since the daemon started, counted where each is logged
+    (plain numbers: the metrics, when enabled, read them)."""
+
+    acquired: int = 0  # submitted and accepted by the scheduler
+    preempted: int = 0  # ended by a main job
+    released: int = 0  # cancelled by the daemon (pending or running)
+    lost: int = 0  # ended otherwise: cancelled outside, time limit, lease, requeued
+    # Scheduler operations that failed, by kind: holder_status, holder_submit,
+    # holder_cancel, pool (the pool source's own failed reads are counted there).
+    errors: Counter[str] = field(default_factory=Counter)
 
 
 class HeldPool:
@@ -136,6 +169,12 @@ class HeldPool:
         self._told: dict[str, float | None] = {}
         self._view: PoolView | None = None  # the last poll's
         self._replan = False  # polled since the last hold plan
+        self.counts = HoldCounts()
+
+    @property
+    def view(self) -> PoolView | None:
+        """The pool as the last poll read it (None before the first)."""
+        return self._view
 
     def jobs(self) -> dict[str, str]:
         """node -> the job id of its live holder."""
@@ -191,10 +230,12 @@ class HeldPool:
         try:
             self.monitor.poll()  # keeps the last good pool (stale) on a bad reply
         except (CommandError, ValueError) as exc:
+            self.counts.errors["pool"] += 1
             log.warning("pool not read, keeping the last good one: %s", exc)
         try:
             self.sync_holders(now_s)
         except (HolderError, CommandError) as exc:
+            self.counts.errors["holder_status"] += 1
             log.warning("holders not read, keeping the last known: %s", exc)
             return Polled((), self._next_s)
         live = self.store.holders(live_only=True)
@@ -258,6 +299,7 @@ class HeldPool:
                 )
                 self.holders.release(job_id)
                 self.store.set_holder_state(job_id, "ended", reason="requeued", now_s=now_s)
+                self.counts.lost += 1
                 continue
             was = known[job_id]
             if status.state == "running" and was.state == "pending":
@@ -267,6 +309,10 @@ class HeldPool:
             if job_id in known:
                 why = self._why_ended(known[job_id], status.reason, now_s)
                 self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
+                if status.reason == "preempted":
+                    self.counts.preempted += 1
+                else:
+                    self.counts.lost += 1
                 log.info("lost %s: its holder %s %s", status.node, job_id, why)
 
     def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
@@ -333,14 +379,17 @@ class HeldPool:
             except WindowTooShortError:
                 continue
             except HolderError as exc:
+                self.counts.errors["holder_submit"] += 1
                 log.warning("%s; trying again at a later poll", exc)
                 continue
+            self.counts.acquired += 1
             limit_s = None if minutes is None else 60.0 * minutes
             try:
                 self.store.add_holder(job_id, node, limit_s=limit_s, now_s=now_s)
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, job_id)
                 self.holders.release(job_id)
+                self.counts.released += 1
         return released
 
     def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
@@ -348,10 +397,12 @@ class HeldPool:
         try:
             self.holders.release(*jobs)
         except HolderError as exc:
+            self.counts.errors["holder_cancel"] += 1
             log.warning("holders not released: %s", exc)
             return False
         for job_id in jobs:
             self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+        self.counts.released += len(jobs)
         return True
 
     def _publish(
@@ -436,18 +487,50 @@ class SubmissionQueue:
 # ---------------------------------------------------------------------- the daemon
 
 
-class StepLog:
-    """The loop's observer: logs each decision and its latency, and checks after each
-    recorded step that the loop's pool holds only nodes whose holder runs."""
+@dataclass(frozen=True)
+class DaemonReading:
+    """The daemon's figures at one instant, as plain data; :mod:`bftrainer.daemon_metrics`
+    renders them for Prometheus. Counts of events are since the daemon started."""
 
-    def __init__(self, check: Callable[[], None] = lambda: None) -> None:
+    pool_nodes: int  # the idle pool the main scheduler leaves (held nodes included)
+    held_nodes: int  # nodes whose holder runs: the loop's pool
+    allocated_nodes: int  # held nodes given to trainers
+    trainers: Mapping[str, int]  # by state, every state of the store
+    holders: HoldCounts
+    rescales: int
+    command_errors: Mapping[str, int]  # failed scheduler operations, by kind
+    pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
+
+
+class MetricsSink(Protocol):
+    """Where the daemon's figures go when metrics are enabled (the loop never knows)."""
+
+    def update(self, reading: DaemonReading, latency_s: float | None) -> None:
+        """The figures now, and the latency of the decision just made (None: none)."""
+        ...
+
+
+class StepLog:
+    """The loop's observer: logs each decision and its latency, checks after each
+    recorded step that the loop's pool holds only nodes whose holder runs, and calls
+    ``after`` at every wake-up (the step, or None when nothing was recorded)."""
+
+    def __init__(
+        self,
+        check: Callable[[], None] = lambda: None,
+        after: Callable[[Step | None], None] | None = None,
+    ) -> None:
         self.check = check
+        self.after = after
 
     def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
-        pass
+        if self.after is not None:
+            self.after(None)
 
     def step(self, step: Step) -> None:
         self.check()
+        if self.after is not None:
+            self.after(step)
         if step.decided:
             log.debug(
                 "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
@@ -481,10 +564,13 @@ class Daemon:
         config: DaemonConfig,
         *,
         env: dict[str, str] | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.store = store
         self.state_dir = state_dir
         self.config = config
+        self.monitor = monitor
+        self.metrics = metrics
         self.clock = WallClock()
         self.loop: Loop | None = None
         self.pool = HeldPool(
@@ -539,18 +625,44 @@ class Daemon:
     def run(self) -> None:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
         state = self.restore()
+        after = self._publish_metrics if self.metrics is not None else None
         self.loop = Loop(
             [self.pool, self.queue],
             self.driver,
             self.clock,
             self.config,
-            observer=StepLog(self.check_pool),
+            observer=StepLog(self.check_pool, after),
             state=state,
         )
+        self._publish_metrics(None)
         try:
             self.loop.run()
         finally:
             self._shutdown()
+            self._publish_metrics(None)
+
+    def reading(self) -> DaemonReading:
+        """The daemon's figures now (see :class:`DaemonReading`)."""
+        view = self.pool.view
+        last = self.monitor.last_reading
+        trainers = self.loop.trainers.values() if self.loop is not None else ()
+        counts = self.pool.counts
+        return DaemonReading(
+            pool_nodes=len(view.pool) if view is not None else 0,
+            held_nodes=sum(h.state == "running" for h in self.store.holders(live_only=True)),
+            allocated_nodes=sum(len(t.nodes) for t in trainers),
+            trainers=self.store.trainer_counts(),
+            holders=replace(counts, errors=Counter(counts.errors)),
+            rescales=self.driver.rescales,
+            command_errors=dict(counts.errors + self.monitor.failed_reads),
+            pool_read_s=last.time_s if last is not None else None,
+        )
+
+    def _publish_metrics(self, step: Step | None) -> None:
+        if self.metrics is None:
+            return
+        latency = step.latency_s if step is not None and step.decided else None
+        self.metrics.update(self.reading(), latency)
 
     def check_pool(self) -> None:
         """The invariant the daemon is built on: every node the loop may hand a trainer
@@ -586,10 +698,12 @@ class Daemon:
             try:
                 self.pool.holders.release(*(h.job_id for h in spare))
             except HolderError as exc:
+                self.pool.counts.errors["holder_cancel"] += 1
                 log.warning("holders not released at exit: %s", exc)
             else:
                 for h in spare:
                     self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
+                self.pool.counts.released += len(spare)
 
 
 # errno values that mean "this file system cannot take the write", not a bug.

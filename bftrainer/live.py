@@ -111,6 +111,9 @@ class LiveDriver:
         self._offsets: dict[str, int] = {}
         self._samples: dict[str, int] = {}
         self._reports: list[CurveReport | Completion] = []
+        # Node-count changes made by decisions since the start (logged "rescaled"), for
+        # the daemon's metrics; starts and preemptions are not rescales.
+        self.rescales = 0
 
     # ---- restore --------------------------------------------------------------------
     def attach(self, row: TrainerRow, nodes: Sequence[str]) -> None:
@@ -335,6 +338,7 @@ class LiveDriver:
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
         if say and tuple(before) != tuple(nodes):
+            self.rescales += 1
             log.info(
                 "trainer %s rescaled: %d -> %d node(s)%s",
                 trainer_id,

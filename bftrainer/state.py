@@ -793,6 +793,14 @@ class Store:
             )
         return [_trainer(r) for r in rows]
 
+    def trainer_counts(self) -> dict[str, int]:
+        """How many trainers are in each state (every state, 0 included): one query,
+        not a read of every row (the daemon's metrics ask at every step)."""
+        rows = self._query("SELECT state, COUNT(*) AS n FROM trainers GROUP BY state")
+        counts = dict.fromkeys(TRAINER_STATES, 0)
+        counts.update({r["state"]: int(r["n"]) for r in rows})
+        return counts
+
     def request_cancel(self, trainer_id: str) -> TrainerRow:
         """Flag a trainer for cancellation (the daemon stops it); returns the row after.
         A finished trainer is returned unchanged."""

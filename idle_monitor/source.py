@@ -23,6 +23,7 @@ import logging
 import math
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -210,6 +211,9 @@ class LivePoolSource:
         self._claims_failed_s: float | None = None
         self._last_reading: Reading | None = None
         self._last_poll_s = -math.inf
+        # Reads that failed since the start, by what was read ("nodes", "claims"): the
+        # warnings below as numbers, for the daemon's metrics.
+        self.failed_reads: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ reading
 
@@ -221,6 +225,7 @@ class LivePoolSource:
         try:
             claims = self.scheduler.read_claims(self.runner, now_s)
         except CommandError as exc:
+            self.failed_reads["claims"] += 1
             if self._claims_failed_s is None:
                 self._claims_failed_s = now_s
             log.warning(
@@ -234,6 +239,7 @@ class LivePoolSource:
         try:
             states = self.scheduler.read_nodes(self.runner, now_s)
         except CommandError as exc:
+            self.failed_reads["nodes"] += 1
             if self._nodes_failed_s is None:
                 self._nodes_failed_s = now_s
             log.warning(

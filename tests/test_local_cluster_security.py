@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,13 +20,35 @@ IS_ROOT = os.geteuid() == 0
 HAS_SLURM = all(shutil.which(p) for p in ("slurmctld", "slurmd", "sinfo"))
 
 
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _ports() -> tuple[int, int, int]:
+    """Ports no cluster of this machine uses: slurmctld, slurmd, and a base whose two
+    node ports (base+1, base+2) are free. Fixed ports would meet another test run's
+    cluster (concurrent sessions each run their own)."""
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        ctld, slurmd = a.getsockname()[1], b.getsockname()[1]
+    for base in range(30000, 60000, 7):
+        if all(_free(base + i) for i in (1, 2)) and {ctld, slurmd}.isdisjoint({base + 1, base + 2}):
+            return ctld, slurmd, base
+    raise AssertionError("no two free consecutive ports between 30001 and 60000")
+
+
+PORTS = _ports()
+
+
 def script(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "SLURM_LOCAL_DIR": str(state),
-        "SLURM_LOCAL_CTLD_PORT": "26817",
-        "SLURM_LOCAL_SLURMD_PORT": "26818",
-        "SLURM_LOCAL_NODE_PORT": "27000",
+        "SLURM_LOCAL_CTLD_PORT": str(PORTS[0]),
+        "SLURM_LOCAL_SLURMD_PORT": str(PORTS[1]),
+        "SLURM_LOCAL_NODE_PORT": str(PORTS[2]),
         "NNODES": "2",
         "SLURM_LOCAL_INSTALL": "0",
     }

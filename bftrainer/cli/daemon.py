@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,10 @@ from bftrainer.state import (
     ensure_state_dir,
     resolve_state_dir,
 )
+
+if TYPE_CHECKING:
+    from bftrainer.daemon import DaemonConfig
+    from bftrainer.daemon_metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,18 @@ log = logging.getLogger(__name__)
     show_default=True,
     help="Name of the holder jobs; two daemons of one account need two names.",
 )
+@click.option(
+    "--metrics-textfile",
+    type=click.Path(dir_okay=False),
+    help="Write Prometheus metrics to this file (ending in .prom) in node_exporter's "
+    "--collector.textfile.directory, rewritten atomically at each step (docs/deployment.md).",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    metavar="PORT",
+    help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (docs/deployment.md).",
+)
 def daemon_cmd(
     state_dir: Path | None,
     config_path: Path | None,
@@ -93,6 +109,8 @@ def daemon_cmd(
     holder_args: tuple[str, ...],
     holder_slack_s: float,
     job_name: str,
+    metrics_textfile: str | None,
+    metrics_port: int | None,
     **source: Any,
 ) -> None:
     """Run the service: hold idle nodes, run submitted trainers on them, rescale them.
@@ -103,10 +121,22 @@ def daemon_cmd(
     from bftrainer import __version__
     from bftrainer.daemon import Daemon, load_daemon_config, state_unwritable
 
-    flags = {**policy_flags(source), "policy": policy, "poll_interval_s": poll_interval_s}
+    flags = {
+        **policy_flags(source),
+        "policy": policy,
+        "poll_interval_s": poll_interval_s,
+        "metrics_textfile": metrics_textfile,
+        "metrics_port": metrics_port,
+    }
     holders_of = _holder_factory(source, holder_script, holder_args, holder_slack_s, job_name)
     try:
-        names = {**FLAG_NAMES, "policy": "--policy", "poll_interval_s": "--poll-interval"}
+        names = {
+            **FLAG_NAMES,
+            "policy": "--policy",
+            "poll_interval_s": "--poll-interval",
+            "metrics_textfile": "--metrics-textfile",
+            "metrics_port": "--metrics-port",
+        }
         config = load_daemon_config(config_path, flags, names)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
@@ -118,6 +148,11 @@ def daemon_cmd(
         raise click.ClickException(str(exc)) from None
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        metrics = _open_metrics(config)
+    except click.ClickException:
+        lock.release()
+        raise
     monitor = build_source(**source)
     store = Store.open(path)
     daemon = Daemon(
@@ -127,6 +162,7 @@ def daemon_cmd(
         holders_of(monitor.runner),
         config,
         env=parse_env(source["env_pairs"]),
+        metrics=metrics,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -153,6 +189,11 @@ def daemon_cmd(
         config.poll_interval_s,
         config.holder_lease_s,
     )
+    if metrics is not None:
+        log.info(
+            "metrics: %s",
+            ", ".join(str(w) for w in (metrics.textfile, metrics.url) if w is not None),
+        )
     try:
         daemon.run()
     except (sqlite3.Error, OSError) as exc:
@@ -168,9 +209,23 @@ def daemon_cmd(
         )
         raise SystemExit(1) from None
     finally:
+        if metrics is not None:
+            metrics.close()
         store.close()
         monitor.runner.close()
         lock.release()
+
+
+def _open_metrics(config: DaemonConfig) -> DaemonMetrics | None:
+    """The metrics asked for (None: none; prometheus_client is then never imported)."""
+    if config.metrics_textfile is None and config.metrics_port is None:
+        return None
+    from bftrainer.daemon_metrics import DaemonMetrics, MetricsError
+
+    try:
+        return DaemonMetrics.open(config.metrics_textfile, config.metrics_port)
+    except MetricsError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _holder_factory(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +51,17 @@ class Service:
             "HOROVOD_START_TIMEOUT": "120",
         }
 
-    def start(self, policy: str = "milp", poll_s: float = POLL_S, lease_s: float = 300.0) -> None:
+    def start(
+        self,
+        policy: str = "milp",
+        poll_s: float = POLL_S,
+        lease_s: float = 300.0,
+        extra: Sequence[str] = (),
+    ) -> None:
         """Start the daemon at its default log level; ``policy`` milp decides from the
         trainers' reported curves (speedup), equal gives each trainer an equal share
-        whatever they report. ``lease_s``: how long holders outlive the daemon."""
+        whatever they report. ``lease_s``: how long holders outlive the daemon;
+        ``extra``: more flags of ``bftrainer daemon``."""
         self.starts += 1
         config = self.log_dir / "daemon.toml"
         config.write_text(
@@ -79,6 +87,7 @@ class Service:
                 str(poll_s),
                 "--horizon",
                 "0",
+                *extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
