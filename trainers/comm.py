@@ -139,7 +139,13 @@ class TorchDistComm:
 
         self._dist = dist
         if not dist.is_initialized():
-            dist.init_process_group("gloo")
+            try:
+                dist.init_process_group("gloo")
+            except RuntimeError as e:  # DistNetworkError, DistStoreError: a peer went away
+                # The group's store lives in rank 0's worker: when its node is preempted
+                # while the others join, they lose it. The backend starts a new group;
+                # the trainer's script did nothing wrong.
+                raise CommLostError(f"joining the group failed: {e}") from e
         self._rank = dist.get_rank()
         self._size = dist.get_world_size()
         self._local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +129,55 @@ def test_script_raising_at_step_n(tmp_path: Path, backend: str) -> None:
         tmp_path, backend, EXAMPLE, "--work-samples", "100000", "--fail-at-step", "5"
     )
     assert_failed_cleanly(rc, err, d, "RuntimeError: failing on purpose at step 5")
+
+
+STORE_HOST = """
+import time
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_lost_while_joining_is_a_peer_loss_not_the_scripts_failure(
+    tmp_path: Path,
+) -> None:
+    # Rank 0's worker hosts the group's store; when its node is preempted while the
+    # others join (a torchrun restart), they lose it. Seen in a preemption probe: the
+    # trainer was failed as if train_mlp.py had raised DistNetworkError.
+    host = subprocess.Popen([sys.executable, "-c", STORE_HOST], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        assert host.stdout is not None
+        port = host.stdout.readline().strip()
+        env = {
+            **os.environ,
+            "WORLD_SIZE": "2",
+            "RANK": "1",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "TORCHELASTIC_RUN_ID": "store-lost",
+            "BFTRAINER_TRAINER_DIR": str(tmp_path),
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "bftrainer.trainers.launch.worker", str(EXAMPLE),
+             "--work-samples", "100"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(5)  # the worker waits in the store for rank 0
+        assert worker.poll() is None, worker.communicate()[1][-2000:]
+        host.kill()
+        _, err = worker.communicate(timeout=60)
+        assert worker.returncode == 1, err[-2000:]
+        assert "joining the group failed" in err
+        assert not (tmp_path / "failure.json").exists()
+    finally:
+        for proc in (worker, host):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
