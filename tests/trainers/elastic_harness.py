@@ -113,7 +113,7 @@ class Trainer:
                 continue
             line = b" ".join(cmd)
             is_worker = b"bftrainer.trainers.launch.worker" in cmd and b"python" in cmd[0]
-            agent = b"torch.distributed.run" in cmd or b"horovodrun" in line
+            agent = b"bftrainer.trainers.launch.torchrun_agent" in cmd or b"horovodrun" in line
             if is_worker and not agent and remote.alive(pid):
                 out.append(pid)
         return out

@@ -292,7 +292,7 @@ class TorchrunBackend(Backend):
             argv = [
                 self.spec.python,
                 "-m",
-                "torch.distributed.run",
+                "bftrainer.trainers.launch.torchrun_agent",
                 f"--nnodes={len(hosts)}",
                 f"--nproc-per-node={slots}",
                 "--rdzv-backend=c10d",

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from bftrainer.trainers import channel
 from bftrainer.trainers.comm import WorkerLeaving
@@ -44,6 +45,14 @@ def record_failure(reason: str) -> None:
         path,
         {"reason": reason, "rank": _rank(), "host": socket.gethostname(), "time_s": time.time()},
     )
+
+
+def leave_now() -> NoReturn:
+    """Exit with :data:`LEFT_EXIT_CODE` now, skipping the interpreter's teardown (the
+    worker has committed; nothing is left to save)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(LEFT_EXIT_CODE)
 
 
 def _is_peer_loss(exc: BaseException) -> bool:
@@ -84,9 +93,11 @@ def main(argv: list[str]) -> int:
     except WorkerLeaving as e:
         # Preempted (SIGTERM): committed with the others and leaving alone. Non-zero, so
         # that Horovod counts this host as failed (a worker that exits 0 makes Horovod
-        # end the whole job once the others finish), but not a user error.
+        # end the whole job once the others finish), but not a user error. At once:
+        # the interpreter's own teardown (torch's, gloo's) took 1.4 s more, measured,
+        # and a main job waits for this process to be gone before it starts.
         print(f"bftrainer: {e}", file=sys.stderr)
-        return LEFT_EXIT_CODE
+        leave_now()
     except Exception as e:
         traceback.print_exc()
         sys.stderr.flush()
