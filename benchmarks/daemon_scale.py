@@ -1,6 +1,7 @@
 """The daemon at hundreds of nodes: taking idle nodes, one poll, one decision.
 
-    python benchmarks/daemon_scale.py acquire [--nodes 200]    # needs a running Slurm
+    python benchmarks/daemon_scale.py acquire [--nodes 200] [--workers 8]  # needs Slurm
+    python benchmarks/daemon_scale.py submit [--nodes 200] [--workers 8]
     python benchmarks/daemon_scale.py poll [--held 200] [--polls 20]
     python benchmarks/daemon_scale.py decide [--size 100x256] [--events 50]
 
@@ -12,6 +13,9 @@ scripts/slurm/local-cluster.sh start``, SLURM_CONF exported; docs/slurm-local.md
   from ``release`` until none is live and sinfo shows the nodes idle again. The holders
   are submitted as the daemon does (``SlurmHolders.acquire_many``), each with a lease
   file, as the daemon passes.
+- ``submit``: the same submissions and cancel with every holder held (``--hold``), so
+  that none starts: the cost of ``sbatch`` and slurmctld alone, without 200 holders
+  launching on the same 2 cores.
 - ``poll``: one daemon poll's reading and planning, with N holders running: the pool
   source's commands (``sinfo``, ``squeue`` of running and of pending jobs, ``scontrol
   show res``), the holders' status (``squeue``) and reconcile, and the hold plan. Not
@@ -58,8 +62,12 @@ def _runner() -> LocalRunner:
     return LocalRunner(timeout_s=120.0)
 
 
-def _holders(runner: LocalRunner, workers: int = SUBMIT_WORKERS) -> SlurmHolders:
-    return SlurmHolders(runner, partition="bf", job_name=JOB_NAME, workers=workers)
+def _holders(
+    runner: LocalRunner, workers: int = SUBMIT_WORKERS, extra_args: tuple[str, ...] = ()
+) -> SlurmHolders:
+    return SlurmHolders(
+        runner, partition="bf", job_name=JOB_NAME, workers=workers, extra_args=extra_args
+    )
 
 
 def _idle_bf_nodes(runner: LocalRunner) -> list[str]:
@@ -134,6 +142,30 @@ def cmd_acquire(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cmd_submit(args: argparse.Namespace) -> dict[str, Any]:
+    """The submissions alone: holders submitted held (``sbatch --hold``), so none starts,
+    then cancelled. What ``sbatch`` and slurmctld cost without the jobs' launches, which
+    here run on the same 2 cores and on a real cluster on the nodes."""
+    runner = _runner()
+    holders = _holders(runner, args.workers, ("--hold",))
+    nodes = _idle_bf_nodes(runner)[: args.nodes]
+    t0 = time.monotonic()
+    jobs = holders.acquire_many(dict.fromkeys(nodes))
+    submitted = time.monotonic() - t0
+    ids = [j for j in jobs.values() if isinstance(j, str)]
+    t1 = time.monotonic()
+    holders.release(*ids)
+    cancelled = time.monotonic() - t1
+    if len(ids) != len(nodes):
+        raise SystemExit(f"{len(nodes) - len(ids)} holders not submitted")
+    return {
+        "nodes": len(nodes),
+        "workers": args.workers,
+        "submit_s": submitted,
+        "cancel_s": cancelled,
+    }
+
+
 def cmd_poll(args: argparse.Namespace) -> dict[str, Any]:
     runner = _runner()
     before = len(_idle_bf_nodes(runner))
@@ -178,6 +210,7 @@ def _time_polls(runner: LocalRunner, ids: list[str], polls: int) -> dict[str, An
     for key, values in parts.items():
         values.sort()
         out[f"{key[:-2]}_median_s"] = statistics.median(values)
+        out[f"{key[:-2]}_p95_s"] = values[int(0.95 * (len(values) - 1))]
         out[f"{key[:-2]}_max_s"] = values[-1]
     return out
 
@@ -204,6 +237,9 @@ def main() -> None:
         default=SUBMIT_WORKERS,
         help="sbatch/scancel in flight at once (1: one after another)",
     )
+    s = sub.add_parser("submit", help="N holders submitted held (none starts), cancelled")
+    s.add_argument("--nodes", type=int, default=200)
+    s.add_argument("--workers", type=int, default=SUBMIT_WORKERS)
     p = sub.add_parser("poll", help="one poll's cost with N holders running")
     p.add_argument("--held", type=int, default=200)
     p.add_argument("--polls", type=int, default=20)
@@ -216,7 +252,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.what != "decide" and not os.environ.get("SLURM_CONF"):
         raise SystemExit("export SLURM_CONF of a local Slurm (docs/slurm-local.md)")
-    row = {"acquire": cmd_acquire, "poll": cmd_poll, "decide": cmd_decide}[args.what](args)
+    commands = {"acquire": cmd_acquire, "submit": cmd_submit, "poll": cmd_poll}
+    row = {**commands, "decide": cmd_decide}[args.what](args)
     row["machine"] = platform.platform()
     row["load_average_1min"] = os.getloadavg()[0]  # 2 shared cores: figures move with it
     print(args.what, json.dumps(row), flush=True)
