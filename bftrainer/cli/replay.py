@@ -231,6 +231,28 @@ FLAG_NAMES = {
 @click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "slurm"]),
+    default="local",
+    show_default=True,
+    help="Where several runs go: processes here, or the tasks of one Slurm job array "
+    "(submitit; docs/replay.md).",
+)
+@click.option("--slurm-partition", help="slurm: the array's partition (default: Slurm's).")
+@click.option("--slurm-account", help="slurm: the account charged.")
+@click.option(
+    "--slurm-time",
+    "slurm_time_min",
+    type=Number(integer=True, min=1, max=525_600),
+    help="slurm: each task's time limit, minutes (default 60).",
+)
+@click.option(
+    "--slurm-folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="slurm: the tasks' inputs, results and logs, on a filesystem the nodes share "
+    "(default: OUT.slurm beside --out).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option(
     "--progress/--no-progress", default=True, help="Progress bar on stderr (when a terminal)."
@@ -264,6 +286,11 @@ def replay_cmd(
     checkpoint_every_s: float | None,
     restart_s: float | None,
     sweep: str | None,
+    executor: str,
+    slurm_partition: str | None,
+    slurm_account: str | None,
+    slurm_time_min: int | None,
+    slurm_folder: Path | None,
     out_dir: Path,
     progress: bool,
     **policy: Any,
@@ -340,14 +367,40 @@ def replay_cmd(
             f"--window-hours {base.window_s / 3600:g}: {windows_count:.3g} windows over the "
             f"trace's {(trace.end_s - trace.start_s) / 3600:g} h; at most {MAX_WINDOWS:,}"
         )
+    slurm_flags = {
+        "--slurm-partition": slurm_partition,
+        "--slurm-account": slurm_account,
+        "--slurm-time": slurm_time_min,
+        "--slurm-folder": slurm_folder,
+    }
+    if executor != "slurm" and any(v is not None for v in slurm_flags.values()):
+        given = next(k for k, v in slurm_flags.items() if v is not None)
+        raise UsageError(f"{given} needs --executor slurm")
     try:
         check_output_dir(out_dir, "replay")  # before the run, not after an hour of it
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
+    failures: list[tuple[ReplayConfig, str, Path]] = []
     try:
-        outcomes = _run_all(trace, jobs, configs, progress, factory)
+        if executor == "slurm":
+            folder = slurm_folder or out_dir.with_name(out_dir.name + ".slurm")
+            outcomes, failures = _run_on_slurm(
+                (trace, jobs, factory),
+                configs,
+                folder,
+                slurm_partition,
+                slurm_account,
+                slurm_time_min,
+                progress,
+            )
+        else:
+            outcomes = _run_all(trace, jobs, configs, progress, factory)
     except ReplayError as e:
         raise UsageError(str(e)) from None
+    for config, reason, log_path in failures:
+        click.echo(f"replay {_label(config)} failed: {reason}; its log: {log_path}", err=True)
+    if not outcomes:
+        raise click.ClickException(f"every replay failed; --out {out_dir} left as it was")
     results = [r for r, _ in outcomes]
     for r, rep in outcomes:
         if rep is not None:
@@ -356,13 +409,18 @@ def replay_cmd(
     reports = [(r, rep) for r, rep in outcomes if rep is not None]
     try:
         with replaced_on_success(out_dir, "replay") as tmp:
-            _write_outputs(tmp, results, reports, bool(sweep))
+            _write_outputs(tmp, results, reports, bool(sweep), nested=len(configs) > 1)
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
     click.echo(summary_table(results))
     if reports:
         click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
     click.echo(f"\nwrote {out_dir}/")
+    if failures:
+        raise click.ClickException(
+            f"{len(failures)} of {len(configs)} replays failed (named above); the others' "
+            "results are written"
+        )
 
 
 def _write_outputs(
@@ -370,9 +428,11 @@ def _write_outputs(
     results: list[ReplayResult],
     reports: list[tuple[ReplayResult, PolluxReport]],
     sweep: bool,
+    nested: bool,
 ) -> None:
-    """Every output file, into ``out_dir`` (a fresh folder: see cli/outdir.py)."""
-    if len(results) == 1:
+    """Every output file, into ``out_dir`` (a fresh folder: see cli/outdir.py); with
+    ``nested``, each run in its own folder (several runs asked for, even if some failed)."""
+    if not nested:
         write_result(results[0], out_dir)
     else:
         for r in results:
@@ -384,7 +444,7 @@ def _write_outputs(
     if sweep:
         _plot(plot_sweep, results, out_dir / "utilization_vs_tfwd.png")
     for r, rep in reports:
-        write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if len(results) > 1 else out_dir)
+        write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if nested else out_dir)
     if len(reports) > 1:
         _plot(plot_efficiency, [(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
 
@@ -398,8 +458,8 @@ def _plot(draw: Callable[[Any, Path], object], data: Any, path: Path) -> None:
         log.error("%s not written: %r (the figures are in the CSV files)", path.name, exc)
 
 
-def _label(r: ReplayResult) -> str:
-    c = r.config
+def _label(run: ReplayResult | ReplayConfig) -> str:
+    c = run.config if isinstance(run, ReplayResult) else run
     tfwd = c.t_fwd_s if isinstance(c.t_fwd_s, str) else f"{c.t_fwd_s:g}"
     return f"milp-tfwd{tfwd}" if c.policy == "milp" else c.policy
 
@@ -492,8 +552,48 @@ def _load_inputs(path: str) -> None:
 
 def _run_config(config: ReplayConfig) -> Run:
     assert _inputs is not None, "the pool's initializer did not run"
-    trace, jobs, factory = _inputs
+    return run_with_inputs(_inputs, config)
+
+
+Inputs = tuple[Trace, list[JobSpec], PolluxDriverFactory | None]
+
+
+def run_with_inputs(inputs: Inputs, config: ReplayConfig) -> Run:
+    """One run of a sweep, from the inputs every run shares (a Slurm task runs this)."""
+    trace, jobs, factory = inputs
     return _run_one((trace, jobs, config, factory))
+
+
+def _run_on_slurm(
+    inputs: Inputs,
+    configs: list[ReplayConfig],
+    folder: Path,
+    partition: str | None,
+    account: str | None,
+    time_min: int | None,
+    progress: bool,
+) -> tuple[list[Run], list[tuple[ReplayConfig, str, Path]]]:
+    """The runs as one Slurm job array (bftrainer/replay/slurm_sweep.py): the runs that
+    ended, and (config, why, log) for each task that did not."""
+    try:
+        from bftrainer.replay.slurm_sweep import SlurmOptions, SlurmSweepError, run_array
+    except ImportError:
+        raise UsageError(
+            "--executor slurm needs submitit: pip install 'bftrainer[slurm]'"
+        ) from None
+    options = SlurmOptions(folder, partition, account, time_min or 60)
+    try:
+        outcomes = run_array(run_with_inputs, inputs, configs, options, progress)
+    except SlurmSweepError as e:
+        raise UsageError(str(e)) from None
+    runs: list[Run] = []
+    failures = []
+    for config, outcome in zip(configs, outcomes, strict=True):
+        if isinstance(outcome, tuple):
+            runs.append(outcome)
+        else:
+            failures.append((config, outcome.reason, outcome.log))
+    return runs, failures
 
 
 def _run_all(

@@ -207,6 +207,22 @@ class Holders(ABC):
         log.debug("%s holder %s submitted for %s", self.scheduler, job_id, node)
         return job_id
 
+    def acquire_many(
+        self, windows_s: Mapping[str, float | None], leases: Mapping[str, str] | None = None
+    ) -> dict[str, str | HolderError]:
+        """``acquire`` for each node of ``windows_s`` (node -> window), with its lease
+        from ``leases``: node -> job id, or the ``HolderError`` of that node alone (one
+        refused holder does not stop the others). One after another here; a scheduler
+        whose submissions can overlap overrides it (``SlurmHolders``)."""
+        leases = leases or {}
+        out: dict[str, str | HolderError] = {}
+        for node, window in windows_s.items():
+            try:
+                out[node] = self.acquire(node, window, leases.get(node))
+            except HolderError as exc:
+                out[node] = exc
+        return out
+
     def release(self, *job_ids: str) -> None:
         """Cancel holders (one command). A holder that already ended is no error."""
         ids = sorted(set(job_ids))

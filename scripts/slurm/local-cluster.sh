@@ -128,14 +128,16 @@ running() {
 }
 
 wait_idle() {
-  # All nodes answering (idle, or busy from an earlier run's jobs) within 30 s.
-  local deadline=$((SECONDS + 30)) up
+  # All nodes answering (idle, or busy from an earlier run's jobs) within 30 s, and
+  # 1 s more per 8 nodes (256 nodes took 16 s on 2 loaded cores).
+  local limit=$((30 + NNODES / 8)) deadline up
+  deadline=$((SECONDS + limit))
   while [ $SECONDS -lt $deadline ]; do
     up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail)' || true)
     [ "$up" = "$NNODES" ] && return 0
     sleep 0.5
   done
-  log "nodes not up after 30 s: $(SLURM_CONF=$CONF sinfo -N -h -o '%N %T' 2>&1 | tr '\n' ' ')"
+  log "nodes not up after $limit s: $(SLURM_CONF=$CONF sinfo -N -h -o '%N %T' 2>&1 | tr '\n' ' ')"
   return 1
 }
 

@@ -245,6 +245,15 @@ def test_slurm_release() -> None:
     assert [argv for argv, _ in runner.calls] == [("scancel", "3", "5")]
 
 
+def test_slurm_release_of_many_holders_is_split_over_parallel_scancels() -> None:
+    holders, runner = slurm(scancel=[recorded()])
+    ids = [str(i) for i in range(100, 160)]
+    holders.release(*ids)
+    calls = [argv[1:] for argv, _ in runner.calls if argv[0] == "scancel"]
+    assert len(calls) == 3 and all(len(c) <= 25 for c in calls)
+    assert sorted(i for c in calls for i in c) == ids
+
+
 def test_step_argv() -> None:
     assert slurm_step_argv("4242", "node3", ["python", "w.py"]) == [
         "srun", "--jobid=4242", "--overlap", "-N1", "-n1", "-w", "node3", "python", "w.py",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.holders import HolderStatus, SlurmHolders, WindowTooShortError
+from bftrainer.holders import HolderStatus, HolderSubmitError, SlurmHolders, WindowTooShortError
 from bftrainer.idle_monitor.runner import LocalRunner, RetryPolicy
 from tests.conftest import SlurmCluster, wait_until
 
@@ -194,6 +194,23 @@ def test_reconcile_cancels_unknown_holders_and_reports_gone_ones(
     )
     with pytest.raises(WindowTooShortError):
         holders.acquire(known_node, 45.0)
+
+
+def test_many_holders_are_submitted_at_once_and_one_refused_spoils_none(
+    slurm_cluster: SlurmCluster, holders: Tracked
+) -> None:
+    nodes = idle_nodes(slurm_cluster, 6)
+    got = holders.acquire_many({**dict.fromkeys(nodes), "nosuchnode": None})
+    assert isinstance(got["nosuchnode"], HolderSubmitError)
+    assert "nosuchnode" in str(got["nosuchnode"])
+    ids = [got[n] for n in nodes]
+    assert all(isinstance(j, str) for j in ids), got
+    seen = wait_states(holders, {str(j): "running" for j in ids}, 60)
+    assert {seen[str(j)].node for j in ids} == set(nodes)
+    holders.release(*map(str, ids))
+    wait_until(
+        lambda: not any(s.live for j, s in holders.held().items() if j in ids), 30, "released"
+    )
 
 
 def test_holder_on_a_busy_node_stays_pending_and_never_preempts_main(
