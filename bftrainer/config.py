@@ -13,6 +13,8 @@ A file has a ``[policy]`` table with any of :class:`Config`'s fields::
     time_limit_s = 10.0        # solver limit per decision
     fairness_p = 1.0           # Pollux's fairness knob, -10..1
     fair_share_speedup = false
+    fair_by = "trainer"        # trainer | user | account: whose shares fairness evens out
+    fair_weights = { alice = 2.0, physics = 0.5 }  # by user or account; absent: 1
     max_trainers = 10          # P_jmax: trainers admitted at once
     redecide_every_s = 60.0    # a curve report re-decides at most this often (inf: never)
     scavenger_size = 16        # the scavenger policy's rigid job size (omit: each job's n_max)
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +36,8 @@ from bftrainer.loop import Policy
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import (
     DEFAULT_MAX_TRAINERS,
+    FAIR_BY,
+    FAIR_WEIGHT_RANGE,
     FAIRNESS_P_RANGE,
     OBJECTIVES,
     T_FWD_MAX_S,
@@ -73,6 +77,10 @@ class Config:
     time_limit_s: float = 10.0
     fairness_p: float = 1.0
     fair_share_speedup: bool = False
+    # Fairness between trainers, users or accounts (docs/allocator.md, "Fair by user or
+    # account"), and each user's or account's weight (absent: 1).
+    fair_by: str = "trainer"
+    fair_weights: Mapping[str, float] = field(default_factory=dict)
     max_trainers: int = DEFAULT_MAX_TRAINERS
     redecide_every_s: float = 60.0
     # The scavenger baseline's rigid size for every job, within its [n_min, n_max];
@@ -108,6 +116,17 @@ class Config:
             raise ConfigError(
                 f"fair_share_speedup = {self.fair_share_speedup!r}: expected true or false"
             )
+        _choice("fair_by", self.fair_by, FAIR_BY)
+        if not isinstance(self.fair_weights, Mapping):
+            raise ConfigError(
+                f"fair_weights = {self.fair_weights!r}: expected a table of user or account "
+                "= weight"
+            )
+        lo, hi = FAIR_WEIGHT_RANGE
+        for name, weight in self.fair_weights.items():
+            _number(f"fair_weights.{name}", weight, lo=lo, lo_open=False, allow_inf=False)
+            if weight > hi:
+                raise ConfigError(f"fair_weights.{name} = {weight!r}: expected a number <= {hi:g}")
         if isinstance(self.max_trainers, bool) or not isinstance(self.max_trainers, int):
             raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a whole number")
         if self.max_trainers < 1:

@@ -15,7 +15,8 @@ class JobSpec:
     """A training job: what it needs, when it arrives, how it scales.
 
     ``curve``: throughput breakpoints ``(nodes, samples/s)``; ``work_samples``: samples to
-    process before it completes.
+    process before it completes. ``user`` and ``account`` own it, for fairness by user
+    or account (empty: the one default owner).
     """
 
     id: str
@@ -27,6 +28,8 @@ class JobSpec:
     rescale_down_s: float
     work_samples: float
     curve: tuple[tuple[float, float], ...]
+    user: str = ""
+    account: str = ""
 
     @cached_property
     def breakpoints(self) -> tuple[np.ndarray, np.ndarray]:
@@ -77,6 +80,8 @@ def check_workload(jobs: Sequence[JobSpec]) -> None:
                 rescale_up_s=job.rescale_up_s,
                 rescale_down_s=job.rescale_down_s,
                 curve=job.curve,
+                user=job.user,
+                account=job.account,
             )
         except (ProblemError, ValueError) as e:
             reason = str(e).split(": ", 1)[-1] if str(e).startswith("trainer ") else str(e)

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from bftrainer.churn import Churn, ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
+from bftrainer.milp.problem import fair_admission, group_key
 
 if TYPE_CHECKING:
     from bftrainer.config import Config
@@ -561,13 +562,20 @@ class Loop:
         return [t for t in self.trainers.values() if t.nodes]
 
     def admitted(self) -> list[TrainerState]:
-        """First come, first served: the first ``max_trainers`` unfinished trainers."""
-        out: list[TrainerState] = []
-        for t in self.trainers.values():
-            if len(out) == self.config.max_trainers:
-                break
-            out.append(t)
-        return out
+        """The ``max_trainers`` unfinished trainers that take part, in arrival order:
+        first come, first served; with ``fair_by`` user or account, round by round
+        across users or accounts (``bftrainer.milp.problem.fair_admission``)."""
+        limit = self.config.max_trainers
+        if self.config.fair_by == "trainer":
+            out: list[TrainerState] = []
+            for t in self.trainers.values():
+                if len(out) == limit:
+                    break
+                out.append(t)
+            return out
+        trainers = list(self.trainers.values())
+        groups = [group_key(t.id, t.job.user, t.job.account, self.config.fair_by) for t in trainers]
+        return [trainers[i] for i in fair_admission(groups, limit)]
 
     # ---- one step's parts -----------------------------------------------------------------
     def _advance(self, now: float) -> None:
@@ -648,9 +656,11 @@ class Loop:
     def _arrive(self, job: JobSpec) -> None:
         if job.id in self.trainers or any(t.id == job.id for t in self.finished):
             raise LoopError(f"trainer {job.id!r} arrived twice")
-        if len(self.trainers) < self.config.max_trainers:
-            self._dirty = True  # it is admitted at once
         self.trainers[job.id] = TrainerState(job)
+        if len(self.trainers) <= self.config.max_trainers or (
+            self.config.fair_by != "trainer" and any(t.id == job.id for t in self.admitted())
+        ):
+            self._dirty = True  # it is admitted at once
         self._add("arrivals", 1)
 
     def _retire(self, trainer_id: str, why: str) -> TrainerState | None:
@@ -674,6 +684,13 @@ class Loop:
         if not (self._dirty or redecide):
             return None
         admitted = self.admitted()
+        # A trainer that another user's newcomer took the place of (fair_by user or
+        # account) gives its nodes back before the policy hands them out.
+        taking_part = {t.id for t in admitted}
+        for t in self.trainers.values():
+            if t.nodes and t.id not in taking_part:
+                self._add("rescale", self.driver.rescale(t, ()))
+                t.nodes = ()
         churn = self.churn.snapshot(self.now_s)
         if self.leave_by_s:  # known departures still ahead (a passed one is no knowledge)
             windows = {n: t - self.now_s for n, t in self.leave_by_s.items() if t > self.now_s}

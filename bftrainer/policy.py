@@ -44,6 +44,8 @@ class MilpPolicy:
                     rescale_down_s=t.job.rescale_down_s,
                     curve=t.curve("goodput" if c.objective == "goodput" else "throughput"),
                     nodes=t.nodes,
+                    user=t.job.user,
+                    account=t.job.account,
                 )
                 for t in trainers
             ),
@@ -53,6 +55,8 @@ class MilpPolicy:
             fairness_p=c.fairness_p,
             fair_share_speedup=c.fair_share_speedup,
             windows_s=churn.windows_s,
+            fair_by=c.fair_by,
+            fair_weights=c.fair_weights,
         )
         result = allocate(
             problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s

@@ -19,6 +19,17 @@ The table is built in three steps (``docs/allocator.md``, "Objectives"):
    favours the trainers that have least. The floor e (``SPEEDUP_FLOOR``) keeps a trainer
    with no nodes finite for p <= 0: it waits rather than making the model infeasible.
    Tabulated at every whole count, which is all an allocation can take.
+
+Fair by user or account (``Problem.fair_by``): the power mean is taken over groups
+(users or accounts) of weight w_u, each group's value being its trainers' total. That
+sum inside f_p would tie a group's trainers together; instead each trainer of a group
+of k_u admitted trainers is valued as its group would be if all its trainers did as
+well: (w_u / k_u) f_p(k_u s_j / w_u) (with fair share: (w_u / k_u) f_p(s_j), the fair
+share being the group's w_u / sum w of the pool split among its k_u trainers). The
+objective stays a sum of per-trainer tables, so every formulation and the DP stay exact
+for it; it equals w_u f_p(S_u / w_u) of the group's total S_u when the group's trainers
+do equally well, and is below it otherwise (f_p is concave): within a group, the same p
+evens out its own trainers too. By trainer, each trainer is a group of one of weight 1.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bftrainer.milp.problem import Problem, TrainerSpec
+from bftrainer.milp.problem import Problem, TrainerSpec, fair_admission
 
 
 @dataclass(frozen=True)
@@ -123,24 +134,46 @@ def fairness_transform(values: np.ndarray, p: float) -> np.ndarray:
     return ((values + e) ** p - e**p) / p
 
 
-def _value_table(problem: Problem, t: TrainerSpec, share: float) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 1-3 of the module docstring: breakpoints of O_j over 0..curve end."""
+def _value_table(
+    problem: Problem, t: TrainerSpec, share: float, group: tuple[int, float] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-3 of the module docstring: breakpoints of O_j over 0..curve end.
+
+    ``group``: (k_u, w_u) of the trainer's group when fair by user or account."""
     curve = VALUE_CURVES[problem.objective](t)
     xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
     ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
     if problem.fair_share_speedup:
         at_share = float(np.interp(min(max(share, t.n_min), t.n_max), xs, ys))
         ys = ys / at_share if at_share > 0 else ys
+    if group is None:
+        if problem.fairness_p != 1.0:
+            grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
+            xs, ys = grid, fairness_transform(np.interp(grid, xs, ys), problem.fairness_p)
+        return xs, ys
+    k, w = group
+    if problem.fair_share_speedup:
+        inner = 1.0  # already relative to the group's share
+    elif problem.fairness_p == 1.0:
+        return xs, ys  # (w/k) (k/w) v: the plain sum, whoever owns what
+    else:
+        inner = k / w
     if problem.fairness_p != 1.0:
         grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
-        xs, ys = grid, fairness_transform(np.interp(grid, xs, ys), problem.fairness_p)
-    return xs, ys
+        xs, ys = grid, fairness_transform(np.interp(grid, xs, ys) * inner, problem.fairness_p)
+    return xs, ys * (w / k)
 
 
 def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSpec, ...]]:
-    """First come, first served: the first ``max_trainers`` take part, the rest wait."""
+    """The ``max_trainers`` that take part, the rest wait: first come, first served by
+    trainer; by user or account, round by round across groups (``fair_admission``)."""
     k = problem.max_trainers
-    return problem.trainers[:k], problem.trainers[k:]
+    if problem.fair_by == "trainer":
+        return problem.trainers[:k], problem.trainers[k:]
+    chosen = set(fair_admission([problem.group_of(t) for t in problem.trainers], k))
+    taking_part = tuple(t for i, t in enumerate(problem.trainers) if i in chosen)
+    waiting = tuple(t for i, t in enumerate(problem.trainers) if i not in chosen)
+    return taking_part, waiting
 
 
 def build_terms(problem: Problem) -> list[TrainerTerms]:
@@ -148,13 +181,25 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     pool_size = len(problem.pool)
     taking_part = admitted(problem)[0]
     share = pool_size / max(len(taking_part), 1)
+    groups: dict[str, int] = {}
+    if problem.fair_by != "trainer":
+        for t in taking_part:
+            g = problem.group_of(t)
+            groups[g] = groups.get(g, 0) + 1
+    total_weight = sum(problem.weight_of(g) for g in groups)
     terms = []
     for t in taking_part:
         n_max = min(t.n_max, pool_size)
         runnable = t.n_min <= n_max
         if not runnable:
             n_max = 0
-        full_n, full_v = _value_table(problem, t, share)
+        if groups:
+            g = problem.group_of(t)
+            k, w = groups[g], problem.weight_of(g)
+            # The group's share of the pool, split among its trainers.
+            full_n, full_v = _value_table(problem, t, pool_size * w / total_weight / k, (k, w))
+        else:
+            full_n, full_v = _value_table(problem, t, share)
         bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
         current = problem.current_nodes(t)
         terms.append(

@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 OBJECTIVES = ("throughput", "speedup", "goodput")
+# Whose shares the fairness of the objective evens out (docs/allocator.md, "Fair by").
+FAIR_BY = ("trainer", "user", "account")
+# A group's weight in fair_weights: relative to 1, the weight of a group not listed.
+FAIR_WEIGHT_RANGE = (1e-3, 1e3)
 FAIRNESS_P_RANGE = (-10.0, 1.0)
 DEFAULT_T_FWD_S = 120.0
 DEFAULT_MAX_TRAINERS = 10
@@ -45,9 +49,14 @@ class TrainerSpec:
     rescale_down_s: float
     curve: tuple[tuple[float, float], ...]
     nodes: tuple[str, ...] = ()
+    user: str = ""
+    account: str = ""
 
     def __post_init__(self) -> None:
         where = f"trainer {self.id!r}"
+        for name in ("user", "account"):
+            if not isinstance(getattr(self, name), str):
+                raise ProblemError(f"{where}: {name} is {getattr(self, name)!r}, expected a name")
         _check_int(self.n_min, f"{where}: n_min", minimum=1)
         _check_int(self.n_max, f"{where}: n_max", minimum=1)
         if self.n_max > NODES_MAX:
@@ -112,6 +121,10 @@ class Problem:
     # Seconds until the main scheduler is known to take a pool node back; a node that is
     # absent (or None) is open-ended or unknown. Empty: Eq. 16 as in the paper.
     windows_s: Mapping[str, float | None] = field(default_factory=dict)
+    # Fairness (fairness_p, fair_share_speedup) between trainers, users or accounts; a
+    # user's or account's weight (absent: 1). Weights do not apply by trainer.
+    fair_by: str = "trainer"
+    fair_weights: Mapping[str, float] = field(default_factory=dict)
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -134,6 +147,17 @@ class Problem:
         if not isinstance(self.fair_share_speedup, bool):
             raise ProblemError(
                 f"fair_share_speedup is {self.fair_share_speedup!r}, expected true/false"
+            )
+        if self.fair_by not in FAIR_BY:
+            raise ProblemError(f"fair_by {self.fair_by!r} is not one of {', '.join(FAIR_BY)}")
+        if not isinstance(self.fair_weights, Mapping):
+            raise ProblemError("fair_weights must be an object: user or account -> weight")
+        for name, weight in self.fair_weights.items():
+            _check_number(
+                weight,
+                f"fair_weights: {name!r}",
+                minimum=FAIR_WEIGHT_RANGE[0],
+                maximum=FAIR_WEIGHT_RANGE[1],
             )
         ids: set[str] = set()
         holder: dict[str, str] = {}
@@ -158,6 +182,32 @@ class Problem:
         """The trainer's nodes still in the pool (nodes that left are dropped)."""
         return tuple(n for n in trainer.nodes if n in self.pool_set)
 
+    def group_of(self, trainer: TrainerSpec) -> str:
+        """Whose share the trainer counts toward: itself, its user or its account."""
+        return group_key(trainer.id, trainer.user, trainer.account, self.fair_by)
+
+    def weight_of(self, group: str) -> float:
+        """A group's weight (1 by trainer, or when the group is not listed)."""
+        return 1.0 if self.fair_by == "trainer" else float(self.fair_weights.get(group, 1.0))
+
+
+def group_key(trainer_id: str, user: str, account: str, fair_by: str) -> str:
+    """The fairness group of a trainer: one of its id, its user or its account."""
+    return {"trainer": trainer_id, "user": user, "account": account}[fair_by]
+
+
+def fair_admission(groups: Sequence[str], limit: int) -> list[int]:
+    """The positions (in arrival order) of the ``limit`` trainers that take part, when
+    trainers in arrival order belong to ``groups``: round by round, each group's next
+    trainer, the earliest first, so one group's many trainers do not keep another's
+    first one waiting. With one trainer per group: the first ``limit``."""
+    rank: dict[str, int] = {}
+    keyed = []
+    for i, g in enumerate(groups):
+        keyed.append((rank.get(g, 0), i))
+        rank[g] = rank.get(g, 0) + 1
+    return sorted(i for _, i in sorted(keyed)[:limit])
+
 
 _TOP_FIELDS = {
     "pool",
@@ -168,9 +218,21 @@ _TOP_FIELDS = {
     "fairness_p",
     "fair_share_speedup",
     "windows",
+    "fair_by",
+    "fair_weights",
 }
-_TRAINER_FIELDS = {"id", "n_min", "n_max", "rescale_up", "rescale_down", "nodes", "curve"}
-_TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes"}
+_TRAINER_FIELDS = {
+    "id",
+    "n_min",
+    "n_max",
+    "rescale_up",
+    "rescale_down",
+    "nodes",
+    "curve",
+    "user",
+    "account",
+}
+_TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes", "user", "account"}
 
 
 def problem_from_dict(data: Any) -> Problem:
@@ -199,6 +261,8 @@ def problem_from_dict(data: Any) -> Problem:
         fairness_p=data.get("fairness_p", 1.0),
         fair_share_speedup=data.get("fair_share_speedup", False),
         windows_s=_windows(data.get("windows", {})),
+        fair_by=data.get("fair_by", "trainer"),
+        fair_weights=data.get("fair_weights", {}),
     )
 
 
@@ -239,6 +303,8 @@ def _trainer_from_dict(index: int, raw: Any) -> TrainerSpec:
             rescale_down_s=raw["rescale_down"],
             curve=tuple(points),
             nodes=_string_list(raw.get("nodes", []), f"{where}: nodes"),
+            user=raw.get("user", ""),
+            account=raw.get("account", ""),
         )
     except ProblemError as e:
         # Name the position too: ids are user text and may be unhelpful.

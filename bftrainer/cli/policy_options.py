@@ -14,7 +14,7 @@ import click
 from bftrainer.cli.params import COUNT, T_FWD, Number
 from bftrainer.config import Config
 from bftrainer.milp import FORMULATIONS, SOLVERS
-from bftrainer.milp.problem import FAIRNESS_P_RANGE, OBJECTIVES
+from bftrainer.milp.problem import FAIR_BY, FAIRNESS_P_RANGE, OBJECTIVES
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT = Config()
@@ -27,6 +27,7 @@ FLAG_NAMES = {
     "time_limit_s": "--time-limit",
     "fairness_p": "--fairness-p",
     "fair_share_speedup": "--fair-share-speedup",
+    "fair_by": "--fair-by",
     "max_trainers": "--max-parallel",
     "redecide_every_s": "--redecide-every",
 }
@@ -68,6 +69,12 @@ def policy_options(func: F) -> F:
             "--fair-share-speedup/--no-fair-share-speedup",
             default=None,
             help="Value each trainer as speedup over its fair share of the pool (default off).",
+        ),
+        click.option(
+            "--fair-by",
+            type=click.Choice(FAIR_BY),
+            help="Whose shares the fairness (--fairness-p, --fair-share-speedup) evens out "
+            f"(default {DEFAULT.fair_by}; weights: fair_weights in the config file).",
         ),
         click.option(
             "--max-parallel",

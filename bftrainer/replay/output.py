@@ -26,6 +26,8 @@ TRAINER_COLUMNS = [
     "rescales",
     "rescale_cost_samples",
     "preemption_cost_samples",
+    "user",
+    "account",
 ]
 ALLOCATION_COLUMNS = ["time", "trainer", "nodes", "change"]
 
@@ -64,6 +66,8 @@ def write_result(result: ReplayResult, out_dir: Path) -> None:
                     t.rescales,
                     round(t.rescale_cost_samples),
                     round(t.preemption_cost_samples),
+                    t.job.user,
+                    t.job.account,
                 ]
             )
     with (out_dir / "allocations.csv").open("w", newline="") as f:

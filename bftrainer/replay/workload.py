@@ -30,7 +30,10 @@ def profiles_path_for(bounds: Path) -> Path:
 
 
 def read_paper_jobs(bounds: Path, profiles: Path | None = None) -> list[JobSpec]:
-    """Read a paper job set: bounds and costs (``*-Jbnd-*.csv``), profiles (``*-JNPs-*.csv``)."""
+    """Read a paper job set: bounds and costs (``*-Jbnd-*.csv``), profiles (``*-JNPs-*.csv``).
+
+    Optional ``user`` and ``account`` columns name each job's owner, for fairness by
+    user or account (absent or empty: the one default owner)."""
     profiles = profiles or profiles_path_for(bounds)
     curves = _read_profiles(profiles)
     jobs = []
@@ -54,6 +57,8 @@ def read_paper_jobs(bounds: Path, profiles: Path | None = None) -> list[JobSpec]
                 rescale_down_s=_float(row["Tcdw"], where, "Tcdw"),
                 work_samples=_float(row["Pmax"], where, "Pmax"),
                 curve=curves[job],
+                user=(row.get("user") or "").strip(),
+                account=(row.get("account") or "").strip(),
             )
         )
     if not jobs:

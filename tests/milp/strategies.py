@@ -39,8 +39,12 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
                 rescale_down_s=draw(st.integers(0, 600)) / 10,
                 curve=draw(curves(n_max)),
                 nodes=tuple(held),
+                user=draw(st.sampled_from(["", "ann", "bob"])),
+                account=draw(st.sampled_from(["", "phys"])),
             )
         )
+    fair_by = draw(st.sampled_from(["trainer", "trainer", "user", "account"]))
+    weights = draw(st.sampled_from([{}, {"ann": 2.0}, {"bob": 0.5, "phys": 3.0}]))
     return Problem(
         pool=tuple(pool),
         trainers=tuple(trainers),
@@ -49,4 +53,6 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
         fairness_p=draw(st.sampled_from([1.0, 1.0, 0.5, 0.0, -1.0, -3.0])),
         fair_share_speedup=draw(st.booleans()),
         max_trainers=draw(st.integers(1, 4)),
+        fair_by=fair_by,
+        fair_weights=weights,
     )

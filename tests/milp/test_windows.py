@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
 from bftrainer.milp.windows import DEPARTURE_HORIZON_S
+from tests.milp.oracle import admitted, metric
 from tests.milp.oracle import brute_force as oracle_brute_force
-from tests.milp.oracle import metric
 from tests.milp.strategies import problems
 
 TOL = 1e-6
@@ -48,10 +48,7 @@ def walk_value(problem: Problem, t: TrainerSpec, nodes: tuple[str, ...]) -> floa
 
 
 def map_value(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
-    return sum(
-        walk_value(problem, t, tuple(nodes.get(t.id, ())))
-        for t in problem.trainers[: problem.max_trainers]
-    )
+    return sum(walk_value(problem, t, tuple(nodes.get(t.id, ()))) for t in admitted(problem))
 
 
 def brute_force(problem: Problem) -> float:
@@ -86,7 +83,7 @@ def test_answer_is_feasible_valued_exactly_and_bounded_by_the_search(problem: Pr
     # Never worse than keeping the current map (a trainer below n_min stops).
     current = {
         t.id: problem.current_nodes(t) if len(problem.current_nodes(t)) >= t.n_min else ()
-        for t in problem.trainers[: problem.max_trainers]
+        for t in admitted(problem)
     }
     if not violations(problem, current):
         assert value >= map_value(problem, current) - TOL * max(1.0, abs(value))

@@ -1,0 +1,1 @@
+"""The centre mode: one allocator for every user of a machine (issue 23)."""
