@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -26,12 +27,17 @@ class DeadlineError(TimeoutError):
 
 
 def knapsack(
-    terms: list[TrainerTerms], capacity: int, t_fwd_s: float, deadline: float | None = None
+    terms: list[TrainerTerms],
+    capacity: int,
+    t_fwd_s: float,
+    deadline: float | None = None,
+    tables: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table.
 
-    ``deadline`` (``time.perf_counter()`` seconds): raise :class:`DeadlineError` once the
-    pace so far says it would finish past it.
+    ``tables``: each trainer's value per count (default ``scores(t_fwd_s)``; with slots,
+    also ``low_scores``). ``deadline`` (``time.perf_counter()`` seconds): raise
+    :class:`DeadlineError` once the pace so far says it would finish past it.
     """
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
@@ -53,7 +59,7 @@ def knapsack(
                 raise DeadlineError(
                     f"the DP would pass its deadline ({j} of {len(terms)} trainers done)"
                 )
-        scores = t.scores(t_fwd_s)[: capacity + 1]
+        scores = (t.scores(t_fwd_s) if tables is None else tables[j])[: capacity + 1]
         k = len(scores)
         # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.
         padded = np.concatenate([np.full(k - 1, -np.inf), best])
@@ -76,11 +82,16 @@ def dp_cells(terms: list[TrainerTerms], pool_size: int) -> int:
 
 
 def solve_counts(
-    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, deadline: float | None = None
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    deadline: float | None = None,
+    tables: Sequence[np.ndarray] | None = None,
 ) -> tuple[dict[str, int], float]:
-    """The optimal count per trainer and its objective value (``deadline``: see knapsack)."""
+    """The optimal count per trainer and its objective value (``deadline``, ``tables``:
+    see knapsack). ``pool_size`` is the capacity: nodes, or slots with S > 1."""
     cap = min(pool_size, sum(t.n_max for t in terms))
-    best, choices = knapsack(terms, cap, t_fwd_s, deadline)
+    best, choices = knapsack(terms, cap, t_fwd_s, deadline, tables)
     counts: dict[str, int] = {}
     c = cap
     for j in range(len(terms) - 1, -1, -1):
