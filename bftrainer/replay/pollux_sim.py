@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
+from bftrainer.loop import Completion, Curve, CurveReport, Progress, TrainerState
 from bftrainer.policy import spread_metric
 from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_app
 from bftrainer.replay.pollux_series import EfficiencySeries, ratio
@@ -399,7 +399,13 @@ class PolluxSimDriver:
         if model is None or tr.config is None:
             return []
         gm = tr.agent.metrics(refit=False).goodput_model()
-        goodput, throughput, best_configs = self._curves(t, tr, gm)
+        spread: tuple[Curve, Curve] | None = None
+        best_configs: list[GoodputConfig | None]
+        if self.options.slots_per_node > 1:
+            goodput, throughput, *rest = self._slot_curves(t, tr, gm)
+            spread, best_configs = (rest[0], rest[1]), []
+        else:
+            goodput, throughput, best_configs = self._curves(t, tr, gm)
         tr.reports += 1
         true_s, _ = tr.app.step_time(tr.config, tr.placement)
         predicted = float(
@@ -426,11 +432,10 @@ class PolluxSimDriver:
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),
         ]
-        if self.options.slots_per_node > 1:
-            good_s, thr_s = self._spread_curves(t, tr, gm)
+        if spread is not None:
             reports += [
-                CurveReport(t.id, spread_metric("goodput"), good_s),
-                CurveReport(t.id, spread_metric("throughput"), thr_s),
+                CurveReport(t.id, spread_metric("goodput"), spread[0]),
+                CurveReport(t.id, spread_metric("throughput"), spread[1]),
             ]
         return reports
 
@@ -445,8 +450,6 @@ class PolluxSimDriver:
         flat past the model's exploration cap, as the allocator takes them; and, adapting,
         the best configuration at each node count up to the cap (one search for all)."""
         n_max = t.job.n_max
-        if self.options.slots_per_node > 1:
-            return (*self._slot_curves(t, tr, gm, spread=False), [])
         limit = gm.node_limit(1, n_max)
         nodes = list(range(1, limit + 1))
         configs: list[GoodputConfig | None] = []
@@ -481,41 +484,45 @@ class PolluxSimDriver:
         return max(1, min(t.job.n_max, gm.max_feasible_nodes(), EXPLORATION_GROWTH * seen))
 
     def _slot_curves(
-        self, t: TrainerState, tr: _Trainer, gm: GoodputModel, *, spread: bool
-    ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
-        """(goodput, throughput) over 1..n_max slots, packed (on ceil(k/S) nodes) or
-        spread (one node more, where k allows), flat past the exploration cap."""
+        self, t: TrainerState, tr: _Trainer, gm: GoodputModel
+    ) -> tuple[Curve, Curve, Curve, Curve]:
+        """(goodput, throughput) packed, then spread, over 1..n_max slots, flat past the
+        exploration cap. Packed: on ceil(k/S) nodes; spread: over 2 nodes. Pollux's model
+        tells one node from several only (``predict_step_time``), so the two differ at
+        2..S slots alone, and past S the curve is linear between multiples of S (breakpoints
+        at 1..S, every multiple of S and the cap: a few dozen, not n_max)."""
         s, n_max = self.options.slots_per_node, t.job.n_max
         limit = self._slot_limit(t, tr, gm)
-        ks = np.arange(1, limit + 1)
-        ms = -(-ks // s)
-        if spread:
-            ms = np.minimum(ms + 1, ks)
+        ks = np.array(sorted({*range(1, min(s, limit) + 1), *range(s, limit + 1, s), limit}))
+        split = ks[(ks >= 2) & (ks <= s)]
+        all_k = np.concatenate([ks, split])
+        all_m = np.concatenate([-(-ks // s), np.full(len(split), 2)])
         if self.options.batch_adapt:
-            configs = gm.best_configs(list(ms), replicas=list(ks))
-            good = [0.0 if c is None else c.goodput_sps for c in configs]
-            thr = [0.0 if c is None else c.throughput_sps for c in configs]
+            configs = gm.best_configs(list(all_m), replicas=list(all_k))
+            good = np.array([0.0 if c is None else c.goodput_sps for c in configs])
+            thr = np.array([0.0 if c is None else c.throughput_sps for c in configs])
         else:
             cfgs = [
                 tr.app.config(int(m), tr.spec.local_bsz, replicas=int(k))
-                for m, k in zip(ms, ks, strict=True)
+                for m, k in zip(all_m, all_k, strict=True)
             ]
             m_arr = np.array([c.local_bsz for c in cfgs])
             s_arr = np.array([c.accum_steps for c in cfgs])
             batch = np.array([c.batch_size for c in cfgs], dtype=float)
-            thr = list(batch / predict_step_time(gm.params, ms, ks, m_arr, s_arr))
-            good = list(gm.goodput(ms, m_arr, s_arr, replicas=ks))
-        goodput = [(float(k), float(v)) for k, v in zip(ks, good, strict=True)]
-        throughput = [(float(k), float(v)) for k, v in zip(ks, thr, strict=True)]
-        if limit < n_max:
-            goodput.append((float(n_max), goodput[-1][1]))
-            throughput.append((float(n_max), throughput[-1][1]))
-        return tuple(goodput), tuple(throughput)
+            thr = batch / predict_step_time(gm.params, all_m, all_k, m_arr, s_arr)
+            good = gm.goodput(all_m, m_arr, s_arr, replicas=all_k)
+        n = len(ks)
+        sp_good, sp_thr = good[:n].copy(), thr[:n].copy()
+        at = np.searchsorted(ks, split)
+        sp_good[at], sp_thr[at] = good[n:], thr[n:]
 
-    def _spread_curves(
-        self, t: TrainerState, tr: _Trainer, gm: GoodputModel
-    ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]]:
-        return self._slot_curves(t, tr, gm, spread=True)
+        def curve(values: np.ndarray) -> Curve:
+            points = [(float(k), float(v)) for k, v in zip(ks, values, strict=True)]
+            if limit < n_max:
+                points.append((float(n_max), points[-1][1]))
+            return tuple(points)
+
+        return curve(good[:n]), curve(thr[:n]), curve(sp_good), curve(sp_thr)
 
     @staticmethod
     def _best_at(gm: GoodputModel, nodes: int, replicas: int) -> GoodputConfig:

@@ -111,3 +111,24 @@ def test_a_placements_file_that_does_not_match_the_slots_is_one_usage_line(
     assert "measures at most 4 replicas per node; --slots-per-node 6 does not match" in (
         result.output
     )
+
+
+@pytest.mark.skipif(not (POLLUX / "traces").is_dir(), reason="no Pollux data")
+def test_pollux_jobs_share_nodes_at_their_placements_measured_rates() -> None:
+    from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimOptions
+    from bftrainer.replay.pollux_workload import generate_pollux_workload
+
+    w = generate_pollux_workload(4, 0.0, POLLUX, mean_interarrival_s=0.0, slots_per_node=4)
+    assert all(j.n_max > 16 for j in w.jobs if j.model == "cifar10")  # replicas, not nodes
+    options = PolluxSimOptions(batch_adapt=False, noise=0.0, slots_per_node=4)
+    driver = PolluxDriverFactory(tuple(w.apps.items()), POLLUX, options)()
+    nodes = ("a", "b")
+    trace = Trace(nodes=nodes, initial_idle=frozenset(nodes), start_s=0.0, end_s=9e5, events=())
+    config = ReplayConfig(
+        slots_per_node=4, objective="goodput", fairness_p=-1.0, fair_share_speedup=True
+    )
+    r = replay(trace, list(w.jobs), config, driver=driver)
+    assert r.summary["trainers_completed"] == 4
+    assert max(s.running for s in r.metrics.steps) > 2  # more trainers than nodes at once
+    report = driver.report()
+    assert all(t["finished_s"] is not None for t in report.trainers.values())
