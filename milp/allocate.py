@@ -11,7 +11,7 @@ from typing import Any
 
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
-from bftrainer.milp.dp import DeadlineError, dp_cells, solve_counts
+from bftrainer.milp.dp import DeadlineError, dp_cells, solve_counts, solve_counts_pruned
 from bftrainer.milp.greedy import grow_greedily
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.node import build_node_model, build_slot_model
@@ -136,7 +136,7 @@ def allocate(
         nodes: dict[str, tuple[str, ...]] = {}
         bound = 0.0
     elif solver == "dp":
-        counts, bound = solve_counts(terms, capacity(problem), t_fwd)
+        counts, bound = exact_counts(problem, terms, None)
         nodes = mapper(problem)({t.id: t.current for t in terms}, counts)
     elif slots and formulation == "node":
         nodes, status, bound = _solve_slot_milp(problem, terms, solver, deadline, mip_gap)
@@ -196,7 +196,7 @@ def _solve_milp(
     dp_s = DP_SHARE_OF_LIMIT * time_limit_s
     if dp_cells(terms, cap) <= DP_CELLS_PER_S * dp_s:
         try:
-            exact = solve_counts(terms, cap, t_fwd, time.perf_counter() + dp_s)
+            exact = exact_counts(problem, terms, time.perf_counter() + dp_s)
         except DeadlineError as e:
             log.info("no exact check: %s", e)
     backend = MILP_SOLVERS[solver]()
@@ -238,7 +238,7 @@ def _solve_milp(
         # The solver gave nothing (not run, or no incumbent): the time left to the DP.
         try:
             left_s = deadline - min(1e-4 * len(terms), 0.2 * time_limit_s)
-            exact = solve_counts(terms, cap, t_fwd, left_s)
+            exact = exact_counts(problem, terms, left_s)
         except DeadlineError as e:
             log.info("no exact answer either: %s", e)
     if outcome is not None and outcome.status is SolveStatus.INFEASIBLE and exact is None:
@@ -300,6 +300,19 @@ def _solve_milp(
         answer = place(current_nodes, current)
     bound = outcome.bound if outcome is not None else None
     return answer or {}, "kept_current" if keep_current else "time_limit", bound
+
+
+def exact_counts(
+    problem: Problem, terms: list[TrainerTerms], deadline: float | None
+) -> tuple[dict[str, int], float]:
+    """The count model's optimum by the DP: all counts at S = 1 (as ever); with slots,
+    only those that can beat the greedy answer (exact too, and the capacity is S x
+    larger there)."""
+    t_fwd = float(problem.t_fwd_s)
+    if problem.slots_per_node == 1:
+        return solve_counts(terms, capacity(problem), t_fwd, deadline)
+    start = grow_greedily(terms, capacity(problem), t_fwd, current_counts(terms))
+    return solve_counts_pruned(terms, capacity(problem), t_fwd, start, deadline)
 
 
 def capacity(problem: Problem) -> int:

@@ -99,3 +99,47 @@ def solve_counts(
         counts[terms[j].id] = n
         c -= n
     return counts, float(best[cap]) if terms else 0.0
+
+
+def solve_counts_pruned(
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    incumbent: dict[str, int],
+    deadline: float | None = None,
+) -> tuple[dict[str, int], float]:
+    """``solve_counts``, exact too, over only the counts that can win (``bound.py``)
+    against ``incumbent``, a feasible count per trainer: every optimal answer uses only
+    those. The work is capacity x kept counts, not capacity x n_max: with slots the
+    capacity is |N| x S and n_max counts slots (30 x 4,800 x 385 pairs unpruned)."""
+    from bftrainer.milp.bound import counts_that_can_win
+
+    cap = min(pool_size, sum(t.n_max for t in terms))
+    floor = sum(float(t.scores(t_fwd_s)[incumbent.get(t.id, 0)]) for t in terms)
+    kept = counts_that_can_win(terms, cap, t_fwd_s, floor)
+    best = np.zeros(cap + 1)
+    choices = np.zeros((len(terms), cap + 1), dtype=np.int32)
+    rows = np.arange(cap + 1)
+    for j, t in enumerate(terms):
+        if deadline is not None and j and time.perf_counter() > deadline:
+            raise DeadlineError(f"the DP passed its deadline ({j} of {len(terms)} trainers done)")
+        scores = t.scores(t_fwd_s)
+        extra = [n for n in (incumbent.get(t.id, 0), t.c) if n <= min(cap, t.n_max)]
+        options = np.union1d(kept[j], extra).astype(np.int64)
+        options = options[(options <= cap) & np.isfinite(scores[options])]
+        value = np.full((cap + 1, len(options)), -np.inf)
+        for i, n in enumerate(options):
+            value[n:, i] = best[: cap + 1 - n] + scores[n]
+        pick = np.argmax(value, axis=1)  # the smallest count among equals
+        best = value[rows, pick]
+        current = np.flatnonzero(options == t.c)
+        if current.size:  # ...but the current count first: moving must strictly pay
+            pick[value[:, current[0]] == best] = current[0]
+        choices[j] = options[pick]
+    counts: dict[str, int] = {}
+    c = cap
+    for j in range(len(terms) - 1, -1, -1):
+        n = int(choices[j, c])
+        counts[terms[j].id] = n
+        c -= n
+    return counts, float(best[cap]) if terms else 0.0

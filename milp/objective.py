@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bftrainer.milp.problem import Problem, TrainerSpec
-from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed, nodes_needed, packable
+from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed, packable_counts
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,6 @@ def _slot_terms(problem: Problem) -> list[TrainerTerms]:
             n_max = 0
         current = problem.current_nodes(t)
         packed, spread = _slot_values(problem, t, share, max(n_max, len(current)))
-        counts = range(n_max + 1)
         c = len(current)
         current_value = float(packed[c] if is_packed(current, S) else spread[c])
         terms.append(
@@ -257,8 +256,8 @@ def _slot_terms(problem: Problem) -> list[TrainerTerms]:
                 slots_per_node=S,
                 packed_value=packed[: n_max + 1],
                 spread_value=spread[: n_max + 1],
-                can_pack=np.array([packable(current, k, S) for k in counts]),
-                can_spread=np.array([nodes_needed(k, S) < k for k in counts]),
+                can_pack=packable_counts(current, n_max, S),
+                can_spread=-(-np.arange(n_max + 1) // S) < np.arange(n_max + 1),
             )
         )
     return terms

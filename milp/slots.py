@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 # A curve given per slot count only: spreading costs this share of its value.
 DEFAULT_SPREAD_PENALTY = 0.2
 
@@ -46,6 +48,17 @@ def packable(holding: Sequence[str], k: int, slots_per_node: int) -> bool:
     if k >= len(holding):
         return len(counts) <= need
     return sum(counts[:need]) >= k
+
+
+def packable_counts(holding: Sequence[str], top: int, slots_per_node: int) -> np.ndarray:
+    """``packable(holding, k, S)`` for every k in 0..top at once."""
+    k = np.arange(top + 1)
+    need = -(-k // slots_per_node)
+    held = np.sort(np.fromiter(per_node(holding).values(), dtype=np.int64))[::-1]
+    prefix = np.concatenate(([0], np.cumsum(held)))
+    grow = len(held) <= need
+    shrink = prefix[np.minimum(need, len(held))] >= k
+    return np.where(k >= len(holding), grow, shrink) | (k == 0)
 
 
 def map_slots(

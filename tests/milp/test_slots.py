@@ -210,3 +210,31 @@ def test_bad_slot_input_is_one_line(change: dict, message: str) -> None:
     doc = {"pool": ["a"], "trainers": [], "slots_per_node": 2, **change}
     with pytest.raises(ProblemError, match=message):
         problem_from_dict(doc)
+
+
+@settings(max_examples=80, deadline=None)
+@given(slot_problems())
+def test_the_pruned_dp_reaches_the_full_dps_optimum(problem: Problem) -> None:
+    from bftrainer.milp.allocate import capacity, current_counts
+    from bftrainer.milp.dp import solve_counts, solve_counts_pruned
+    from bftrainer.milp.greedy import grow_greedily
+    from bftrainer.milp.objective import build_terms
+
+    terms = build_terms(problem)
+    t_fwd = problem.t_fwd_s
+    cap = capacity(problem)
+    start = grow_greedily(terms, cap, t_fwd, current_counts(terms))
+    _, full = solve_counts(terms, cap, t_fwd)
+    counts, pruned = solve_counts_pruned(terms, cap, t_fwd, start)
+    assert pruned == pytest.approx(full, rel=1e-9, abs=1e-9)
+    assert sum(counts.values()) <= cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from("abcd"), max_size=9), st.integers(1, 12), st.integers(2, 4))
+def test_packable_counts_is_packable_at_every_count(holding: list[str], top: int, s: int) -> None:
+    from bftrainer.milp.slots import packable, packable_counts
+
+    assert packable_counts(holding, top, s).tolist() == [
+        packable(holding, k, s) for k in range(top + 1)
+    ]
