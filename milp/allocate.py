@@ -366,9 +366,15 @@ def _solve_slot_milp(
     """The slot-level MILP (milp/node.py, exact): (holdings, status, bound); on a time
     out or no answer, the count model's answer by the DP, mapped."""
     t_fwd = float(problem.t_fwd_s)
-    model = build_slot_model(terms, problem.pool, problem.slots_per_node, t_fwd)
     answer, status, bound = None, "time_limit", None
-    remaining_s = deadline - time.perf_counter()
+    # Three (trainer, node) blocks of columns where the node model has one.
+    build_s = 3 * NODE_BUILD_S_PER_CELL * len(terms) * len(problem.pool)
+    if time.perf_counter() + build_s > deadline:
+        log.info("%s/node not run: building the slot model would take ~%.3g s", solver, build_s)
+        remaining_s = 0.0
+    else:
+        model = build_slot_model(terms, problem.pool, problem.slots_per_node, t_fwd)
+        remaining_s = deadline - time.perf_counter()
     if remaining_s > 0:
         with solver_stdout_to_log():
             outcome = MILP_SOLVERS[solver]().solve(
