@@ -132,3 +132,18 @@ def test_pollux_jobs_share_nodes_at_their_placements_measured_rates() -> None:
     assert max(s.running for s in r.metrics.steps) > 2  # more trainers than nodes at once
     report = driver.report()
     assert all(t["finished_s"] is not None for t in report.trainers.values())
+
+
+def test_slots_per_node_is_a_replay_setting_of_the_configuration_file(tmp_path: Path) -> None:
+    from bftrainer.config import ConfigError, load_config
+    from bftrainer.replay.run import REPLAY_TABLES
+
+    good = tmp_path / "good.toml"
+    good.write_text("[replay]\nslots_per_node = 6\n")
+    assert load_config(good, ReplayConfig(), REPLAY_TABLES).slots_per_node == 6
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nslots_per_node = 6\n")  # the daemon's table: not yet
+    with pytest.raises(ConfigError, match="slots_per_node"):
+        load_config(bad, ReplayConfig(), REPLAY_TABLES)
+    with pytest.raises(ConfigError, match=r"slots_per_node = 0: expected a whole number >= 1"):
+        ReplayConfig(slots_per_node=0)
