@@ -11,11 +11,15 @@ T_fwd (auto, from the pool's churn). One replay per workload and load:
 
     python benchmarks/pollux_static.py [--loads 0.5,1.0,1.5,2.0] [--workloads 1-8]
                                        [--nodes 16] [--replicas-per-node 4]
+                                       [--slots-per-node 4]
                                        [--no-batch-adapt] [--realistic]
                                        [--workers 1] [--tag T]
 
 writes ``benchmarks/results/pollux_static[-T].{md,json}``: per load, the mean over the
-workloads of each workload's mean JCT, and each workload's figures. ``--realistic`` runs
+workloads of each workload's mean JCT and of its mean wait before the first slot, and
+each workload's figures. ``--slots-per-node S`` (S > 1) shares each node's S GPUs among
+jobs, one replica per slot, each job at its placement's measured step time
+(docs/allocator.md, "Slots"); it replaces ``--replicas-per-node``. ``--realistic`` runs
 ``workloads-realistic/`` (load 1.0 only). The data is not part of bftrainer: without it
 this exits with a message.
 """
@@ -34,7 +38,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,8 @@ KEEP = (
     "p95_jct_s",
     "p99_jct_s",
     "makespan_h",
+    "mean_wait_before_first_slot_s",
+    "median_wait_before_first_slot_s",
     "mean_statistical_efficiency",
     "rescales",
     "refits",
@@ -77,6 +83,7 @@ class Case:
     nodes: int
     replicas_per_node: int
     batch_adapt: bool
+    slots_per_node: int = 1
 
 
 def static_pool(nodes: int) -> Trace:
@@ -90,11 +97,14 @@ def static_pool(nodes: int) -> Trace:
 def run_case(args: tuple[Case, Path]) -> tuple[Case, dict[str, Any]]:
     case, data = args
     path = data / case.folder / f"workload-{case.workload}.csv"
-    w = read_pollux_workload(path, data, 0.0, replicas_per_node=case.replicas_per_node)
-    options = PolluxSimOptions(batch_adapt=case.batch_adapt)
+    s = case.slots_per_node
+    r = case.replicas_per_node if s == 1 else 1
+    w = read_pollux_workload(path, data, 0.0, replicas_per_node=r, slots_per_node=s)
+    options = PolluxSimOptions(batch_adapt=case.batch_adapt, slots_per_node=s)
     driver = PolluxDriverFactory(tuple(w.apps.items()), data, options)()
     t0 = time.perf_counter()
-    result = replay(static_pool(case.nodes), list(w.jobs), CONFIG, driver=driver)
+    config = replace(CONFIG, slots_per_node=s)
+    result = replay(static_pool(case.nodes), list(w.jobs), config, driver=driver)
     wall_s = time.perf_counter() - t0
     end_s = result.metrics.start_s + result.summary["hours"] * 3600
     summary = {**result.summary, **pollux_summary(result.trainers, end_s, driver.report())}
@@ -103,7 +113,8 @@ def run_case(args: tuple[Case, Path]) -> tuple[Case, dict[str, Any]]:
     summary["rescales"] = sum(t.rescales for t in result.trainers)
     summary["wall_s"] = wall_s
     print(
-        f"{case.folder}/workload-{case.workload}: mean JCT {summary['mean_jct_s']:.0f} s, "
+        f"{case.folder}/workload-{case.workload} S={s}: mean JCT {summary['mean_jct_s']:.0f} s, "
+        f"mean wait {summary['mean_wait_before_first_slot_s']:.0f} s, "
         f"{summary['jobs_completed']}/{summary['jobs_arrived']} done, {wall_s:.0f} s wall",
         flush=True,
     )
@@ -120,8 +131,9 @@ def table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
     """One row per load: the mean over workloads of their mean JCT, and the spread."""
     lines = [
         "| load | workloads | jobs done | mean JCT (s) | min-max over workloads | p95 (s) "
-        "| makespan (h) | rescales/workload | wall/workload (s) |",
-        "|" + "---|" * 9,
+        "| mean wait before 1st slot (s) | makespan (h) | rescales/workload "
+        "| wall/workload (s) |",
+        "|" + "---|" * 10,
     ]
     for load, runs in rows:
         jct = [r["mean_jct_s"] for r in runs if r["mean_jct_s"] is not None]
@@ -131,6 +143,7 @@ def table(rows: list[tuple[str, list[dict[str, Any]]]]) -> str:
             f"| {load} | {len(runs)} | {done}/{arrived} | {statistics.fmean(jct):,.0f} "
             f"| {min(jct):,.0f}-{max(jct):,.0f} "
             f"| {statistics.fmean(r['p95_jct_s'] for r in runs):,.0f} "
+            f"| {statistics.fmean(r['mean_wait_before_first_slot_s'] for r in runs):,.0f} "
             f"| {statistics.fmean(r['makespan_h'] for r in runs):.1f} "
             f"| {statistics.fmean(r['rescales'] for r in runs):,.0f} "
             f"| {min(r['wall_s'] for r in runs):.0f}-{max(r['wall_s'] for r in runs):.0f} |"
@@ -152,12 +165,20 @@ def main() -> None:
     ap.add_argument("--workloads", default="1-8", help="e.g. 1-8 or 1,6")
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--replicas-per-node", type=int, default=4)
+    ap.add_argument(
+        "--slots-per-node",
+        type=int,
+        default=1,
+        help="S > 1: jobs share a node's S GPUs, one replica per slot (whole nodes: 1)",
+    )
     ap.add_argument("--no-batch-adapt", action="store_true")
     ap.add_argument("--realistic", action="store_true", help="workloads-realistic/ (load 1.0)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--tag", default="", help="suffix of the output files' names")
     args = ap.parse_args()
+    if args.slots_per_node < 1:
+        ap.error(f"--slots-per-node {args.slots_per_node}: expected a whole number >= 1")
     try:
         data = resolve_data_dir(args.pollux_data)
     except ValueError as e:
@@ -170,6 +191,7 @@ def main() -> None:
             args.nodes,
             args.replicas_per_node,
             not args.no_batch_adapt,
+            args.slots_per_node,
         )
         for load in loads
         for n in workload_numbers(args.workloads)
@@ -194,7 +216,8 @@ def main() -> None:
             {
                 "machine": platform.platform(),
                 "nodes": args.nodes,
-                "replicas_per_node": args.replicas_per_node,
+                "replicas_per_node": args.replicas_per_node if args.slots_per_node == 1 else 1,
+                "slots_per_node": args.slots_per_node,
                 "batch_adapt": not args.no_batch_adapt,
                 "config": {k: getattr(CONFIG, k) for k in ("policy", "solver", "objective")}
                 | {"fairness_p": -1.0, "fair_share_speedup": True, "t_fwd_s": CONFIG.t_fwd_s},

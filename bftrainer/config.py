@@ -86,6 +86,9 @@ class Config:
     # The scavenger baseline's rigid size for every job, within its [n_min, n_max];
     # None: each job's n_max (bftrainer/policy.py, ScavengerPolicy).
     scavenger_size: int | None = None
+    # S: slots (GPUs) per pool node, the unit of allocation (docs/allocator.md, "Slots").
+    # Set by the replay (its [replay] table, --slots-per-node); not yet by the daemon.
+    slots_per_node: int = 1
 
     def __post_init__(self) -> None:
         _choice("policy", self.policy, list(POLICIES))
@@ -135,6 +138,13 @@ class Config:
         size = self.scavenger_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ConfigError(f"scavenger_size = {size!r}: expected a whole number >= 1")
+        slots = self.slots_per_node
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ConfigError(f"slots_per_node = {slots!r}: expected a whole number >= 1")
+        if slots > 1 and self.policy == "scavenger":
+            raise ConfigError(
+                f"slots_per_node = {slots}: the scavenger baseline runs whole nodes (1 slot)"
+            )
 
     def make_policy(self) -> Policy:
         """The policy of this name, from the registry, built with these settings."""
@@ -144,7 +154,9 @@ class Config:
 C = TypeVar("C", bound=Config)
 # Table name -> {key in the file: field of the record}. A command that reads more
 # tables (the replay's [replay], the daemon's own) passes them with these.
-POLICY_TABLES: dict[str, dict[str, str]] = {"policy": {f.name: f.name for f in fields(Config)}}
+POLICY_TABLES: dict[str, dict[str, str]] = {
+    "policy": {f.name: f.name for f in fields(Config) if f.name != "slots_per_node"}
+}
 
 
 def load_config(path: Path, base: C, tables: Mapping[str, Mapping[str, str]] = POLICY_TABLES) -> C:

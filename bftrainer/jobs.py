@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -44,6 +44,28 @@ class JobSpec:
             return 0.0
         xs, ys = self.breakpoints
         return float(np.interp(nodes, xs, ys))
+
+
+def jobs_in_slots(jobs: Sequence[JobSpec], slots_per_node: int) -> list[JobSpec]:
+    """Jobs given per node (job files, the zoo) counted in slots of S per node.
+
+    k slots packed are worth the curve at k / S nodes (linear within a node, as
+    between breakpoints); n_max becomes n_max x S slots, and n_min more than n_min - 1
+    whole nodes: (n_min - 1) x S + 1 slots, so a 1-node job can run on one slot. The
+    same jobs at S = 1.
+    """
+    if slots_per_node == 1:
+        return list(jobs)
+    s = slots_per_node
+    return [
+        replace(
+            j,
+            n_min=(j.n_min - 1) * s + 1,
+            n_max=j.n_max * s,
+            curve=tuple((n * s, v) for n, v in j.curve),
+        )
+        for j in jobs
+    ]
 
 
 class JobSpecError(ValueError):

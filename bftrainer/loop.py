@@ -446,14 +446,21 @@ class Loop:
         self.finished: list[TrainerState] = list(state.finished)
         self.last_decision_s = state.last_decision_s
         held: dict[str, str] = {}
+        slots: dict[str, int] = {}  # with S slots per node, a node once per slot held
         for t in state.trainers:
             if t.id in self.trainers:
                 raise LoopError(f"trainer {t.id!r} appears twice in the state")
             for n in t.nodes:
                 if n not in self.pool:
                     raise LoopError(f"trainer {t.id!r} holds node {n!r}, not in the pool")
-                if n in held:
-                    raise LoopError(f"node {n!r} is held by both {held[n]!r} and {t.id!r}")
+                slots[n] = slots.get(n, 0) + 1
+                if slots[n] > config.slots_per_node:
+                    if config.slots_per_node == 1:
+                        raise LoopError(f"node {n!r} is held by both {held[n]!r} and {t.id!r}")
+                    raise LoopError(
+                        f"node {n!r} has {config.slots_per_node} slots; trainers up to "
+                        f"{t.id!r} hold {slots[n]}"
+                    )
                 held[n] = t.id
             self.trainers[t.id] = t
         self._dirty = True  # the first step decides (after a restore too)
@@ -720,7 +727,8 @@ class Loop:
         step = Step(
             time_s=self.now_s,
             pool_nodes=len(self.pool),
-            allocated_nodes=sum(len(t.nodes) for t in self.trainers.values()),
+            # Nodes holding a slot at least (with S = 1 every held node once).
+            allocated_nodes=len({n for t in self.trainers.values() for n in t.nodes}),
             running=running,
             waiting=len(self.trainers) - running,
             joined=int(p.get("joined", 0)),

@@ -16,6 +16,7 @@ from bftrainer.jobs import JobSpec
 from bftrainer.loop import Decision, Policy, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
+from bftrainer.milp.slots import map_slots
 
 if TYPE_CHECKING:
     from bftrainer.config import Config
@@ -33,6 +34,7 @@ class MilpPolicy:
     def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
         c = self.config
         t_fwd = auto_t_fwd_s(churn) if c.t_fwd_s == "auto" else float(c.t_fwd_s)
+        metric = "goodput" if c.objective == "goodput" else "throughput"
         problem = Problem(
             pool=pool,
             trainers=tuple(
@@ -42,10 +44,11 @@ class MilpPolicy:
                     n_max=t.job.n_max,
                     rescale_up_s=t.job.rescale_up_s,
                     rescale_down_s=t.job.rescale_down_s,
-                    curve=t.curve("goodput" if c.objective == "goodput" else "throughput"),
+                    curve=t.curve(metric),
                     nodes=t.nodes,
                     user=t.job.user,
                     account=t.job.account,
+                    spread_curve=t.reported_curves.get(spread_metric(metric)),
                 )
                 for t in trainers
             ),
@@ -57,6 +60,7 @@ class MilpPolicy:
             windows_s=churn.windows_s,
             fair_by=c.fair_by,
             fair_weights=c.fair_weights,
+            slots_per_node=c.slots_per_node,
         )
         result = allocate(
             problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s
@@ -69,12 +73,17 @@ class EqualSharePolicy:
     """The paper's baseline: an equal share of the pool for each admitted trainer, within
     its limits; leftover nodes go first come, first served. Oblivious to rescale costs."""
 
+    slots_per_node: int = 1
     name: str = "equal"
 
     def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        counts = equal_share_counts([(t.id, t.job.n_min, t.job.n_max) for t in trainers], len(pool))
+        s = self.slots_per_node
+        limits = [(t.id, t.job.n_min, t.job.n_max) for t in trainers]
+        counts = equal_share_counts(limits, len(pool) * s)
         current = {t.id: t.nodes for t in trainers}
-        return Decision(map_counts(current, counts, pool))
+        if s == 1:
+            return Decision(map_counts(current, counts, pool))
+        return Decision(map_slots(current, counts, pool, s))
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,11 @@ class ScavengerPolicy:
         return Decision(nodes)
 
 
+def spread_metric(metric: str) -> str:
+    """The name of a reported curve's spread twin (slots over more nodes than needed)."""
+    return f"{metric}_spread"
+
+
 def rigid_size(job: JobSpec, size: int | None) -> int:
     """A rigid job's node count: ``size`` (a centre's fixed job size) within the job's
     own [n_min, n_max], or its n_max when no size is set."""
@@ -122,7 +136,7 @@ def rigid_size(job: JobSpec, size: int | None) -> int:
 
 POLICIES: dict[str, Callable[[Config], Policy]] = {
     "milp": MilpPolicy,
-    "equal": lambda config: EqualSharePolicy(),
+    "equal": lambda config: EqualSharePolicy(config.slots_per_node),
     "scavenger": lambda config: ScavengerPolicy(config.scavenger_size),
 }
 # The policies the daemon can carry out on real, elastic trainers. The scavenger baseline

@@ -5,18 +5,25 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from bftrainer.milp.check import violations
 from bftrainer.milp.count import build_count_model
-from bftrainer.milp.dp import DeadlineError, dp_cells, solve_counts
+from bftrainer.milp.dp import DeadlineError, dp_cells, solve_counts, solve_counts_pruned
 from bftrainer.milp.greedy import grow_greedily
 from bftrainer.milp.mapping import map_counts
-from bftrainer.milp.node import build_node_model
-from bftrainer.milp.objective import TrainerTerms, admitted, build_terms, objective_of_counts
+from bftrainer.milp.node import build_node_model, build_slot_model
+from bftrainer.milp.objective import (
+    TrainerTerms,
+    admitted,
+    build_terms,
+    objective_of_counts,
+    objective_of_holdings,
+)
 from bftrainer.milp.problem import Problem
+from bftrainer.milp.slots import map_slots
 from bftrainer.milp.solvers import DEFAULT_MIP_GAP, MILP_SOLVERS, SolveStatus
 from bftrainer.milp.solvers.stdout_guard import solver_stdout_to_log
 from bftrainer.milp.windows import allocate_windows, has_windows
@@ -46,7 +53,8 @@ class AllocationBugError(RuntimeError):
 
 @dataclass(frozen=True)
 class Allocation:
-    """The decision: node sets per trainer (waiting trainers get none).
+    """The decision: node sets per trainer (waiting trainers get none); with slots, a
+    node once per slot held there.
 
     ``status`` (docs/allocator.md, "Status"): ``optimal`` (the allocation is optimal:
     the solver's proof agreed with the exact dynamic program, or the DP's answer was
@@ -55,7 +63,9 @@ class Allocation:
     limit, nothing better than the current map, paper §3.6); ``unverified`` (the solver
     says optimal, but the problem is too large for the DP's check); ``windows`` (nodes
     leave within the horizon: the window model's answer, milp/windows.py; not proven
-    optimal, and ``objective`` is its value V). ``objective`` is
+    optimal, and ``objective`` is its value V); ``bounded`` (slots: the count model's
+    answer could not be packed as its bound assumed; ``objective`` <= the optimum <=
+    ``bound``, docs/allocator.md, "Slots"). ``objective`` is
     Eq. 16 of the returned allocation; ``bound`` the best proven upper bound, if known.
     """
 
@@ -121,16 +131,21 @@ def allocate(
     waiting = tuple(t.id for t in admitted(problem)[1])
     t_fwd = float(problem.t_fwd_s)
     status, bound = "optimal", None
+    slots = problem.slots_per_node > 1
     if not terms:  # nothing to decide; solvers reject empty models
         nodes: dict[str, tuple[str, ...]] = {}
         bound = 0.0
     elif solver == "dp":
-        counts, bound = solve_counts(terms, len(problem.pool), t_fwd)
-        nodes = map_counts({t.id: t.current for t in terms}, counts, problem.pool)
+        counts, bound = exact_counts(problem, terms, None)
+        nodes = mapper(problem)({t.id: t.current for t in terms}, counts)
+    elif slots and formulation == "node":
+        nodes, status, bound = _solve_slot_milp(problem, terms, solver, deadline, mip_gap)
     else:
         nodes, status, bound = _solve_milp(
             problem, terms, formulation, solver, deadline, time_limit_s, mip_gap
         )
+    if slots and terms:
+        nodes, status = _pack_or_bound(problem, terms, nodes, status, bound, deadline)
     window_value = None
     if terms and has_windows(problem):
         # Nodes leave within the horizon: refine by the window model (milp/windows.py),
@@ -142,11 +157,12 @@ def allocate(
     broken = violations(problem, all_nodes)
     if broken:
         raise AllocationBugError(f"{solver}/{formulation} answer breaks constraints: {broken[:3]}")
-    objective = (
-        window_value
-        if window_value is not None
-        else objective_of_counts(terms, {k: len(v) for k, v in all_nodes.items()}, t_fwd)
-    )
+    if window_value is not None:
+        objective = window_value
+    elif slots:
+        objective = objective_of_holdings(terms, all_nodes, t_fwd)
+    else:
+        objective = objective_of_counts(terms, {k: len(v) for k, v in all_nodes.items()}, t_fwd)
     return Allocation(
         nodes=all_nodes,
         objective=objective,
@@ -172,19 +188,21 @@ def _solve_milp(
     t_fwd = float(problem.t_fwd_s)
     current_nodes = {t.id: t.current for t in terms}
     current = current_counts(terms)
+    cap = capacity(problem)
+    place = mapper(problem)
     # The exact answer first (milliseconds at the paper's sizes): the check of the
     # solver's "optimal", and the fallback when the solver stops at its limit.
     exact: tuple[dict[str, int], float] | None = None
     dp_s = DP_SHARE_OF_LIMIT * time_limit_s
-    if dp_cells(terms, len(problem.pool)) <= DP_CELLS_PER_S * dp_s:
+    if dp_cells(terms, cap) <= DP_CELLS_PER_S * dp_s:
         try:
-            exact = solve_counts(terms, len(problem.pool), t_fwd, time.perf_counter() + dp_s)
+            exact = exact_counts(problem, terms, time.perf_counter() + dp_s)
         except DeadlineError as e:
             log.info("no exact check: %s", e)
     backend = MILP_SOLVERS[solver]()
     outcome = None
     answer: dict[str, tuple[str, ...]] | None = None
-    node_build_s = NODE_BUILD_S_PER_CELL * len(terms) * len(problem.pool)
+    node_build_s = NODE_BUILD_S_PER_CELL * len(terms) * cap
     if formulation == "node" and time.perf_counter() + node_build_s > deadline:
         # Building it has no clock to look at: 10,000 trainers x 1,000 nodes took 12 s
         # against a 10 s limit. The exact DP's (or the greedy) answer stands instead.
@@ -193,10 +211,15 @@ def _solve_milp(
         if formulation == "count":
             # With the DP's answer the pruned per-count model is small for any solver (and
             # fits gurobipy's size-limited licence); without it, native SOS2 is compact.
-            encoding = "per_count" if exact is not None or not backend.native_sos2 else "sos2"
+            # With slots the per-count tables are not the curve's breakpoints: per_count.
+            encoding = (
+                "per_count"
+                if exact is not None or not backend.native_sos2 or problem.slots_per_node > 1
+                else "sos2"
+            )
             # The DP's answer prunes the model by the LP bound and starts the solver.
             incumbent = exact[0] if exact is not None else None
-            cm = build_count_model(terms, len(problem.pool), t_fwd, encoding, incumbent)
+            cm = build_count_model(terms, cap, t_fwd, encoding, incumbent)
         else:
             nm = build_node_model(terms, problem.pool, t_fwd)
         # Keep time for what follows the solver (the greedy fallback, mapping, checks:
@@ -208,14 +231,14 @@ def _solve_milp(
                 outcome = backend.solve(milp, time_limit_s=remaining_s, mip_gap=mip_gap)
             if outcome.x is not None and outcome.status is not SolveStatus.INFEASIBLE:
                 if formulation == "count":
-                    answer = map_counts(current_nodes, cm.counts(outcome.x, terms), problem.pool)
+                    answer = place(current_nodes, cm.counts(outcome.x, terms))
                 else:
                     answer = nm.node_sets(outcome.x, terms)
     if exact is None and answer is None:
         # The solver gave nothing (not run, or no incumbent): the time left to the DP.
         try:
             left_s = deadline - min(1e-4 * len(terms), 0.2 * time_limit_s)
-            exact = solve_counts(terms, len(problem.pool), t_fwd, left_s)
+            exact = exact_counts(problem, terms, left_s)
         except DeadlineError as e:
             log.info("no exact answer either: %s", e)
     if outcome is not None and outcome.status is SolveStatus.INFEASIBLE and exact is None:
@@ -244,7 +267,7 @@ def _solve_milp(
                     value,
                     best,
                 )
-            answer = map_counts(current_nodes, counts, problem.pool)
+            answer = place(current_nodes, counts)
         if outcome is None or outcome.status is SolveStatus.TIME_LIMIT:
             log.warning(
                 "%s stopped at the %.3g s limit on the %s model: using the exact DP's answer",
@@ -258,11 +281,11 @@ def _solve_milp(
         assert outcome is not None
         return answer or {}, "unverified", outcome.bound
     # No exact answer: the better of the incumbent and the current map grown greedily.
-    grown = grow_greedily(terms, len(problem.pool), t_fwd, current)
+    grown = grow_greedily(terms, cap, t_fwd, current)
     grown_value = objective_of_counts(terms, grown, t_fwd)
     used = "using its incumbent"
     if answer is None or grown_value > value:
-        answer, value, used = map_counts(current_nodes, grown, problem.pool), grown_value, ""
+        answer, value, used = place(current_nodes, grown), grown_value, ""
     keep_current = value <= objective_of_counts(terms, current, t_fwd)
     log.warning(
         "%s hit its %.3g s limit on the %s model: %s",
@@ -274,9 +297,102 @@ def _solve_milp(
         else used or "using the current map grown greedily with free nodes",
     )
     if keep_current:
-        answer = map_counts(current_nodes, current, problem.pool)
+        answer = place(current_nodes, current)
     bound = outcome.bound if outcome is not None else None
     return answer or {}, "kept_current" if keep_current else "time_limit", bound
+
+
+def exact_counts(
+    problem: Problem, terms: list[TrainerTerms], deadline: float | None
+) -> tuple[dict[str, int], float]:
+    """The count model's optimum by the DP: all counts at S = 1 (as ever); with slots,
+    only those that can beat the greedy answer (exact too, and the capacity is S x
+    larger there)."""
+    t_fwd = float(problem.t_fwd_s)
+    if problem.slots_per_node == 1:
+        return solve_counts(terms, capacity(problem), t_fwd, deadline)
+    start = grow_greedily(terms, capacity(problem), t_fwd, current_counts(terms))
+    return solve_counts_pruned(terms, capacity(problem), t_fwd, start, deadline)
+
+
+def capacity(problem: Problem) -> int:
+    """What the counts share: pool nodes, or their slots with S > 1."""
+    return len(problem.pool) * problem.slots_per_node
+
+
+def mapper(
+    problem: Problem,
+) -> Callable[[Mapping[str, tuple[str, ...]], Mapping[str, int]], dict[str, tuple[str, ...]]]:
+    """Counts to holdings without migration: node sets (S = 1: as ever), or slots."""
+    if problem.slots_per_node == 1:
+        return lambda current, counts: map_counts(current, counts, problem.pool)
+    return lambda current, counts: map_slots(current, counts, problem.pool, problem.slots_per_node)
+
+
+def _pack_or_bound(
+    problem: Problem,
+    terms: list[TrainerTerms],
+    nodes: dict[str, tuple[str, ...]],
+    status: str,
+    bound: float | None,
+    deadline: float,
+) -> tuple[dict[str, tuple[str, ...]], str]:
+    """Slots: value the holdings at their real placement. The count model valued each
+    trainer at the best placement its holding allows, an upper bound; when the mapping
+    could not pack as assumed, the best of that and the counts that are best at the
+    worst placement (which any mapping reaches) is returned, status ``bounded``."""
+    t_fwd = float(problem.t_fwd_s)
+    value = objective_of_holdings(terms, nodes, t_fwd)
+    if bound is None or value >= bound - _tolerance(terms, t_fwd, {}):
+        return nodes, status
+    if time.perf_counter() < deadline:
+        try:
+            low = [t.low_scores(t_fwd) for t in terms]
+            counts, _ = solve_counts(terms, capacity(problem), t_fwd, deadline, low)
+            other = mapper(problem)({t.id: t.current for t in terms}, counts)
+            if (
+                not violations(problem, other)
+                and objective_of_holdings(terms, other, t_fwd) > value
+            ):
+                nodes = other
+        except DeadlineError as e:
+            log.info("no worst-placement answer: %s", e)
+    return nodes, "bounded" if status == "optimal" else status
+
+
+def _solve_slot_milp(
+    problem: Problem, terms: list[TrainerTerms], solver: str, deadline: float, mip_gap: float
+) -> tuple[dict[str, tuple[str, ...]], str, float | None]:
+    """The slot-level MILP (milp/node.py, exact): (holdings, status, bound); on a time
+    out or no answer, the count model's answer by the DP, mapped."""
+    t_fwd = float(problem.t_fwd_s)
+    answer, status, bound = None, "time_limit", None
+    # Three (trainer, node) blocks of columns where the node model has one.
+    build_s = 3 * NODE_BUILD_S_PER_CELL * len(terms) * len(problem.pool)
+    if time.perf_counter() + build_s > deadline:
+        log.info("%s/node not run: building the slot model would take ~%.3g s", solver, build_s)
+        remaining_s = 0.0
+    else:
+        model = build_slot_model(terms, problem.pool, problem.slots_per_node, t_fwd)
+        remaining_s = deadline - time.perf_counter()
+    if remaining_s > 0:
+        with solver_stdout_to_log():
+            outcome = MILP_SOLVERS[solver]().solve(
+                model.milp, time_limit_s=remaining_s, mip_gap=mip_gap
+            )
+        bound = outcome.bound
+        if outcome.x is not None and outcome.status is not SolveStatus.INFEASIBLE:
+            answer = model.holdings(outcome.x, terms)
+            if violations(problem, answer):
+                log.error("%s/node answer breaks constraints; not used", solver)
+                answer = None
+            elif outcome.status is SolveStatus.OPTIMAL:
+                status = "optimal"
+    if answer is None:
+        counts, upper = solve_counts(terms, capacity(problem), t_fwd)
+        answer = mapper(problem)({t.id: t.current for t in terms}, counts)
+        bound = upper if bound is None else bound
+    return answer, status, bound
 
 
 def _tolerance(terms: list[TrainerTerms], t_fwd_s: float, *answers: Mapping[str, int]) -> float:

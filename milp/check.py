@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from bftrainer.milp.problem import Problem
@@ -9,6 +10,8 @@ from bftrainer.milp.problem import Problem
 
 def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[str]:
     """Every constraint an allocation breaks, in words; empty when it is feasible."""
+    if problem.slots_per_node > 1:
+        return _slot_violations(problem, nodes)
     out = []
     owner: dict[str, str] = {}
     for t in problem.trainers:
@@ -25,4 +28,30 @@ def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[s
         kept, new = current & set(got), set(got) - current
         if new and kept != current:
             out.append(f"{t.id}: migrates (adds {len(new)} nodes but drops {len(current - kept)})")
+    return out
+
+
+def _slot_violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The same constraints with S slots per node: a node's slots are not overbooked,
+    and no migration holds per node (a grower keeps every slot it had, a shrinker
+    takes none where it had fewer)."""
+    out = []
+    used: Counter[str] = Counter()
+    for t in problem.trainers:
+        got = Counter(nodes.get(t.id, ()))
+        for n in got:
+            if n not in problem.pool_set:
+                out.append(f"{t.id}: node {n!r} is not in the pool")
+        used.update(got)
+        k = sum(got.values())
+        if k and not t.n_min <= k <= t.n_max:
+            out.append(f"{t.id}: {k} slots outside {t.n_min}..{t.n_max}")
+        current = Counter(problem.current_nodes(t))
+        adds = any(got[n] > current[n] for n in got)
+        drops = any(got[n] < current[n] for n in current)
+        if adds and drops:
+            out.append(f"{t.id}: migrates (adds slots on some nodes, drops them on others)")
+    for n, k in used.items():
+        if k > problem.slots_per_node:
+            out.append(f"node {n!r}: {k} slots given, it has {problem.slots_per_node}")
     return out

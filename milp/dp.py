@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -26,12 +27,17 @@ class DeadlineError(TimeoutError):
 
 
 def knapsack(
-    terms: list[TrainerTerms], capacity: int, t_fwd_s: float, deadline: float | None = None
+    terms: list[TrainerTerms],
+    capacity: int,
+    t_fwd_s: float,
+    deadline: float | None = None,
+    tables: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``best[c]`` for every capacity c in 0..capacity, and each trainer's choice table.
 
-    ``deadline`` (``time.perf_counter()`` seconds): raise :class:`DeadlineError` once the
-    pace so far says it would finish past it.
+    ``tables``: each trainer's value per count (default ``scores(t_fwd_s)``; with slots,
+    also ``low_scores``). ``deadline`` (``time.perf_counter()`` seconds): raise
+    :class:`DeadlineError` once the pace so far says it would finish past it.
     """
     best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
@@ -53,7 +59,7 @@ def knapsack(
                 raise DeadlineError(
                     f"the DP would pass its deadline ({j} of {len(terms)} trainers done)"
                 )
-        scores = t.scores(t_fwd_s)[: capacity + 1]
+        scores = (t.scores(t_fwd_s) if tables is None else tables[j])[: capacity + 1]
         k = len(scores)
         # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.
         padded = np.concatenate([np.full(k - 1, -np.inf), best])
@@ -76,11 +82,60 @@ def dp_cells(terms: list[TrainerTerms], pool_size: int) -> int:
 
 
 def solve_counts(
-    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, deadline: float | None = None
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    deadline: float | None = None,
+    tables: Sequence[np.ndarray] | None = None,
 ) -> tuple[dict[str, int], float]:
-    """The optimal count per trainer and its objective value (``deadline``: see knapsack)."""
+    """The optimal count per trainer and its objective value (``deadline``, ``tables``:
+    see knapsack). ``pool_size`` is the capacity: nodes, or slots with S > 1."""
     cap = min(pool_size, sum(t.n_max for t in terms))
-    best, choices = knapsack(terms, cap, t_fwd_s, deadline)
+    best, choices = knapsack(terms, cap, t_fwd_s, deadline, tables)
+    counts: dict[str, int] = {}
+    c = cap
+    for j in range(len(terms) - 1, -1, -1):
+        n = int(choices[j, c])
+        counts[terms[j].id] = n
+        c -= n
+    return counts, float(best[cap]) if terms else 0.0
+
+
+def solve_counts_pruned(
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    incumbent: dict[str, int],
+    deadline: float | None = None,
+) -> tuple[dict[str, int], float]:
+    """``solve_counts``, exact too, over only the counts that can win (``bound.py``)
+    against ``incumbent``, a feasible count per trainer: every optimal answer uses only
+    those. The work is capacity x kept counts, not capacity x n_max: with slots the
+    capacity is |N| x S and n_max counts slots (30 x 4,800 x 385 pairs unpruned)."""
+    from bftrainer.milp.bound import counts_that_can_win
+
+    cap = min(pool_size, sum(t.n_max for t in terms))
+    floor = sum(float(t.scores(t_fwd_s)[incumbent.get(t.id, 0)]) for t in terms)
+    kept = counts_that_can_win(terms, cap, t_fwd_s, floor)
+    best = np.zeros(cap + 1)
+    choices = np.zeros((len(terms), cap + 1), dtype=np.int32)
+    rows = np.arange(cap + 1)
+    for j, t in enumerate(terms):
+        if deadline is not None and j and time.perf_counter() > deadline:
+            raise DeadlineError(f"the DP passed its deadline ({j} of {len(terms)} trainers done)")
+        scores = t.scores(t_fwd_s)
+        extra = [n for n in (incumbent.get(t.id, 0), t.c) if n <= min(cap, t.n_max)]
+        options = np.union1d(kept[j], extra).astype(np.int64)
+        options = options[(options <= cap) & np.isfinite(scores[options])]
+        value = np.full((cap + 1, len(options)), -np.inf)
+        for i, n in enumerate(options):
+            value[n:, i] = best[: cap + 1 - n] + scores[n]
+        pick = np.argmax(value, axis=1)  # the smallest count among equals
+        best = value[rows, pick]
+        current = np.flatnonzero(options == t.c)
+        if current.size:  # ...but the current count first: moving must strictly pay
+            pick[value[:, current[0]] == best] = current[0]
+        choices[j] = options[pick]
     counts: dict[str, int] = {}
     c = cap
     for j in range(len(terms) - 1, -1, -1):

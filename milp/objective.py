@@ -34,12 +34,14 @@ evens out its own trainers too. By trainer, each trainer is a group of one of we
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from bftrainer.milp.problem import Problem, TrainerSpec, fair_admission
+from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed, packable_counts
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,13 @@ class TrainerTerms:
     rescale_down_s: float
     runnable: bool
     current_value: float  # O_j(C_j), from the full curve: the rate a rescale interrupts
+    # Slots (S > 1 only; docs/allocator.md, "Slots"): O_j at every count 0..n_max when
+    # packed and when spread, and which counts the current holding can pack / spread.
+    slots_per_node: int = 1
+    packed_value: np.ndarray | None = None
+    spread_value: np.ndarray | None = None
+    can_pack: np.ndarray | None = None
+    can_spread: np.ndarray | None = None
     _scores: dict[float, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -84,6 +93,13 @@ class TrainerTerms:
         cached = self._scores.get(t_fwd_s)
         if cached is not None:
             return cached
+        if self.packed_value is not None:  # slots: the best placement this holding allows
+            assert self.spread_value is not None and self.can_pack is not None
+            s = self.eq16_terms(
+                t_fwd_s, np.where(self.can_pack, self.packed_value, self.spread_value)
+            )
+            self._scores[t_fwd_s] = s
+            return s
         n = np.arange(self.n_max + 1)
         s = t_fwd_s * self.value(n)
         s[n > self.c] -= self.current_value * self.rescale_up_s
@@ -94,6 +110,38 @@ class TrainerTerms:
         s.flags.writeable = False
         self._scores[t_fwd_s] = s
         return s
+
+    def eq16_terms(self, t_fwd_s: float, values: np.ndarray) -> np.ndarray:
+        """Eq. 16's term at every count for these values (slots)."""
+        n = np.arange(self.n_max + 1)
+        s = t_fwd_s * values
+        s[n > self.c] -= self.current_value * self.rescale_up_s
+        s[n < self.c] -= self.current_value * self.rescale_down_s
+        s[(n > 0) & (n < self.n_min)] = -np.inf
+        if not self.runnable:
+            s[1:] = -np.inf
+        s.flags.writeable = False
+        return s
+
+    def low_scores(self, t_fwd_s: float) -> np.ndarray:
+        """Slots: Eq. 16's term at the worst placement of each count (spread where it
+        can be), which every placement reaches; ``scores`` at S = 1."""
+        if self.packed_value is None:
+            return self.scores(t_fwd_s)
+        assert self.spread_value is not None and self.can_spread is not None
+        return self.eq16_terms(
+            t_fwd_s, np.where(self.can_spread, self.spread_value, self.packed_value)
+        )
+
+    def placed_score(self, t_fwd_s: float, holding: tuple[str, ...]) -> float:
+        """Eq. 16's term of this exact holding (its count, packed or spread)."""
+        k = len(holding)
+        if self.packed_value is None or k == 0:
+            return float(self.scores(t_fwd_s)[k])
+        assert self.spread_value is not None
+        packed = is_packed(holding, self.slots_per_node)
+        table = self.packed_value if packed else self.spread_value
+        return float(self.eq16_terms(t_fwd_s, table)[k])
 
 
 ValueCurve = Callable[[TrainerSpec], tuple[tuple[float, float], ...]]
@@ -178,6 +226,8 @@ def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSp
 
 def build_terms(problem: Problem) -> list[TrainerTerms]:
     """The objective terms of the admitted trainers, in arrival order."""
+    if problem.slots_per_node > 1:
+        return _slot_terms(problem)
     pool_size = len(problem.pool)
     taking_part = admitted(problem)[0]
     share = pool_size / max(len(taking_part), 1)
@@ -219,6 +269,77 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     return terms
 
 
+def _slot_terms(problem: Problem) -> list[TrainerTerms]:
+    """The terms with slots (S > 1): the unit is a slot; O_j packed and spread at every
+    count, through the same metric and fairness steps as ``_value_table``."""
+    S = problem.slots_per_node
+    capacity = len(problem.pool) * S
+    taking_part = admitted(problem)[0]
+    share = capacity / max(len(taking_part), 1)
+    terms = []
+    for t in taking_part:
+        n_max = min(t.n_max, capacity)
+        runnable = t.n_min <= n_max
+        if not runnable:
+            n_max = 0
+        current = problem.current_nodes(t)
+        packed, spread = _slot_values(problem, t, share, max(n_max, len(current)))
+        c = len(current)
+        current_value = float(packed[c] if is_packed(current, S) else spread[c])
+        terms.append(
+            TrainerTerms(
+                id=t.id,
+                n_min=t.n_min,
+                n_max=n_max,
+                current=current,
+                bp_nodes=np.arange(n_max + 1, dtype=float) if n_max else np.array([0.0, 1.0]),
+                bp_value=packed[: n_max + 1] if n_max else np.array([0.0, 0.0]),
+                rescale_up_s=float(t.rescale_up_s),
+                rescale_down_s=float(t.rescale_down_s),
+                runnable=runnable,
+                current_value=current_value,
+                slots_per_node=S,
+                packed_value=packed[: n_max + 1],
+                spread_value=spread[: n_max + 1],
+                can_pack=packable_counts(current, n_max, S),
+                can_spread=-(-np.arange(n_max + 1) // S) < np.arange(n_max + 1),
+            )
+        )
+    return terms
+
+
+def _slot_values(
+    problem: Problem, t: TrainerSpec, share: float, top: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """O_j packed and spread at counts 0..top (spread never above packed)."""
+    grid = np.arange(top + 1, dtype=float)
+
+    def raw(curve: tuple[tuple[float, float], ...]) -> np.ndarray:
+        xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
+        ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
+        return np.interp(grid, xs, ys)
+
+    packed = raw(t.curve)
+    spread = (
+        raw(t.spread_curve)
+        if t.spread_curve is not None
+        else (1.0 - DEFAULT_SPREAD_PENALTY) * packed
+    )
+    spread = np.minimum(spread, packed)
+    norm = 1.0
+    if problem.objective == "speedup":
+        one = t.value_at(1.0)
+        norm = one if one > 0 else math.inf
+    if problem.fair_share_speedup:
+        at_share = t.value_at(min(max(share, t.n_min), t.n_max)) / norm
+        norm = norm * at_share if at_share > 0 else norm
+    packed, spread = packed / norm, spread / norm
+    if problem.fairness_p != 1.0:
+        packed = fairness_transform(packed, problem.fairness_p)
+        spread = fairness_transform(spread, problem.fairness_p)
+    return packed, spread
+
+
 def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:
     """Breakpoints from (0, 0) to ``n_max`` (interpolated there); one segment at least."""
     if n_max == 0:
@@ -229,6 +350,14 @@ def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.nd
     bx = np.append(xs[keep], float(n_max))
     by = np.append(ys[keep], np.interp(n_max, xs, ys))
     return bx, by
+
+
+def objective_of_holdings(
+    terms: list[TrainerTerms], nodes: dict[str, tuple[str, ...]], t_fwd_s: float
+) -> float:
+    """Eq. 16 of an allocation, each trainer at its placement (slots); at S = 1 the same
+    as ``objective_of_counts``."""
+    return sum(t.placed_score(t_fwd_s, nodes.get(t.id, ())) for t in terms)
 
 
 def objective_of_counts(terms: list[TrainerTerms], counts: dict[str, int], t_fwd_s: float) -> float:

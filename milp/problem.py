@@ -40,6 +40,12 @@ class TrainerSpec:
     ``curve`` holds breakpoints ``(nodes, value_per_s)`` with strictly increasing node
     counts; the value is linear between breakpoints and 0 at 0 nodes. ``nodes`` are
     the nodes the trainer holds now (some may have left the pool).
+
+    With ``Problem.slots_per_node`` S > 1 the unit is a slot (a GPU), not a node:
+    ``n_min``, ``n_max`` and the curve count slots, the curve is the value of slots
+    packed on the fewest nodes, and ``nodes`` lists a node once per slot held there.
+    ``spread_curve`` is the value when they span more nodes than that (default: the
+    curve less ``slots.DEFAULT_SPREAD_PENALTY``; docs/allocator.md, "Slots").
     """
 
     id: str
@@ -51,6 +57,7 @@ class TrainerSpec:
     nodes: tuple[str, ...] = ()
     user: str = ""
     account: str = ""
+    spread_curve: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"trainer {self.id!r}"
@@ -68,28 +75,9 @@ class TrainerSpec:
             ("rescale_down", self.rescale_down_s),
         ):
             _check_number(value, f"{where}: {name}", minimum=0.0, maximum=RESCALE_MAX_S)
-        if not self.curve:
-            raise ProblemError(f"{where}: curve is empty")
-        previous = 0.0
-        for i, point in enumerate(self.curve):
-            if len(point) != 2:
-                raise ProblemError(f"{where}: curve[{i}] is {point!r}, expected [nodes, value]")
-            n, v = point
-            _check_number(n, f"{where}: curve[{i}] nodes", minimum=0.0, maximum=NODES_MAX)
-            _check_number(v, f"{where}: curve[{i}] value", minimum=0.0, maximum=CURVE_VALUE_MAX)
-            if i and n <= previous:
-                raise ProblemError(
-                    f"{where}: curve node counts must increase, got {n} after {previous}"
-                )
-            if n == 0 and v != 0:
-                raise ProblemError(f"{where}: curve value at 0 nodes must be 0, got {v}")
-            previous = n
-        if self.curve[-1][0] < self.n_max:
-            raise ProblemError(
-                f"{where}: curve ends at {self.curve[-1][0]} nodes, below n_max {self.n_max}"
-            )
-        if len(set(self.nodes)) != len(self.nodes):
-            raise ProblemError(f"{where}: nodes lists a node twice")
+        _check_curve(self.curve, where, "curve", self.n_max)
+        if self.spread_curve is not None:
+            _check_curve(self.spread_curve, where, "spread_curve", self.n_max)
         if len(self.nodes) > self.n_max:
             raise ProblemError(
                 f"{where}: holds {len(self.nodes)} nodes, more than n_max {self.n_max}"
@@ -125,6 +113,8 @@ class Problem:
     # user's or account's weight (absent: 1). Weights do not apply by trainer.
     fair_by: str = "trainer"
     fair_weights: Mapping[str, float] = field(default_factory=dict)
+    # S: slots (GPUs) per pool node, the unit of allocation (docs/allocator.md, "Slots").
+    slots_per_node: int = 1
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -159,19 +149,23 @@ class Problem:
                 minimum=FAIR_WEIGHT_RANGE[0],
                 maximum=FAIR_WEIGHT_RANGE[1],
             )
+        _check_int(self.slots_per_node, "slots_per_node", minimum=1)
+        if self.slots_per_node > 1 and self.fair_by != "trainer":
+            raise ProblemError(
+                f"fair_by {self.fair_by} with slots_per_node {self.slots_per_node} is not "
+                "modelled yet: fairness by user or account works on whole nodes only"
+            )
         ids: set[str] = set()
-        holder: dict[str, str] = {}
         for t in self.trainers:
             if t.id in ids:
                 raise ProblemError(f"trainer id {t.id!r} appears twice")
             ids.add(t.id)
-            for node in t.nodes:
-                if node in holder:
-                    raise ProblemError(
-                        f"node {node!r} is held by two trainers: {holder[node]!r} and {t.id!r}"
-                    )
-                holder[node] = t.id
+        _check_holdings(self.trainers, self.slots_per_node)
         object.__setattr__(self, "pool_set", frozenset(self.pool))
+        if self.slots_per_node > 1 and any(w is not None for w in self.windows_s.values()):
+            raise ProblemError(
+                'windows: not modelled with slots_per_node > 1 (docs/allocator.md, "Slots")'
+            )
         for node, w in self.windows_s.items():
             if node not in self.pool_set:
                 raise ProblemError(f"windows: node {node!r} is not in the pool")
@@ -209,6 +203,56 @@ def fair_admission(groups: Sequence[str], limit: int) -> list[int]:
     return sorted(i for _, i in sorted(keyed)[:limit])
 
 
+def _check_curve(curve: tuple[tuple[float, float], ...], where: str, name: str, n_max: int) -> None:
+    """Breakpoints (count, value): counts increasing, value 0 at 0, reaching n_max."""
+    if not curve:
+        raise ProblemError(f"{where}: {name} is empty")
+    previous = 0.0
+    for i, point in enumerate(curve):
+        if len(point) != 2:
+            raise ProblemError(f"{where}: {name}[{i}] is {point!r}, expected [nodes, value]")
+        n, v = point
+        _check_number(n, f"{where}: {name}[{i}] nodes", minimum=0.0, maximum=NODES_MAX)
+        _check_number(v, f"{where}: {name}[{i}] value", minimum=0.0, maximum=CURVE_VALUE_MAX)
+        if i and n <= previous:
+            raise ProblemError(
+                f"{where}: {name} node counts must increase, got {n} after {previous}"
+            )
+        if n == 0 and v != 0:
+            raise ProblemError(f"{where}: {name} value at 0 nodes must be 0, got {v}")
+        previous = n
+    if curve[-1][0] < n_max:
+        raise ProblemError(f"{where}: {name} ends at {curve[-1][0]} nodes, below n_max {n_max}")
+
+
+def _check_holdings(trainers: tuple[TrainerSpec, ...], slots: int) -> None:
+    """No trainer holds more slots of a node than it has, nor trainers together."""
+    holder: dict[str, str] = {}
+    held: dict[str, int] = {}
+    for t in trainers:
+        mine: dict[str, int] = {}
+        for node in t.nodes:
+            mine[node] = mine.get(node, 0) + 1
+            if mine[node] > slots:
+                if slots == 1:
+                    raise ProblemError(f"trainer {t.id!r}: nodes lists a node twice")
+                raise ProblemError(
+                    f"trainer {t.id!r}: holds {mine[node]} slots of node {node!r}, "
+                    f"more than its {slots}"
+                )
+            if slots == 1 and node in holder:
+                raise ProblemError(
+                    f"node {node!r} is held by two trainers: {holder[node]!r} and {t.id!r}"
+                )
+            holder.setdefault(node, t.id)
+        for node, k in mine.items():
+            held[node] = held.get(node, 0) + k
+            if held[node] > slots:
+                raise ProblemError(
+                    f"node {node!r} has {slots} slots; trainers up to {t.id!r} hold {held[node]}"
+                )
+
+
 _TOP_FIELDS = {
     "pool",
     "t_fwd",
@@ -220,6 +264,7 @@ _TOP_FIELDS = {
     "windows",
     "fair_by",
     "fair_weights",
+    "slots_per_node",
 }
 _TRAINER_FIELDS = {
     "id",
@@ -231,8 +276,9 @@ _TRAINER_FIELDS = {
     "curve",
     "user",
     "account",
+    "spread_curve",
 }
-_TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes", "user", "account"}
+_TRAINER_REQUIRED = _TRAINER_FIELDS - {"nodes", "user", "account", "spread_curve"}
 
 
 def problem_from_dict(data: Any) -> Problem:
@@ -263,6 +309,7 @@ def problem_from_dict(data: Any) -> Problem:
         windows_s=_windows(data.get("windows", {})),
         fair_by=data.get("fair_by", "trainer"),
         fair_weights=data.get("fair_weights", {}),
+        slots_per_node=data.get("slots_per_node", 1),
     )
 
 
@@ -286,14 +333,10 @@ def _trainer_from_dict(index: int, raw: Any) -> TrainerSpec:
         raise ProblemError(f"{where}: missing field {sorted(missing)[0]!r}")
     if not isinstance(raw["id"], str) or not raw["id"]:
         raise ProblemError(f"{where}: id must be a non-empty string")
-    curve = raw["curve"]
-    if not isinstance(curve, Sequence) or isinstance(curve, str):
-        raise ProblemError(f"{where}: curve must be a list of [nodes, value] pairs")
-    points = []
-    for i, p in enumerate(curve):
-        if not isinstance(p, Sequence) or isinstance(p, str) or len(p) != 2:
-            raise ProblemError(f"{where}: curve[{i}] is {p!r}, expected [nodes, value]")
-        points.append((p[0], p[1]))
+    points = _points(raw["curve"], where, "curve")
+    spread = None
+    if raw.get("spread_curve") is not None:
+        spread = _points(raw["spread_curve"], where, "spread_curve")
     try:
         return TrainerSpec(
             id=raw["id"],
@@ -301,14 +344,26 @@ def _trainer_from_dict(index: int, raw: Any) -> TrainerSpec:
             n_max=raw["n_max"],
             rescale_up_s=raw["rescale_up"],
             rescale_down_s=raw["rescale_down"],
-            curve=tuple(points),
+            curve=points,
             nodes=_string_list(raw.get("nodes", []), f"{where}: nodes"),
             user=raw.get("user", ""),
             account=raw.get("account", ""),
+            spread_curve=spread,
         )
     except ProblemError as e:
         # Name the position too: ids are user text and may be unhelpful.
         raise ProblemError(f"{where}: {str(e).split(': ', 1)[-1]}") from None
+
+
+def _points(curve: Any, where: str, name: str) -> tuple[tuple[Any, Any], ...]:
+    if not isinstance(curve, Sequence) or isinstance(curve, str):
+        raise ProblemError(f"{where}: {name} must be a list of [nodes, value] pairs")
+    points = []
+    for i, p in enumerate(curve):
+        if not isinstance(p, Sequence) or isinstance(p, str) or len(p) != 2:
+            raise ProblemError(f"{where}: {name}[{i}] is {p!r}, expected [nodes, value]")
+        points.append((p[0], p[1]))
+    return tuple(points)
 
 
 def _string_list(value: Any, what: str) -> tuple[str, ...]:

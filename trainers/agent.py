@@ -146,14 +146,20 @@ class PolluxAgent:
         self.last_step_time_s: float | None = None
 
     # -- configuration ---------------------------------------------------------
-    def set_config(self, nodes: int, local_bsz: int, accum_steps: int = 0) -> TrainerConfig:
-        """Declare the configuration the next steps run (after every rescale)."""
+    def set_config(
+        self, nodes: int, local_bsz: int, accum_steps: int = 0, replicas: int | None = None
+    ) -> TrainerConfig:
+        """Declare the configuration the next steps run (after every rescale);
+        ``replicas`` default: nodes x replicas_per_node (else: slots of shared nodes)."""
         for name, value, low in (("nodes", nodes, 1), ("local_bsz", local_bsz, 1)):
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
         if not isinstance(accum_steps, int) or accum_steps < 0:
             raise ConfigError(f"accum_steps must be an integer >= 0, got {accum_steps!r}")
-        config = TrainerConfig(nodes, nodes * self.replicas_per_node, local_bsz, accum_steps)
+        k = nodes * self.replicas_per_node if replicas is None else replicas
+        if not isinstance(k, int) or k < nodes:
+            raise ConfigError(f"replicas must be an integer >= nodes ({nodes}), got {k!r}")
+        config = TrainerConfig(nodes, k, local_bsz, accum_steps)
         if config != self._config:
             self.gns.reset_pairing()  # a differenced pair must not straddle a rescale
         self._config = config

@@ -129,23 +129,27 @@ class GoodputModel:
         self.replicas_per_node = replicas_per_node
 
     def goodput(
-        self, nodes: ArrayLike, local_bsz: ArrayLike, accum_steps: ArrayLike = 0
+        self,
+        nodes: ArrayLike,
+        local_bsz: ArrayLike,
+        accum_steps: ArrayLike = 0,
+        replicas: ArrayLike | None = None,
     ) -> NDArray[np.float64]:
-        """Goodput in samples/s (at the base batch's statistical value), (G)."""
+        """Goodput in samples/s (at the base batch's statistical value), (G);
+        ``replicas`` default: nodes x replicas_per_node (else: slots shared nodes)."""
         n = np.asarray(nodes, dtype=float)
         m = np.asarray(local_bsz, dtype=float)
         s = np.asarray(accum_steps, dtype=float)
-        k = n * self.replicas_per_node
+        k = n * self.replicas_per_node if replicas is None else np.asarray(replicas, float)
         batch = k * m * (s + 1.0)
         t = predict_step_time(self.params, n, k, m, s)
         eff = efficiency(batch, self.limits.base_batch_size, self.pgns)
         return np.asarray(batch / t * eff, dtype=float)
 
     def _goodput_unchecked(
-        self, n: NDArray[np.int64], m: NDArray[np.int64], s: NDArray[np.int64]
+        self, n: NDArray[np.int64], m: NDArray[np.int64], s: NDArray[np.int64], k: NDArray[np.int64]
     ) -> NDArray[np.float64]:
         """(G) without the M >= M0 check, for the search (infeasible cells are masked)."""
-        k = n * self.replicas_per_node
         batch = (k * m * (s + 1)).astype(float)
         t = predict_step_time(self.params, n, k, m, s)
         if math.isinf(self.pgns):
@@ -154,31 +158,36 @@ class GoodputModel:
         return np.asarray(batch / t * (self.pgns + m0) / (self.pgns + batch), dtype=float)
 
     def _local_range(
-        self, nodes: NDArray[np.int64], accum: NDArray[np.int64]
+        self, replicas: NDArray[np.int64], accum: NDArray[np.int64]
     ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Feasible local batches [lo, hi] per (nodes, accum); lo > hi when none."""
+        """Feasible local batches [lo, hi] per (replicas, accum); lo > hi when none."""
         lim = self.limits
-        per_m = nodes * self.replicas_per_node * (accum + 1)  # M = per_m * m
+        per_m = replicas * (accum + 1)  # M = per_m * m
         lo = np.maximum(lim.min_local_bsz, -(-lim.base_batch_size // per_m))
         hi = np.minimum(lim.max_local_bsz, lim.max_batch_size // per_m)
         return lo, hi
 
-    def best_configs(self, nodes: Sequence[int]) -> list[GoodputConfig | None]:
-        """The goodput-maximising (m, s) for every node count; None where none is feasible."""
+    def best_configs(
+        self, nodes: Sequence[int], replicas: Sequence[int] | None = None
+    ) -> list[GoodputConfig | None]:
+        """The goodput-maximising (m, s) for every node count; None where none is feasible.
+        ``replicas``: per node count (slots that share nodes); default nodes x r."""
         ns = np.asarray(nodes, dtype=np.int64)
         if ns.size == 0:
             return []
         if np.any(ns < 1):
             raise ValueError(f"node counts must be >= 1, got {int(ns.min())}")
+        ks = ns * self.replicas_per_node if replicas is None else np.asarray(replicas, np.int64)
         accum = np.arange(self.limits.max_accum_steps + 1, dtype=np.int64)
         n_grid, s_grid = np.meshgrid(ns, accum, indexing="ij")  # shape (N, S)
-        lo, hi = self._local_range(n_grid, s_grid)
+        k_grid = np.broadcast_to(ks[:, None], n_grid.shape)
+        lo, hi = self._local_range(k_grid, s_grid)
         feasible = lo <= hi
         lo = np.where(feasible, lo, 1)
         hi = np.where(feasible, hi, 1)
 
         def f(m: NDArray[np.int64]) -> NDArray[np.float64]:
-            return self._goodput_unchecked(n_grid, m, s_grid)
+            return self._goodput_unchecked(n_grid, m, s_grid, k_grid)
 
         # Ternary search on integers, exact for quasi-concave f (see module docstring).
         while np.any(hi - lo > 2):
@@ -204,11 +213,10 @@ class GoodputModel:
             if not np.isfinite(best_g[i, j]):
                 out.append(None)
                 continue
-            out.append(self._config(int(n), int(best_m[i, j]), int(accum[j])))
+            out.append(self._config(int(n), int(best_m[i, j]), int(accum[j]), int(ks[i])))
         return out
 
-    def _config(self, n: int, m: int, s: int) -> GoodputConfig:
-        k = n * self.replicas_per_node
+    def _config(self, n: int, m: int, s: int, k: int) -> GoodputConfig:
         batch = k * m * (s + 1)
         t = float(predict_step_time(self.params, n, k, m, s))
         eff = float(efficiency(batch, self.limits.base_batch_size, self.pgns))

@@ -73,7 +73,10 @@ def allocate_cmd(
 
 
 def format_table(result: Allocation, data: Any) -> str:
-    rows = [("trainer", "nodes", "count")]
+    slots = isinstance(data, dict) and data.get("slots_per_node", 1) != 1
+    rows = [
+        ("trainer", "nodes (once per slot)", "slots") if slots else ("trainer", "nodes", "count")
+    ]
     for tid, nodes in result.nodes.items():
         shown = ",".join(nodes) if len(nodes) <= 8 else ",".join(nodes[:8]) + ",..."
         rows.append((tid, shown or "-", str(len(nodes))))

@@ -38,7 +38,7 @@ from bftrainer.idle_monitor.trace import (
     TraceRangeError,
     load_trace,
 )
-from bftrainer.jobs import JobSpec, JobSpecError, check_workload
+from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
 from bftrainer.replay.output import summary_table, write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
 from bftrainer.replay.pollux_output import pollux_summary, pollux_table, write_pollux_outputs
@@ -76,6 +76,7 @@ FLAG_NAMES = {
     "scavenger_size": "--scavenger-size",
     "checkpoint_every_s": "--checkpoint-every",
     "restart_s": "--restart-cost",
+    "slots_per_node": "--slots-per-node",
 }
 
 
@@ -229,6 +230,13 @@ FLAG_NAMES = {
     "(default: the job's R_up, what an elastic trainer pays to grow).",
 )
 @click.option(
+    "--slots-per-node",
+    type=Number(integer=True, min=1, max=1024),
+    help="Slots (GPUs) per pool node, the unit of allocation: trainers share a node's "
+    "slots; job curves given per node count S slots (default 1: whole nodes). "
+    "docs/replay.md.",
+)
+@click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
 @click.option(
@@ -285,6 +293,7 @@ def replay_cmd(
     scavenger_size: int | None,
     checkpoint_every_s: float | None,
     restart_s: float | None,
+    slots_per_node: int | None,
     sweep: str | None,
     executor: str,
     slurm_partition: str | None,
@@ -302,6 +311,25 @@ def replay_cmd(
     folder and the top-level summary.json lists them all. See docs/replay.md.
     """
     trace = _load(trace_path, node_slice, start, end, synthetic_nodes, synthetic_hours, seed)
+    flags = {
+        **policy_flags(policy),
+        "window_s": window_hours * 3600 if window_hours is not None else None,
+        "windows": windows,
+        "windows_known_share": windows_known_share,
+        "windows_lead_s": windows_lead_s,
+        "windows_error_s": windows_error_s,
+        "scavenger_size": scavenger_size,
+        "checkpoint_every_s": checkpoint_every_s,
+        "restart_s": restart_s,
+        "slots_per_node": slots_per_node,
+    }
+    try:
+        base = DEFAULT
+        if config_path is not None:
+            base = load_config(Path(config_path), base, REPLAY_TABLES)
+        base = with_overrides(base, flags, FLAG_NAMES)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     factory = None
     if workload == "pollux" and not jobs_path:
         jobs, factory = _pollux(
@@ -313,6 +341,7 @@ def replay_cmd(
             seed,
             trace,
             replicas_per_node,
+            base.slots_per_node,
         )
     else:
         if pollux_workload is not None:
@@ -320,28 +349,11 @@ def replay_cmd(
         if replicas_per_node != 1:
             raise UsageError("--replicas-per-node needs --workload pollux (and no --jobs)")
         jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
+        jobs = jobs_in_slots(jobs, base.slots_per_node)
     try:
         check_workload(jobs)  # the whole workload, before any replay starts
     except JobSpecError as e:
         raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
-    flags = {
-        **policy_flags(policy),
-        "window_s": window_hours * 3600 if window_hours is not None else None,
-        "windows": windows,
-        "windows_known_share": windows_known_share,
-        "windows_lead_s": windows_lead_s,
-        "windows_error_s": windows_error_s,
-        "scavenger_size": scavenger_size,
-        "checkpoint_every_s": checkpoint_every_s,
-        "restart_s": restart_s,
-    }
-    try:
-        base = DEFAULT
-        if config_path is not None:
-            base = load_config(Path(config_path), base, REPLAY_TABLES)
-        base = with_overrides(base, flags, FLAG_NAMES)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
     if sweep:
         if policies is not None and policies.strip() != "milp":
             raise UsageError(f"--sweep runs the milp policy only; drop --policy {policies!r}")
@@ -654,15 +666,26 @@ def _pollux(
     seed: int,
     trace: Trace,
     replicas_per_node: int = 1,
+    slots_per_node: int = 1,
 ) -> tuple[list[JobSpec], PolluxDriverFactory]:
     """Jobs of Pollux's applications, submitted from the trace's start, and the factory
-    of their driver; a node runs ``replicas_per_node`` replicas of a job."""
+    of their driver; a node runs ``replicas_per_node`` replicas of a job, or with
+    ``slots_per_node`` S > 1, one replica per slot of several jobs."""
+    if slots_per_node > 1 and replicas_per_node != 1:
+        raise UsageError(
+            "--replicas-per-node gives a whole node's replicas to one job; with "
+            "--slots-per-node a slot is one replica: give one of them"
+        )
     try:
         data_dir = resolve_data_dir(data)
         if workload_file is not None:
             path = resolve_workload_path(workload_file, data_dir)
             w = read_pollux_workload(
-                path, data_dir, trace.start_s, replicas_per_node=replicas_per_node
+                path,
+                data_dir,
+                trace.start_s,
+                replicas_per_node=replicas_per_node,
+                slots_per_node=slots_per_node,
             )
         else:
             w = generate_pollux_workload(
@@ -672,8 +695,9 @@ def _pollux(
                 mean_interarrival_s=interval_s,
                 seed=seed,
                 replicas_per_node=replicas_per_node,
+                slots_per_node=slots_per_node,
             )
     except PolluxWorkloadError as e:
         raise UsageError(str(e)) from None
-    options = PolluxSimOptions(batch_adapt=batch_adapt, seed=seed)
+    options = PolluxSimOptions(batch_adapt=batch_adapt, seed=seed, slots_per_node=slots_per_node)
     return list(w.jobs), PolluxDriverFactory(tuple(w.apps.items()), data_dir, options)

@@ -28,6 +28,7 @@ TRAINER_COLUMNS = [
     "preemption_cost_samples",
     "user",
     "account",
+    "wait_before_first_slot_s",
 ]
 ALLOCATION_COLUMNS = ["time", "trainer", "nodes", "change"]
 
@@ -68,6 +69,7 @@ def write_result(result: ReplayResult, out_dir: Path) -> None:
                     round(t.preemption_cost_samples),
                     t.job.user,
                     t.job.account,
+                    "" if t.started_s is None else round(t.started_s - t.job.submit_s, 3),
                 ]
             )
     with (out_dir / "allocations.csv").open("w", newline="") as f:
@@ -97,6 +99,7 @@ def summary_table(results: Sequence[ReplayResult]) -> str:
         ("preemption cost", lambda s: f"{s['preemption_cost_samples']:.3e}"),
         ("trainers done", lambda s: f"{s['trainers_completed']}/{s['trainers_arrived']}"),
         ("mean JCT, done (h)", lambda s: _hours(s["mean_trainer_turnaround_s"])),
+        ("mean wait, 1st slot (h)", lambda s: _hours(s.get("mean_wait_before_first_slot_s"))),
         ("wasted node-hours", lambda s: _number(s.get("wasted_node_hours"))),
         ("idle node-hours", lambda s: _number(s.get("idle_node_hours"))),
         ("events/s", lambda s: f"{s['events_per_s']:.0f}" if s["events_per_s"] else "-"),

@@ -93,7 +93,7 @@ class SimApp:
         self.boundaries = np.unique(
             np.concatenate([t.progress for t in profile.validation.values()])
         )
-        self._times: dict[tuple[int, int, int], tuple[float, float, bool]] = {}
+        self._times: dict[tuple[int, ...], tuple[float, float, bool]] = {}
         self._stats: dict[tuple[int, int], SegmentStats] = {}
         self._after: dict[int, NDArray[np.float64]] = {}
         self._fallback: ThroughputModel | None = None
@@ -108,18 +108,27 @@ class SimApp:
         feasible = self.limits.max_batch_size // (self.r * self.limits.min_local_bsz)
         return max(1, min(measured, feasible))
 
+    @cached_property
+    def max_replicas(self) -> int:
+        """Slots: the largest replica count the profile measured, within the batch limits
+        (every replica needs ``min_local_bsz``)."""
+        obs = self.profile.observations(include_scalability=True)
+        feasible = self.limits.max_batch_size // self.limits.min_local_bsz
+        return max(1, min(max(o.replicas for o in obs), feasible))
+
     @property
     def r(self) -> int:
         return self.replicas_per_node
 
     # -- configurations ------------------------------------------------------------
-    def config(self, nodes: int, local_bsz: int) -> TrainerConfig:
+    def config(self, nodes: int, local_bsz: int, replicas: int | None = None) -> TrainerConfig:
         """``local_bsz`` samples per replica on ``nodes`` nodes, as Pollux's simulator
         turns a requested batch into one: at least ``min_local_bsz``, accumulate past
         ``max_local_bsz``, accumulate to reach M0, and stay within M_max (fewer micro-steps
-        first, then a smaller local batch)."""
+        first, then a smaller local batch). ``replicas``: default nodes x r (slots: the
+        job's slots over ``nodes`` shared nodes)."""
         lim = self.limits
-        k = nodes * self.r
+        k = nodes * self.r if replicas is None else replicas
         if nodes < 1 or local_bsz < 1:
             raise PolluxSimError(f"{self.name}: nodes={nodes}, local_bsz={local_bsz}: not valid")
         local_bsz = max(local_bsz, lim.min_local_bsz)
@@ -137,16 +146,38 @@ class SimApp:
             )
         return TrainerConfig(nodes, k, atomic, accum)
 
-    def default_config(self, nodes: int) -> TrainerConfig:
+    def default_config(self, nodes: int, replicas: int | None = None) -> TrainerConfig:
         """Pollux's choice before any fit: the smallest batch >= M0 that gives every
         replica at least ``min_local_bsz``."""
-        k = nodes * self.r
+        k = nodes * self.r if replicas is None else replicas
         batch = max(self.limits.base_batch_size, self.limits.min_local_bsz * k)
-        return self.config(nodes, -(-batch // k))
+        return self.config(nodes, -(-batch // k), replicas)
 
     # -- truth -----------------------------------------------------------------------
-    def step_time(self, config: TrainerConfig) -> tuple[float, bool]:
-        """True seconds per optimizer step, and whether it came from the fallback fit."""
+    def step_time(
+        self, config: TrainerConfig, placement: tuple[int, ...] | None = None
+    ) -> tuple[float, bool]:
+        """True seconds per optimizer step, and whether it came from the fallback fit.
+        ``placement`` (slots: replicas per node) uses its row of placements.csv when
+        measured, as Pollux's simulator does."""
+        key: tuple[int, ...] = (config.nodes, config.replicas, config.local_bsz)
+        if placement is not None:
+            key = (*key, -1, *placement)
+            hit = self._times.get(key)
+            if hit is None:
+                try:
+                    st = self.profile.placement_step_time(placement, config.local_bsz)
+                    hit = (st.step_time_s, st.step_time_s - st.sync_time_s, False)
+                except ProfileRangeError:  # not measured at this batch: by (nodes, replicas)
+                    hit = self._times_at(config)
+                self._times[key] = hit
+        else:
+            hit = self._times_at(config)
+        step_s, compute_s, fallback = hit
+        return step_s + config.accum_steps * compute_s, fallback
+
+    def _times_at(self, config: TrainerConfig) -> tuple[float, float, bool]:
+        """(step, compute, fallback) at (nodes, replicas, local batch)."""
         key = (config.nodes, config.replicas, config.local_bsz)
         hit = self._times.get(key)
         if hit is None:
@@ -158,8 +189,7 @@ class SimApp:
                 p = fit.params
                 hit = (float(fit.step_time_s(*key)), p.alpha_grad_s + p.beta_grad_s * key[2], True)
             self._times[key] = hit
-        step_s, compute_s, fallback = hit
-        return step_s + config.accum_steps * compute_s, fallback
+        return hit
 
     def _fallback_fit(self) -> ThroughputModel:
         if self._fallback is None:

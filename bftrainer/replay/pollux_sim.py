@@ -48,6 +48,7 @@ import logging
 import math
 import statistics
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,12 +56,13 @@ from typing import Any
 
 import numpy as np
 
-from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
+from bftrainer.loop import Completion, Curve, CurveReport, Progress, TrainerState
+from bftrainer.policy import spread_metric
 from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_app
 from bftrainer.replay.pollux_series import EfficiencySeries, ratio
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import GradientSample
-from bftrainer.trainers.goodput import GoodputConfig, GoodputModel
+from bftrainer.trainers.goodput import EXPLORATION_GROWTH, GoodputConfig, GoodputModel
 from bftrainer.trainers.throughput import predict_step_time
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,9 @@ class PolluxSimOptions:
     refit_interval_s: float = 60.0
     series_bin_s: float = 3600.0
     seed: int = 0
+    # S > 1: a trainer's nodes name a node once per slot (one replica each); its step
+    # time is its placement's (placements.csv), and it reports packed and spread curves.
+    slots_per_node: int = 1
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.noise) and self.noise >= 0):
@@ -140,6 +145,7 @@ class _Trainer:
     rng: np.random.Generator
     agent: PolluxAgent
     config: TrainerConfig | None = None
+    placement: tuple[int, ...] | None = None  # slots: replicas per node, ascending
     progress: float = 0.0  # true statistical progress, base-batch steps
     next_check_s: float = math.inf  # next refit-and-report check while it runs
     last_fit_s: float = -math.inf
@@ -164,7 +170,9 @@ class _Trainer:
         """Run ``config`` from now on (None: no nodes); the agent learns it too."""
         self.config = config
         if config is not None:
-            self.agent.set_config(config.nodes, config.local_bsz, config.accum_steps)
+            self.agent.set_config(
+                config.nodes, config.local_bsz, config.accum_steps, replicas=config.replicas
+            )
             self.configs.add(config)
 
 
@@ -231,7 +239,7 @@ class PolluxSimDriver:
         tr = self._trainer(trainer)
         cost = self._charge(tr, trainer.job.rescale_down_s)
         trainer.preemption_cost_samples += cost
-        self._set_config(trainer, tr, len(trainer.nodes))
+        self._set_config(trainer, tr, trainer.nodes)
         return cost
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
@@ -244,7 +252,7 @@ class PolluxSimDriver:
         trainer.rescale_cost_samples += cost
         if old:
             trainer.rescales += 1
-        self._set_config(trainer, tr, new)
+        self._set_config(trainer, tr, nodes)
         return cost
 
     def cancel(self, trainer: TrainerState) -> None:
@@ -295,7 +303,7 @@ class PolluxSimDriver:
     def _rates(self, tr: _Trainer) -> tuple[float, float]:
         """(samples/s, base-batch steps/s) of the current configuration, now."""
         assert tr.config is not None
-        step_s, _ = tr.app.step_time(tr.config)
+        step_s, _ = tr.app.step_time(tr.config, tr.placement)
         gain = tr.app.stats(tr.config.batch_size, tr.app.segment(tr.progress)).gain
         return tr.config.batch_size / step_s, gain / step_s
 
@@ -309,7 +317,7 @@ class PolluxSimDriver:
 
     def _time_to_target(self, tr: _Trainer) -> float:
         assert tr.config is not None
-        step_s, _ = tr.app.step_time(tr.config)
+        step_s, _ = tr.app.step_time(tr.config, tr.placement)
         return step_s * tr.app.steps_to_target(tr.config.batch_size, tr.progress)
 
     def _integrate(self, t: TrainerState, tr: _Trainer, t0_s: float, dt_s: float) -> float:
@@ -317,7 +325,7 @@ class PolluxSimDriver:
         assert tr.config is not None
         app, cfg = tr.app, tr.config
         m, m0 = cfg.batch_size, app.limits.base_batch_size
-        step_s, fallback = app.step_time(cfg)
+        step_s, fallback = app.step_time(cfg, tr.placement)
         samples_sps = m / step_s
         now, left, seg = t0_s, dt_s, app.segment(tr.progress)
         ran_s = 0.0
@@ -391,9 +399,15 @@ class PolluxSimDriver:
         if model is None or tr.config is None:
             return []
         gm = tr.agent.metrics(refit=False).goodput_model()
-        goodput, throughput, best_configs = self._curves(t, tr, gm)
+        spread: tuple[Curve, Curve] | None = None
+        best_configs: list[GoodputConfig | None]
+        if self.options.slots_per_node > 1:
+            goodput, throughput, *rest = self._slot_curves(t, tr, gm)
+            spread, best_configs = (rest[0], rest[1]), []
+        else:
+            goodput, throughput, best_configs = self._curves(t, tr, gm)
         tr.reports += 1
-        true_s, _ = tr.app.step_time(tr.config)
+        true_s, _ = tr.app.step_time(tr.config, tr.placement)
         predicted = float(
             model.step_time_s(
                 tr.config.nodes, tr.config.replicas, tr.config.local_bsz, tr.config.accum_steps
@@ -403,16 +417,27 @@ class PolluxSimDriver:
         tr.model_error_n += 1
         if self.options.batch_adapt:
             cfg = tr.config
-            best = best_configs[cfg.nodes - 1] if cfg.nodes <= len(best_configs) else None
-            if best is None:
-                best = gm.best_config(cfg.nodes)
-            now = float(gm.goodput(cfg.nodes, cfg.local_bsz, cfg.accum_steps))
+            if self.options.slots_per_node > 1:
+                best = self._best_at(gm, cfg.nodes, cfg.replicas)
+            else:
+                best = best_configs[cfg.nodes - 1] if cfg.nodes <= len(best_configs) else None
+                if best is None:
+                    best = gm.best_config(cfg.nodes)
+            now = float(
+                gm.goodput(cfg.nodes, cfg.local_bsz, cfg.accum_steps, replicas=cfg.replicas)
+            )
             if best.goodput_sps > now * (1 + self.options.switch_gain):
                 tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
-        return [
+        reports = [
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),
         ]
+        if spread is not None:
+            reports += [
+                CurveReport(t.id, spread_metric("goodput"), spread[0]),
+                CurveReport(t.id, spread_metric("throughput"), spread[1]),
+            ]
+        return reports
 
     def _curves(
         self, t: TrainerState, tr: _Trainer, gm: GoodputModel
@@ -453,8 +478,65 @@ class PolluxSimDriver:
             throughput.append((float(n_max), throughput[-1][1]))
         return tuple(goodput), tuple(throughput), configs
 
-    def _set_config(self, t: TrainerState, tr: _Trainer, nodes: int) -> None:
-        """The configuration to run on ``nodes`` nodes (None when it holds none)."""
+    def _slot_limit(self, t: TrainerState, tr: _Trainer, gm: GoodputModel) -> int:
+        """Slots: Pollux's exploration cap on replicas (the model's own counts nodes)."""
+        seen = max((c.replicas for c in tr.configs), default=1)
+        return max(1, min(t.job.n_max, gm.max_feasible_nodes(), EXPLORATION_GROWTH * seen))
+
+    def _slot_curves(
+        self, t: TrainerState, tr: _Trainer, gm: GoodputModel
+    ) -> tuple[Curve, Curve, Curve, Curve]:
+        """(goodput, throughput) packed, then spread, over 1..n_max slots, flat past the
+        exploration cap. Packed: on ceil(k/S) nodes; spread: over 2 nodes. Pollux's model
+        tells one node from several only (``predict_step_time``), so the two differ at
+        2..S slots alone, and past S the curve is linear between multiples of S (breakpoints
+        at 1..S, every multiple of S and the cap: a few dozen, not n_max)."""
+        s, n_max = self.options.slots_per_node, t.job.n_max
+        limit = self._slot_limit(t, tr, gm)
+        ks = np.array(sorted({*range(1, min(s, limit) + 1), *range(s, limit + 1, s), limit}))
+        split = ks[(ks >= 2) & (ks <= s)]
+        all_k = np.concatenate([ks, split])
+        all_m = np.concatenate([-(-ks // s), np.full(len(split), 2)])
+        if self.options.batch_adapt:
+            configs = gm.best_configs(list(all_m), replicas=list(all_k))
+            good = np.array([0.0 if c is None else c.goodput_sps for c in configs])
+            thr = np.array([0.0 if c is None else c.throughput_sps for c in configs])
+        else:
+            cfgs = [
+                tr.app.config(int(m), tr.spec.local_bsz, replicas=int(k))
+                for m, k in zip(all_m, all_k, strict=True)
+            ]
+            m_arr = np.array([c.local_bsz for c in cfgs])
+            s_arr = np.array([c.accum_steps for c in cfgs])
+            batch = np.array([c.batch_size for c in cfgs], dtype=float)
+            thr = batch / predict_step_time(gm.params, all_m, all_k, m_arr, s_arr)
+            good = gm.goodput(all_m, m_arr, s_arr, replicas=all_k)
+        n = len(ks)
+        sp_good, sp_thr = good[:n].copy(), thr[:n].copy()
+        at = np.searchsorted(ks, split)
+        sp_good[at], sp_thr[at] = good[n:], thr[n:]
+
+        def curve(values: np.ndarray) -> Curve:
+            points = [(float(k), float(v)) for k, v in zip(ks, values, strict=True)]
+            if limit < n_max:
+                points.append((float(n_max), points[-1][1]))
+            return tuple(points)
+
+        return curve(good[:n]), curve(thr[:n]), curve(sp_good), curve(sp_thr)
+
+    @staticmethod
+    def _best_at(gm: GoodputModel, nodes: int, replicas: int) -> GoodputConfig:
+        best = gm.best_configs([nodes], replicas=[replicas])[0]
+        if best is None:
+            raise PolluxSimError(f"no feasible batch on {replicas} replicas over {nodes} nodes")
+        return best
+
+    def _set_config(self, t: TrainerState, tr: _Trainer, holding: tuple[str, ...]) -> None:
+        """The configuration to run on ``holding`` (None when it holds none)."""
+        if self.options.slots_per_node > 1:
+            self._set_slot_config(tr, holding)
+            return
+        nodes = len(holding)
         if nodes <= 0 or tr.done:
             tr.run(None)
             tr.next_check_s = math.inf
@@ -472,6 +554,26 @@ class PolluxSimDriver:
             tr.run(tr.app.default_config(nodes))
         else:
             best = gm.best_config(nodes)
+            tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
+
+    def _set_slot_config(self, tr: _Trainer, holding: tuple[str, ...]) -> None:
+        """Slots: the configuration on this placement (replicas per node)."""
+        if not holding or tr.done:
+            tr.placement = None
+            tr.run(None)
+            tr.next_check_s = math.inf
+            return
+        now = self._now_s if self._now_s is not None else 0.0
+        tr.next_check_s = now + self.options.refit_interval_s
+        tr.placement = tuple(sorted(Counter(holding).values()))
+        m, k = len(tr.placement), len(holding)
+        gm = self._goodput_model(tr, now) if self.options.batch_adapt else None
+        if gm is None and (not self.options.batch_adapt or self.options.start_batch == "user"):
+            tr.run(tr.app.config(m, tr.spec.local_bsz, replicas=k))
+        elif gm is None:
+            tr.run(tr.app.default_config(m, replicas=k))
+        else:
+            best = self._best_at(gm, m, k)
             tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
 
     # -- results -------------------------------------------------------------------------

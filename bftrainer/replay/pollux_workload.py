@@ -10,7 +10,9 @@ applications with Poisson arrivals and the base batch per replica.
 Every job gets the application's node range (1 .. the largest node count the profile
 measured, within its batch limits) and, as ``JobSpec.curve``, the true throughput at the
 application's base batch per replica: the prior a policy sees before the trainer reports
-(and the curve of U's baseline, docs/replay.md).
+(and the curve of U's baseline, docs/replay.md). With ``slots_per_node`` S > 1 a job
+counts slots (one replica each, 1 .. the most replicas the profile measured) and its
+curve is the packed placement's (S replicas per node, the rest on one more).
 ``work_samples`` is the job's target progress in base-batch samples (target x M0); the
 job completes on statistical progress, not on samples.
 """
@@ -104,17 +106,26 @@ def make_job(
     n_max: int | None = None,
     rescale_up_s: float = DEFAULT_RESCALE_S,
     rescale_down_s: float = DEFAULT_RESCALE_S,
+    slots_per_node: int = 1,
 ) -> tuple[JobSpec, PolluxJob]:
     """One job of ``app`` keeping ``local_bsz`` per replica when not adapting."""
-    cap = app.max_nodes
+    s = slots_per_node
+    if s > 1:
+        check_placements(app, s)
+    cap = app.max_nodes if s == 1 else app.max_replicas
     n_hi = cap if n_max is None else min(n_max, cap)
     if n_hi < 1:
         raise PolluxWorkloadError(f"job {job_id!r}: n_max {n_max} is below 1")
     local = max(app.limits.min_local_bsz, local_bsz)
     curve = []  # the prior: true throughput at the base batch per replica
     for n in range(1, n_hi + 1):
-        config = app.config(n, app.limits.base_batch_size)
-        step_s, _ = app.step_time(config)
+        if s == 1:
+            config = app.config(n, app.limits.base_batch_size)
+            step_s, _ = app.step_time(config)
+        else:
+            place = packed_placement(n, s)
+            config = app.config(len(place), app.limits.base_batch_size, replicas=n)
+            step_s, _ = app.step_time(config, place)
         curve.append((float(n), config.batch_size / step_s))
     spec = JobSpec(
         id=job_id,
@@ -130,6 +141,23 @@ def make_job(
     return spec, PolluxJob(app.name, local, app.replicas_per_node)
 
 
+def check_placements(app: SimApp, slots_per_node: int) -> None:
+    """Slots: the profile's placements.csv must have measured S replicas on one node,
+    or every packed job's step time would be a guess."""
+    most = max(max(int(c) for c in row[0]) for row in app.profile.placements)
+    if slots_per_node > most:
+        raise PolluxWorkloadError(
+            f"{app.profile.directory / 'placements.csv'}: measures at most {most} replicas "
+            f"per node; --slots-per-node {slots_per_node} does not match this profile"
+        )
+
+
+def packed_placement(slots: int, slots_per_node: int) -> tuple[int, ...]:
+    """Replicas per node of ``slots`` on the fewest nodes, ascending (1 4 4 for 9 of 4)."""
+    full, rest = divmod(slots, slots_per_node)
+    return tuple(([rest] if rest else []) + [slots_per_node] * full)
+
+
 def read_pollux_workload(
     path: Path,
     data_dir: Path,
@@ -139,6 +167,7 @@ def read_pollux_workload(
     n_max: int | None = None,
     rescale_up_s: float = DEFAULT_RESCALE_S,
     rescale_down_s: float = DEFAULT_RESCALE_S,
+    slots_per_node: int = 1,
 ) -> PolluxWorkload:
     """Jobs of a Pollux workload file, submitted at ``start_s`` + their ``time``."""
     try:
@@ -177,6 +206,7 @@ def read_pollux_workload(
             n_max=n_max,
             rescale_up_s=rescale_up_s,
             rescale_down_s=rescale_down_s,
+            slots_per_node=slots_per_node,
         )
         jobs.append(spec)
         apps[name] = job
@@ -198,6 +228,7 @@ def generate_pollux_workload(
     n_max: int | None = None,
     rescale_up_s: float = DEFAULT_RESCALE_S,
     rescale_down_s: float = DEFAULT_RESCALE_S,
+    slots_per_node: int = 1,
 ) -> PolluxWorkload:
     """``count`` jobs cycling the six applications, Poisson arrivals (the first at
     ``start_s``), each keeping its application's base batch per replica when not adapting."""
@@ -225,6 +256,7 @@ def generate_pollux_workload(
             n_max=n_max,
             rescale_up_s=rescale_up_s,
             rescale_down_s=rescale_down_s,
+            slots_per_node=slots_per_node,
         )
         jobs.append(spec)
         apps[jid] = job

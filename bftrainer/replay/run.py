@@ -110,6 +110,7 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
         "windows_error_s": "windows_error_s",
         "checkpoint_every_s": "checkpoint_every_s",
         "restart_s": "restart_s",
+        "slots_per_node": "slots_per_node",
     },
 }
 
@@ -171,6 +172,7 @@ def replay(
         )
     if start_s > trace.start_s:
         trace = trace.slice(start_s=start_s)
+    check_fits(jobs, len(trace.nodes), config.slots_per_node)
     policy = config.make_policy()
     driver = driver or _simulated_driver(config, policy)
     if isinstance(policy, ScavengerPolicy) and not isinstance(driver, CheckpointRestartDriver):
@@ -211,7 +213,20 @@ def _simulated_driver(config: ReplayConfig, policy: Policy) -> TrainerDriver:
     scavenger baseline."""
     if isinstance(policy, ScavengerPolicy):
         return CheckpointRestartDriver(config.checkpoint_every_s, config.restart_s)
-    return SimulatedDriver()
+    return SimulatedDriver(config.slots_per_node)
+
+
+def check_fits(jobs: Sequence[JobSpec], nodes: int, slots_per_node: int) -> None:
+    """Refuse a job whose n_min exceeds every slot the trace ever has: it would wait
+    forever."""
+    most = nodes * slots_per_node
+    for j in jobs:
+        if j.n_min > most:
+            unit = "nodes" if slots_per_node == 1 else "slots"
+            raise ReplayError(
+                f"job {j.id!r}: n_min {j.n_min} {unit} exceeds the pool's {most} "
+                f"({nodes} nodes x {slots_per_node} slots)"
+            )
 
 
 def _result(
@@ -225,7 +240,10 @@ def _result(
     waste: Waste | None = None,
 ) -> ReplayResult:
     elapsed = end_s - start_s
+    # U's baseline is whole dedicated nodes at any S: the slot curve at S, 2S, ... slots.
     curve = reference_curve(jobs)
+    if config.slots_per_node > 1:
+        curve = curve[:: config.slots_per_node]
     peak_pool = max([s.pool_nodes for s in m.steps] + list(m.pool_size_s) + [1])
     best = best_split_sps(curve, config.max_trainers, peak_pool + 1)
     achieved = m.processed_samples - m.rescale_cost_samples - m.preemption_cost_samples
@@ -256,6 +274,7 @@ def _result(
         t.finished_s - t.started_s for t in done if t.started_s is not None and t.finished_s
     ]
     turnaround = [t.finished_s - t.job.submit_s for t in done if t.finished_s is not None]
+    waits = [t.started_s - t.job.submit_s for t in trainers if t.started_s is not None]
     decided = [s for s in m.steps if s.decided]
     summary: dict[str, Any] = {
         **{
@@ -287,6 +306,11 @@ def _result(
         "mean_trainer_runtime_s": statistics.fmean(runtimes) if runtimes else None,
         "mean_trainer_turnaround_s": statistics.fmean(turnaround) if turnaround else None,
         "median_trainer_turnaround_s": statistics.median(turnaround) if turnaround else None,
+        # The wait before a trainer's first slot (node, at S = 1), over those that started.
+        "mean_wait_before_first_slot_s": statistics.fmean(waits) if waits else None,
+        "median_wait_before_first_slot_s": statistics.median(waits) if waits else None,
+        "max_wait_before_first_slot_s": max(waits) if waits else None,
+        "trainers_never_started": len(trainers) - len(waits),
         "idle_node_hours": (m.resource_node_s - m.allocated_node_s) / 3600,
         **_waste_fields(waste),
         "solver_timeouts": sum(1 for s in decided if s.status in ("time_limit", "kept_current")),

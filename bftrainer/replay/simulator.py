@@ -4,6 +4,11 @@ Between events a running trainer processes rate x dt samples. A scale-up costs R
 seconds of its current rate, a scale-down R_dw; a trainer whose nodes leave is forced
 down and pays R_dw at the rate it had (the preemption cost). The same accounting as the
 paper's replayer (``../shared/notes/replay-metrics.md``).
+
+With S > 1 slots per node a job's curve counts slots packed on the fewest nodes; slots
+spread over more nodes run at ``1 - DEFAULT_SPREAD_PENALTY`` of it, the allocator's
+default for a curve given per slot count (docs/allocator.md, "Slots"). Waste counts
+node-equivalents (slot-seconds / S).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bftrainer.loop import Completion, Progress, TrainerState
+from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed
 
 DONE_RTOL = 1e-9
 
@@ -36,7 +42,8 @@ class Waste:
 class SimulatedDriver:
     """The :class:`bftrainer.loop.TrainerDriver` of the plain replay."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots_per_node: int = 1) -> None:
+        self.slots_per_node = slots_per_node
         self._now_s: float | None = None
         self._reported: set[str] = set()
         self.waste = Waste()
@@ -51,7 +58,7 @@ class SimulatedDriver:
                 # A trainer done within the step (its wake-up is rounded to the clock's
                 # resolution) processes no more than its work.
                 left = max(0.0, t.job.work_samples - t.progress_samples)
-                samples = min(t.job.rate_sps(len(t.nodes)) * dt_s, left)
+                samples = min(self._rate(t, t.nodes) * dt_s, left)
                 t.processed_samples += samples
                 total += samples
             if t.id not in self._reported and self._is_done(t):
@@ -60,9 +67,10 @@ class SimulatedDriver:
         return Progress(total, tuple(done))
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        # With slots, at the packed rate of what it had (the holding before is gone).
         cost = trainer.job.rescale_down_s * trainer.job.rate_sps(old_count)
         trainer.preemption_cost_samples += cost
-        self.waste.stalled_node_s += trainer.job.rescale_down_s * old_count
+        self.waste.stalled_node_s += self._nodes(trainer.job.rescale_down_s * old_count)
         return cost
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
@@ -70,15 +78,25 @@ class SimulatedDriver:
         if new == old:
             return 0.0
         seconds = trainer.job.rescale_up_s if new > old else trainer.job.rescale_down_s
-        cost = seconds * trainer.job.rate_sps(old)
+        cost = seconds * self._rate(trainer, trainer.nodes)
         trainer.rescale_cost_samples += cost
-        self.waste.stalled_node_s += seconds * old
+        self.waste.stalled_node_s += self._nodes(seconds * old)
         if old:
             trainer.rescales += 1
         return cost
 
     def cancel(self, trainer: TrainerState) -> None:
         pass
+
+    def _rate(self, trainer: TrainerState, holding: tuple[str, ...]) -> float:
+        """Samples/s on ``holding``: the curve, less the spread penalty with slots."""
+        rate = trainer.job.rate_sps(len(holding))
+        if self.slots_per_node > 1 and not is_packed(holding, self.slots_per_node):
+            rate *= 1.0 - DEFAULT_SPREAD_PENALTY
+        return rate
+
+    def _nodes(self, slot_s: float) -> float:
+        return slot_s if self.slots_per_node == 1 else slot_s / self.slots_per_node
 
     @staticmethod
     def _is_done(trainer: TrainerState) -> bool:
@@ -95,7 +113,7 @@ class SimulatedDriver:
         """
         best = math.inf
         for t in trainers:
-            rate = t.job.rate_sps(len(t.nodes))
+            rate = self._rate(t, t.nodes)
             if rate > 0:
                 left_s = max(0.0, t.job.work_samples - t.progress_samples) / rate
                 best = min(best, max(now_s + left_s, math.nextafter(now_s, math.inf)))

@@ -1,0 +1,240 @@
+"""Slots (S GPUs per node): S = 1 is the allocator of before, and with S > 1 the count
+model's answer lies between the worst-placement optimum and its stated bound, with the
+exact optimum (the slot-level MILP, and an exhaustive search) in between."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
+from bftrainer.milp.check import violations
+from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, map_slots
+from tests.milp.strategies import curves
+
+BEFORE = Path(__file__).parent / "data" / "allocations_before_slots.json"
+FLOOR = 0.05
+
+
+def _answers_before() -> list[dict]:
+    return json.loads(BEFORE.read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", _answers_before(), ids=lambda c: f"{len(c['problem']['pool'])}n")
+def test_one_slot_per_node_gives_the_allocations_of_before(case: dict) -> None:
+    """120 random problems solved by the allocator before slots existed (commit 005229f,
+    tests/milp/data/): S = 1, said or not, gives the same node sets and objective."""
+    for key, want in case["answers"].items():
+        solver, formulation = key.split("/")
+        for doc in (case["problem"], {**case["problem"], "slots_per_node": 1}):
+            got = allocate(problem_from_dict(doc), solver=solver, formulation=formulation)
+            assert {k: list(v) for k, v in got.nodes.items()} == want["allocation"], key
+            assert got.objective == want["objective"], key
+            assert got.status == want["status"], key
+
+
+# ---- S > 1 against an exhaustive search over slot maps --------------------------------
+def _metric(problem: Problem, t: TrainerSpec, k: int, packed: bool) -> float:
+    """O_j at k slots, packed or spread, written from docs/allocator.md ("Slots")."""
+    if k == 0:
+        return 0.0
+    p_raw = t.value_at(float(k))
+    if t.spread_curve is not None:
+        s_raw = min(TrainerSpec("x", 1, t.n_max, 0, 0, t.spread_curve).value_at(float(k)), p_raw)
+    else:
+        s_raw = (1 - DEFAULT_SPREAD_PENALTY) * p_raw
+    v = p_raw if packed else s_raw
+    if problem.objective == "speedup":
+        one = t.value_at(1.0)
+        v = v / one if one > 0 else 0.0
+    if problem.fair_share_speedup:
+        admitted = len(problem.trainers[: problem.max_trainers])
+        slots = len(problem.pool) * problem.slots_per_node
+        ref = t.value_at(min(max(slots / max(admitted, 1), t.n_min), t.n_max))
+        if problem.objective == "speedup":
+            one = t.value_at(1.0)
+            ref = ref / one if one > 0 else 0.0
+        v = v / ref if ref > 0 else v
+    p = problem.fairness_p
+    if p == 1:
+        return v
+    if p == 0:
+        return math.log((v + FLOOR) / FLOOR)
+    return ((v + FLOOR) ** p - FLOOR**p) / p
+
+
+def _packed(holding: tuple[str, ...], s: int) -> bool:
+    return len(set(holding)) == -(-len(holding) // s)
+
+
+def _eq16(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
+    total, s = 0.0, problem.slots_per_node
+    for t in problem.trainers[: problem.max_trainers]:
+        got, cur = nodes.get(t.id, ()), problem.current_nodes(t)
+        n, c = len(got), len(cur)
+        r = t.rescale_up_s if n > c else t.rescale_down_s if n < c else 0.0
+        total += problem.t_fwd_s * _metric(problem, t, n, _packed(got, s))
+        total -= _metric(problem, t, c, _packed(cur, s)) * r
+    return total
+
+
+def _brute_force(problem: Problem) -> float:
+    admitted = [t.id for t in problem.trainers[: problem.max_trainers]]
+    slots = [n for n in problem.pool for _ in range(problem.slots_per_node)]
+    best = -math.inf
+    for owners in itertools.product([None, *admitted], repeat=len(slots)):
+        nodes: dict[str, tuple[str, ...]] = {t: () for t in admitted}
+        for node, owner in zip(slots, owners, strict=True):
+            if owner is not None:
+                nodes[owner] += (node,)
+        if not violations(problem, nodes):
+            best = max(best, _eq16(problem, nodes))
+    return best
+
+
+@st.composite
+def slot_problems(draw: st.DrawFn) -> Problem:
+    s = draw(st.integers(2, 3))
+    pool = [f"n{i}" for i in range(draw(st.integers(1, 3)))]
+    cap = {n: s for n in [*pool, "gone"]}
+    trainers = []
+    for j in range(draw(st.integers(1, 2))):
+        n_min = draw(st.integers(1, 2))
+        n_max = draw(st.integers(n_min, 5))
+        held: list[str] = []
+        for _ in range(draw(st.integers(0, n_max))):
+            options = [n for n, c in cap.items() if c > 0]
+            if not options:
+                break
+            n = draw(st.sampled_from(options))
+            cap[n] -= 1
+            held.append(n)
+        trainers.append(
+            TrainerSpec(
+                id=f"t{j}",
+                n_min=n_min,
+                n_max=n_max,
+                rescale_up_s=draw(st.integers(0, 600)) / 10,
+                rescale_down_s=draw(st.integers(0, 600)) / 10,
+                curve=draw(curves(n_max)),
+                nodes=tuple(held),
+                spread_curve=draw(st.one_of(st.none(), curves(n_max))),
+            )
+        )
+    return Problem(
+        pool=tuple(pool),
+        trainers=tuple(trainers),
+        t_fwd_s=float(draw(st.integers(1, 300))),
+        objective=draw(st.sampled_from(["throughput", "speedup"])),
+        fairness_p=draw(st.sampled_from([1.0, 0.0, -1.0])),
+        fair_share_speedup=draw(st.booleans()),
+        slots_per_node=s,
+    )
+
+
+def _tol(x: float) -> float:
+    return 1e-6 * max(1.0, abs(x))
+
+
+@settings(max_examples=120, deadline=None)
+@given(slot_problems())
+def test_slot_answers_lie_within_the_stated_bound_of_the_exact_optimum(problem: Problem) -> None:
+    """count (dp and highs): answer <= optimum <= bound, and the answer is the optimum
+    when its status is ``optimal``; node (the slot-level MILP) is the optimum."""
+    best = _brute_force(problem)
+    for solver, formulation in (("dp", "count"), ("highs", "count"), ("highs", "node")):
+        a = allocate(problem, solver=solver, formulation=formulation)
+        assert not violations(problem, dict(a.nodes))
+        value = _eq16(problem, dict(a.nodes))
+        assert value == pytest.approx(a.objective, rel=1e-6, abs=1e-6)
+        assert value <= best + _tol(best)
+        assert a.bound is not None and best <= a.bound + _tol(a.bound)
+        if formulation == "node" or a.status == "optimal":
+            assert value == pytest.approx(best, rel=1e-6, abs=1e-6), (solver, formulation)
+        else:
+            assert a.status == "bounded"
+
+
+def test_a_node_leaving_ends_every_share_on_it() -> None:
+    curve = ((1.0, 10.0), (4.0, 40.0))
+    t = [TrainerSpec(f"t{i}", 1, 4, 0.0, 0.0, curve, nodes=("a", "a")) for i in range(2)]
+    a = allocate(Problem(pool=("b",), trainers=tuple(t), slots_per_node=4))
+    assert all("a" not in nodes for nodes in a.nodes.values())
+    assert sum(a.counts.values()) == 4
+
+
+def test_small_trainers_share_a_node_packed() -> None:
+    curve = ((1.0, 10.0), (2.0, 19.0), (4.0, 30.0))
+    ts = tuple(TrainerSpec(f"t{i}", 1, 4, 10.0, 5.0, curve) for i in range(4))
+    a = allocate(Problem(pool=("a", "b"), trainers=ts, slots_per_node=4))
+    assert a.status == "optimal"
+    assert sorted(a.counts.values()) == [2, 2, 2, 2]
+    assert all(len(set(nodes)) == 1 for nodes in a.nodes.values())
+
+
+def test_map_slots_keeps_every_slot_of_a_grower_and_packs_the_rest() -> None:
+    got = map_slots({"x": ("a",), "y": ()}, {"x": 3, "y": 4}, ("a", "b"), 4)
+    assert got == {"x": ("a", "a", "a"), "y": ("b", "b", "b", "b")}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"slots_per_node": 0}, "slots_per_node is 0, expected >= 1"),
+        (
+            {
+                "trainers": [
+                    {
+                        "id": "t",
+                        "n_min": 1,
+                        "n_max": 4,
+                        "rescale_up": 0,
+                        "rescale_down": 0,
+                        "curve": [[4, 1]],
+                        "nodes": ["a"] * 3,
+                    }
+                ]
+            },
+            "holds 3 slots of node 'a', more than its 2",
+        ),
+        ({"windows": {"a": 10}}, "windows: not modelled with slots_per_node > 1"),
+    ],
+)
+def test_bad_slot_input_is_one_line(change: dict, message: str) -> None:
+    doc = {"pool": ["a"], "trainers": [], "slots_per_node": 2, **change}
+    with pytest.raises(ProblemError, match=message):
+        problem_from_dict(doc)
+
+
+@settings(max_examples=80, deadline=None)
+@given(slot_problems())
+def test_the_pruned_dp_reaches_the_full_dps_optimum(problem: Problem) -> None:
+    from bftrainer.milp.allocate import capacity, current_counts
+    from bftrainer.milp.dp import solve_counts, solve_counts_pruned
+    from bftrainer.milp.greedy import grow_greedily
+    from bftrainer.milp.objective import build_terms
+
+    terms = build_terms(problem)
+    t_fwd = problem.t_fwd_s
+    cap = capacity(problem)
+    start = grow_greedily(terms, cap, t_fwd, current_counts(terms))
+    _, full = solve_counts(terms, cap, t_fwd)
+    counts, pruned = solve_counts_pruned(terms, cap, t_fwd, start)
+    assert pruned == pytest.approx(full, rel=1e-9, abs=1e-9)
+    assert sum(counts.values()) <= cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from("abcd"), max_size=9), st.integers(1, 12), st.integers(2, 4))
+def test_packable_counts_is_packable_at_every_count(holding: list[str], top: int, s: int) -> None:
+    from bftrainer.milp.slots import packable, packable_counts
+
+    assert packable_counts(holding, top, s).tolist() == [
+        packable(holding, k, s) for k in range(top + 1)
+    ]
