@@ -76,6 +76,7 @@ class Recorder:
         self.config = config or RecorderConfig()
         self._clock = clock
         self._writer: TraceWriter | None = None
+        self._created: Path | None = None  # the file this recorder started, if any
         self._seen_s = -math.inf  # the last poll: a reading's time, or an outage's start
         self._gap_from_s = -math.inf  # a continued file's unrecorded stretch starts here
         self.records = 0
@@ -107,6 +108,7 @@ class Recorder:
             raise RecorderError(f"output {self.out_dir} is not a folder")
         existing = self.files()
         path = existing[-1] if existing else self._new_path(self._clock())
+        self._created = None if existing else path
         try:
             self._writer = TraceWriter(path)
         except (TraceFormatError, OSError) as exc:
@@ -125,13 +127,17 @@ class Recorder:
         return self._writer.path if self._writer else None
 
     def close(self) -> None:
-        """Close the file, first marking its end at the last poll (a repeat row)."""
+        """Close the file, first marking its end at the last poll (a repeat row). A file
+        this recorder started and wrote no row to is removed: a start that failed (no
+        scheduler) leaves no header-only trace behind to be taken for an empty pool."""
         if self._writer is not None:
             try:
                 self._writer.mark_end(self._seen_s)
             finally:
                 self._writer.close()
-                self._writer = None
+                path, self._writer = self._writer.path, None
+                if path == self._created and self.rows == 0:
+                    path.unlink(missing_ok=True)
 
     def _mark_unseen(self, time_s: float, why: str) -> int:
         """Every node busy from ``time_s``: nobody could see them (an outage, a gap)."""

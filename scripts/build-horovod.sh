@@ -57,13 +57,14 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)"
-  "$PY" -m pip install --quiet wheel packaging "setuptools<81" cloudpickle psutil pyyaml cffi
+  "$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" \
+    wheel packaging setuptools cloudpickle psutil pyyaml cffi
   "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC"
   mkdir -p "$WHEELS"
   mv "$WORK"/dist/horovod-*.whl "$WHEELS"/
   log "cached $(ls "$WHEELS")"
 fi
 
-"$PY" -m pip install --quiet "$WHEELS"/horovod-*.whl
+"$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" "$WHEELS"/horovod-*.whl
 check_build || { log "horovodrun --check-build does not show PyTorch and Gloo"; "$BIN/horovodrun" --check-build >&2 || true; exit 1; }
 log "Horovod $VERSION installed in $PY (PyTorch, Gloo)"

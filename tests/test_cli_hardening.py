@@ -324,6 +324,7 @@ def test_a_missing_slurm_conf_is_named_before_any_command_runs(
     assert f"{conf} does not exist" in one_error_line(out)
     assert time.monotonic() - started < 10
     assert not list(tmp_path.glob("ran-*"))  # refused before running anything
+    assert not list(tmp_path.glob("logs/*.csv"))  # and no header-only trace left behind
 
 
 @pytest.mark.parametrize(

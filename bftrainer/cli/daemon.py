@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import POSITIVE, SECONDS, InputFile
+from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import state_dir_option
@@ -96,7 +96,7 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--metrics-port",
-    type=int,
+    type=Number(integer=True, min=1, max=65535),
     metavar="PORT",
     help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (docs/deployment.md).",
 )

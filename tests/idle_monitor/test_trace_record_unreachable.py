@@ -37,3 +37,5 @@ def test_an_unreachable_slurm_is_an_error_not_an_empty_recording(tmp_path: Path)
     assert "Traceback" not in done.stderr
     (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
     assert "nothing was recorded" in line
+    # and no header-only trace file is left to be taken for an empty pool
+    assert not list((tmp_path / "logs").glob("*.csv"))
