@@ -156,8 +156,11 @@ class LiveDriver:
                 self._launch(trainer_id, t.nodes if t is not None else (), restart=True)
         for trainer_id, launcher in list(self.launchers.items()):
             if not launcher.trainer_dir.is_dir():
-                # Deleted by hand: its checkpoint and reports are gone with it.
+                # Deleted by hand: its checkpoint and reports are gone with it. Its
+                # supervisor and workers may still run: stopped first (by PID), so that
+                # the new start does not train beside them on the same nodes.
                 del self.launchers[trainer_id]
+                launcher.kill()
                 why = f"its directory {launcher.trainer_dir} was deleted; it starts over"
                 self._restart_later(trainer_id, launcher, why, now_s)
                 continue

@@ -11,6 +11,7 @@ no committed step.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from bftrainer.state import Store
 from bftrainer.trainers import channel
+from bftrainer.trainers.launch import remote
 from tests.bftrainer.daemon_service import (
     MAIN_START_LIMIT_S,
     Service,
@@ -201,4 +203,23 @@ def test_a_killed_supervisor_is_started_again_from_its_checkpoint(service: Servi
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 1
     assert "restart 1" in daemon_log(service) or "started again" in daemon_log(service)
+    assert service.stop() == 0
+
+
+def test_a_deleted_trainer_directory_is_one_line_and_the_trainer_starts_over(
+    service: Service,
+) -> None:
+    service.start()
+    work = 20_000
+    t = service.submit("torchrun", work, 2, "--step-delay-s", "0.05")
+    wait_until(lambda: service.trainer(t)["samples_done"] > 2_000, 240, "the trainer training")
+    old = supervisor_pid(service, t)
+    shutil.rmtree(service.state_dir / "trainers" / t)
+    wait_until(lambda: service.trainer(t)["restarts"] == 1, 120, "the trainer started over")
+    wait_until(lambda: not remote.alive(old), 30, f"the old supervisor {old} stopped")
+    done = wait_done(service, t, 600)
+    assert done["samples_done"] == work and done["restarts"] == 1
+    lines = [ln for ln in daemon_log(service).splitlines() if "was deleted" in ln]
+    assert len(lines) == 1, daemon_log(service)
+    assert f"trainer {t}: its directory" in lines[0] and "it starts over" in lines[0]
     assert service.stop() == 0
