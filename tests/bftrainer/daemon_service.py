@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,9 @@ class Service:
             "PYTHONPATH": str(REPO),
             "BFTRAINER_HOROVOD_NIC": "lo",
             "HOROVOD_START_TIMEOUT": "120",
+            # Gloo's rendezvous waits 30 s by default: at a load average of 12 on these
+            # 2 cores a re-forming Horovod job hit it and restarted whole.
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
         }
 
     def start(
@@ -238,3 +242,45 @@ def first_reset_at(service: Service, trainer_id: str, nodes: int, after_s: float
 
 def daemon_log(service: Service) -> str:
     return "".join(p.read_text() for p in sorted(service.log_dir.glob("daemon-*.log")))
+
+
+class StartWatch:
+    """When each tracked Slurm job started, from an ``squeue`` every 0.1 s in a thread of
+    its own: whatever the caller blocks on (a daemon restart, a status call), a main
+    job's start is seen within a poll (the soak's own loop once saw one 45 s late)."""
+
+    def __init__(self, cluster: SlurmCluster) -> None:
+        self.cluster = cluster
+        self.submitted: dict[str, float] = {}  # job id -> time.time() when tracked
+        self.started: dict[str, float] = {}  # job id -> start delay (s)
+        self.running: dict[str, int] = {}  # job id -> nodes, as last seen
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def track(self, job: str) -> None:
+        """Watch ``job``, submitted just now."""
+        with self._lock:
+            self.submitted[job] = time.time()
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            with self._lock:
+                ids = ",".join(self.submitted)
+            argv = ["squeue", "-h", "-t", "all", "-j", ids, "-o", "%i|%T|%D"]
+            out = self.cluster.run(argv, False) if ids else ""
+            seen = time.time()
+            running: dict[str, int] = {}
+            for line in out.splitlines():
+                job, state, nodes = line.split("|")
+                if state in ("RUNNING", "COMPLETING", "COMPLETED") and job not in self.started:
+                    self.started[job] = seen - self.submitted[job]
+                if state == "RUNNING":
+                    running[job] = int(nodes)
+            self.running = running
+            self._done.wait(0.1)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
