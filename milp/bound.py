@@ -39,6 +39,8 @@ KEEP_TOLERANCE = 1e-7
 # bounds_by_count costs (trainers x all counts): past this, the Lagrangian prunes instead
 # (10,000 trainers of n_max 16 would be 1.7e9).
 PER_COUNT_MAX_WORK = 5_000_000
+# Vectorised passes that thin a table before the exact hull loop (_hull_segments).
+HULL_PREFILTER_PASSES = 4
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
@@ -162,8 +164,24 @@ def _hull_segments(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rising segments (nodes, value) of the upper concave hull of (n, scores[n]) over
     the finite entries, from n = 0: what the LP relaxation can buy of this trainer."""
     ns = np.flatnonzero(np.isfinite(scores))
-    xs = ns.tolist()
-    ys = scores[ns].tolist()
+    x, y = ns.astype(float), scores[ns].astype(float)
+    # Only the rising part is used: it ends at the first maximum, and the points past
+    # it lie below every chord that reaches it.
+    top = int(np.argmax(y))
+    x, y = x[: top + 1], y[: top + 1]
+    # A point on or below the chord of its neighbours is no vertex of the hull: drop all
+    # such points at once, a few times over (vectorised; 385 slots took ~0.15 ms per
+    # trainer in the loop below), and leave the loop what remains.
+    for _ in range(HULL_PREFILTER_PASSES):
+        if len(x) < 3:
+            break
+        below = (y[1:-1] - y[:-2]) * (x[2:] - x[:-2]) <= (y[2:] - y[:-2]) * (x[1:-1] - x[:-2])
+        if not below.any():
+            break
+        keep = np.concatenate(([True], ~below, [True]))
+        x, y = x[keep], y[keep]
+    xs = x.tolist()
+    ys = y.tolist()
     hull: list[int] = []
     for i in range(len(xs)):
         while len(hull) >= 2:
