@@ -8,7 +8,8 @@ latency is the loop's own ``Step.latency_s`` (inputs seen -> the last ``rescale`
 returned), so it includes the policy's solve, preemptions, the mapping and the hand-off.
 Reports median, p95 and max per solver (wall, and CPU time of the deciding step, which a
 loaded machine does not inflate), the part spent outside the solver, and the goal
-(< 100 ms at 30 x 800) as JSON (benchmarks/results/), as ``allocator.py`` does.
+(< 100 ms at 30 x 800, at the median and the p95) as JSON (benchmarks/results/), as
+``allocator.py`` does.
 
     python benchmarks/decision_latency.py [--size 30x800] [--events 50] [--solvers highs,dp]
                                           [--slots-per-node 6]
@@ -158,6 +159,9 @@ def main() -> None:
             "measured_median_cpu": row["median_cpu_ms"],
             "met_cpu": row["median_cpu_ms"] <= GOAL_MS,
             "met_wall": row["median_ms"] <= GOAL_MS,
+            # The goal holds for a decision, so the tail too (issue 22: the p95 with slots).
+            "met_p95_cpu": row["p95_cpu_ms"] <= GOAL_MS,
+            "met_p95_wall": row["p95_ms"] <= GOAL_MS,
         }
         results["solvers"][solver] = row
         print(args.size, solver, json.dumps(row), flush=True)

@@ -96,7 +96,7 @@ def _per_count_model(
     if incumbent is None or floor is None:
         options = [np.flatnonzero(np.isfinite(t.scores(t_fwd_s))) for t in terms]
     else:
-        kept = counts_that_can_win(terms, pool_size, t_fwd_s, floor)
+        kept = counts_that_can_win([t.scores(t_fwd_s) for t in terms], pool_size, floor)
         # The incumbent's own counts are in by the bound; united anyway, so its start is
         # always a point of the model, whatever the rounding.
         options = [

@@ -107,23 +107,32 @@ def solve_counts_pruned(
     t_fwd_s: float,
     incumbent: dict[str, int],
     deadline: float | None = None,
+    tables: Sequence[np.ndarray] | None = None,
+    floor: float | None = None,
 ) -> tuple[dict[str, int], float]:
     """``solve_counts``, exact too, over only the counts that can win (``bound.py``)
     against ``incumbent``, a feasible count per trainer: every optimal answer uses only
     those. The work is capacity x kept counts, not capacity x n_max: with slots the
-    capacity is |N| x S and n_max counts slots (30 x 4,800 x 385 pairs unpruned)."""
+    capacity is |N| x S and n_max counts slots (30 x 4,800 x 385 pairs unpruned).
+
+    ``tables``: as in ``knapsack``. ``floor`` (default: the incumbent's value) prunes
+    against a higher mark, a value known to be reached otherwise: the answer is then
+    the optimum if that is worth ``floor`` or more, else no worse than ``incumbent``.
+    """
     from bftrainer.milp.bound import counts_that_can_win
 
     cap = min(pool_size, sum(t.n_max for t in terms))
-    floor = sum(float(t.scores(t_fwd_s)[incumbent.get(t.id, 0)]) for t in terms)
-    kept = counts_that_can_win(terms, cap, t_fwd_s, floor)
+    if tables is None:
+        tables = [t.scores(t_fwd_s) for t in terms]
+    reached = sum(float(s[incumbent.get(t.id, 0)]) for t, s in zip(terms, tables, strict=True))
+    kept = counts_that_can_win(list(tables), cap, reached if floor is None else max(floor, reached))
     best = np.zeros(cap + 1)
     choices = np.zeros((len(terms), cap + 1), dtype=np.int32)
     rows = np.arange(cap + 1)
     for j, t in enumerate(terms):
         if deadline is not None and j and time.perf_counter() > deadline:
             raise DeadlineError(f"the DP passed its deadline ({j} of {len(terms)} trainers done)")
-        scores = t.scores(t_fwd_s)
+        scores = tables[j]
         extra = [n for n in (incumbent.get(t.id, 0), t.c) if n <= min(cap, t.n_max)]
         options = np.union1d(kept[j], extra).astype(np.int64)
         options = options[(options <= cap) & np.isfinite(scores[options])]

@@ -9,6 +9,7 @@ starts, and about a millisecond per thousand trainers: the fallback of paper §3
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -16,9 +17,15 @@ from bftrainer.milp.objective import TrainerTerms
 
 
 def grow_greedily(
-    terms: list[TrainerTerms], pool_size: int, t_fwd_s: float, start: dict[str, int]
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    start: dict[str, int],
+    tables: Sequence[np.ndarray] | None = None,
 ) -> dict[str, int]:
-    """``start`` with free nodes added greedily; ``start`` must be feasible."""
+    """``start`` with free nodes added greedily; ``start`` must be feasible. ``tables``:
+    each trainer's value per count (default ``scores(t_fwd_s)``; with slots, also
+    ``low_scores``)."""
     counts = dict(start)
     free = pool_size - sum(counts.values())
 
@@ -28,7 +35,7 @@ def grow_greedily(
         top = min(t.n_max, n + free)
         if top <= n:
             return None
-        scores = t.scores(t_fwd_s)
+        scores = t.scores(t_fwd_s) if tables is None else tables[j]
         to = np.arange(n + 1, top + 1)
         gain = (scores[n + 1 : top + 1] - scores[n]) / (to - n)
         k = int(np.argmax(gain))
@@ -52,3 +59,24 @@ def grow_greedily(
         if again is not None:
             heapq.heappush(heap, again)
     return counts
+
+
+def best_grown(
+    terms: list[TrainerTerms],
+    pool_size: int,
+    t_fwd_s: float,
+    starts: Sequence[dict[str, int]],
+    tables: Sequence[np.ndarray] | None = None,
+) -> tuple[dict[str, int], float]:
+    """The best of ``starts`` (each feasible) grown greedily, and its value: an incumbent
+    for the pruned DP (dp.py), which keeps fewer counts the closer it is to the optimum."""
+    if tables is None:
+        tables = [t.scores(t_fwd_s) for t in terms]
+    best: tuple[dict[str, int], float] | None = None
+    for start in starts:
+        grown = grow_greedily(terms, pool_size, t_fwd_s, start, tables)
+        value = sum(float(s[grown[t.id]]) for t, s in zip(terms, tables, strict=True))
+        if best is None or value > best[1]:
+            best = grown, value
+    assert best is not None, "no start given"
+    return best

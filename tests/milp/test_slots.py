@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -213,21 +214,33 @@ def test_bad_slot_input_is_one_line(change: dict, message: str) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(slot_problems())
-def test_the_pruned_dp_reaches_the_full_dps_optimum(problem: Problem) -> None:
-    from bftrainer.milp.allocate import capacity, current_counts
+@given(slot_problems(), st.booleans())
+def test_the_pruned_dp_reaches_the_full_dps_optimum(problem: Problem, low: bool) -> None:
+    """From the starts ``allocate`` uses (the current map and the LP's rounded counts,
+    grown), on the best-placement tables and on the worst-placement ones (the fallback
+    of a ``bounded`` answer)."""
+    from bftrainer.milp.allocate import capacity, current_counts, lp_start
     from bftrainer.milp.dp import solve_counts, solve_counts_pruned
-    from bftrainer.milp.greedy import grow_greedily
+    from bftrainer.milp.greedy import best_grown
     from bftrainer.milp.objective import build_terms
 
     terms = build_terms(problem)
+    if not terms:
+        return
     t_fwd = problem.t_fwd_s
     cap = capacity(problem)
-    start = grow_greedily(terms, cap, t_fwd, current_counts(terms))
-    _, full = solve_counts(terms, cap, t_fwd)
-    counts, pruned = solve_counts_pruned(terms, cap, t_fwd, start)
+    tables = [t.low_scores(t_fwd) if low else t.scores(t_fwd) for t in terms]
+    lp = lp_start(terms, cap, tables)
+    assert sum(lp.values()) <= cap
+    assert all(np.isfinite(s[lp[t.id]]) for t, s in zip(terms, tables, strict=True))
+    start, _ = best_grown(terms, cap, t_fwd, [current_counts(terms), lp], tables)
+    _, full = solve_counts(terms, cap, t_fwd, None, tables)
+    counts, pruned = solve_counts_pruned(terms, cap, t_fwd, start, None, tables)
     assert pruned == pytest.approx(full, rel=1e-9, abs=1e-9)
     assert sum(counts.values()) <= cap
+    assert pruned == pytest.approx(
+        sum(float(s[counts[t.id]]) for t, s in zip(terms, tables, strict=True)), rel=1e-9
+    )
 
 
 @settings(max_examples=200, deadline=None)

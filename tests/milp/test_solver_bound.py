@@ -97,7 +97,7 @@ def check_pruning(problem: Problem, data: st.DataObject) -> None:
     optimal = [combo for v, combo in answers if v >= best - 1e-9 * max(1.0, abs(best))]
     # The floor: the optimum itself (the DP's answer) or any feasible answer below it.
     floor = data.draw(st.sampled_from([best] + [v for v, _ in answers]))
-    kept = counts_that_can_win(terms, pool, t_fwd, floor)
+    kept = counts_that_can_win([t.scores(t_fwd) for t in terms], pool, floor)
     for combo in optimal:
         for n, allowed in zip(combo, kept, strict=True):
             assert n in allowed
