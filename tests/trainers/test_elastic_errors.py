@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -136,6 +135,10 @@ import time
 import torch.distributed as dist
 store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
 print(store.port, flush=True)
+keys, deadline = store.num_keys(), time.monotonic() + 120
+while store.num_keys() == keys and time.monotonic() < deadline:  # the worker joins
+    time.sleep(0.05)
+print("joined" if store.num_keys() != keys else "nobody joined in 120 s", flush=True)
 time.sleep(600)
 """
 
@@ -169,7 +172,9 @@ def test_a_store_lost_while_joining_is_a_peer_loss_not_the_scripts_failure(
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
-        time.sleep(5)  # the worker waits in the store for rank 0
+        # The worker has joined and waits in the store for rank 0 (not a fixed sleep:
+        # importing torch took longer than 5 s on a loaded CI machine).
+        assert host.stdout.readline().strip() == "joined"
         assert worker.poll() is None, worker.communicate()[1][-2000:]
         host.kill()
         _, err = worker.communicate(timeout=60)
