@@ -33,6 +33,25 @@ def _written_files(out: Path) -> set[str]:
     return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file() or p.is_symlink()}
 
 
+def _nested_outputs(out: Path) -> set[str]:
+    """Files of bftrainer outputs nested in ``out`` (a subfolder with its own marker
+    listing them, e.g. ``bftrainer report``'s ``report/`` in a replay's folder): ours
+    too, and stale once ``out`` is replaced."""
+    own: set[str] = set()
+    for marker in out.rglob(MARKER):
+        sub = marker.parent
+        if sub == out:
+            continue
+        try:
+            files = json.loads(marker.read_text()).get("files")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(files, list):
+            rel = sub.relative_to(out).as_posix()
+            own |= {f"{rel}/{f}" for f in files} | {f"{rel}/{MARKER}"}
+    return own
+
+
 def _manifest(out: Path, command: str) -> set[str] | None:
     """The files listed by ``out``'s marker for ``command``; None if it has none."""
     try:
@@ -58,7 +77,7 @@ def check_output_dir(out: Path, command: str) -> None:
                     f"{out}: not empty and not an earlier output of bftrainer {command} "
                     f"(no {MARKER}); choose a new or empty folder"
                 )
-            foreign = sorted(_written_files(out) - listed - {MARKER})
+            foreign = sorted(_written_files(out) - listed - {MARKER} - _nested_outputs(out))
             if foreign:
                 raise OutputDirError(
                     f"{out}: holds {foreign[0]}, which bftrainer did not write; move it "

@@ -45,6 +45,29 @@ def test_an_earlier_output_is_replaced_whole(tmp_path: Path) -> None:
     assert json.loads((out / "summary.json").read_text())  # the new run's
 
 
+def test_a_replay_holding_its_report_is_replaced_as_make_demo_does_twice(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    assert replay(out).returncode == 0
+    report = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    assert (out / "report" / MARKER).exists()
+    again = replay(out)
+    assert again.returncode == 0, again.stderr
+    assert not (out / "report").exists()  # the old run's report is not passed off as new
+    (out / "report").mkdir()
+    (out / "report" / "mine.txt").write_text("mine")  # but a user's file is still refused
+    line = one_error(replay(out))
+    assert "report/mine.txt" in line and "did not write" in line
+
+
 def test_a_file_bftrainer_did_not_write_is_never_removed(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert replay(out).returncode == 0
