@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,8 +125,6 @@ def main() -> int:
     finally:
         slurm.reset()
         if started_here:
-            import subprocess
-
             subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True)
     print(
         f"{len(jobs)} main jobs (seed {args.seed}, time compressed {args.compress:g}x, "

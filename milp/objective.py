@@ -95,19 +95,10 @@ class TrainerTerms:
             return cached
         if self.packed_value is not None:  # slots: the best placement this holding allows
             assert self.spread_value is not None and self.can_pack is not None
-            s = self.eq16_terms(
-                t_fwd_s, np.where(self.can_pack, self.packed_value, self.spread_value)
-            )
-            self._scores[t_fwd_s] = s
-            return s
-        n = np.arange(self.n_max + 1)
-        s = t_fwd_s * self.value(n)
-        s[n > self.c] -= self.current_value * self.rescale_up_s
-        s[n < self.c] -= self.current_value * self.rescale_down_s
-        s[(n > 0) & (n < self.n_min)] = -np.inf
-        if not self.runnable:
-            s[1:] = -np.inf
-        s.flags.writeable = False
+            values = np.where(self.can_pack, self.packed_value, self.spread_value)
+        else:
+            values = self.value(np.arange(self.n_max + 1))
+        s = self.eq16_terms(t_fwd_s, values)
         self._scores[t_fwd_s] = s
         return s
 
