@@ -92,13 +92,18 @@ def solve_counts(
     see knapsack). ``pool_size`` is the capacity: nodes, or slots with S > 1."""
     cap = min(pool_size, sum(t.n_max for t in terms))
     best, choices = knapsack(terms, cap, t_fwd_s, deadline, tables)
+    return _trace_back(terms, choices, cap), float(best[cap]) if terms else 0.0
+
+
+def _trace_back(terms: Sequence[TrainerTerms], choices: np.ndarray, cap: int) -> dict[str, int]:
+    """The count per trainer, read back from the DP's choice table at capacity ``cap``."""
     counts: dict[str, int] = {}
     c = cap
     for j in range(len(terms) - 1, -1, -1):
         n = int(choices[j, c])
         counts[terms[j].id] = n
         c -= n
-    return counts, float(best[cap]) if terms else 0.0
+    return counts
 
 
 def solve_counts_pruned(
@@ -145,10 +150,4 @@ def solve_counts_pruned(
         if current.size:  # ...but the current count first: moving must strictly pay
             pick[value[:, current[0]] == best] = current[0]
         choices[j] = options[pick]
-    counts: dict[str, int] = {}
-    c = cap
-    for j in range(len(terms) - 1, -1, -1):
-        n = int(choices[j, c])
-        counts[terms[j].id] = n
-        c -= n
-    return counts, float(best[cap]) if terms else 0.0
+    return _trace_back(terms, choices, cap), float(best[cap]) if terms else 0.0
