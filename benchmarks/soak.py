@@ -14,7 +14,9 @@ scripts/slurm/local-cluster.sh) or a running one, and Horovod (make horovod).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,16 +54,27 @@ def main() -> int:
     ap.add_argument("--poll", type=float, default=2.0, help="the daemon's --poll-interval")
     ap.add_argument("--lease", type=float, default=60.0, help="the holders' lease, seconds")
     ap.add_argument("--json", type=Path, help="also write the reports here")
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        help="keep each seed's state directory and logs in KEEP/seed-N (default: a "
+        "temporary directory, deleted), to read why a seed failed",
+    )
     args = ap.parse_args()
     slurm, started = cluster()
     reports: list[Report] = []
     try:
         for seed in (int(s) for s in args.seeds.split(",")):
             slurm.reset()
-            with tempfile.TemporaryDirectory(prefix=f"bftrainer-soak-{seed}-") as tmp:
-                logs = Path(tmp) / "logs"
-                logs.mkdir()
-                service = Service(slurm, Path(tmp) / "state", logs)
+            with contextlib.ExitStack() as stack:
+                if args.keep is None:
+                    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-")))
+                else:
+                    tmp = args.keep / f"seed-{seed}"
+                    shutil.rmtree(tmp, ignore_errors=True)
+                logs = tmp / "logs"
+                logs.mkdir(parents=True)
+                service = Service(slurm, tmp / "state", logs)
                 actions = schedule(seed, args.duration, len(slurm.nodes), args.down)
                 try:
                     report = Soak(service, seed, actions).run(args.poll, args.lease)

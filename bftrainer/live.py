@@ -122,6 +122,12 @@ class LiveDriver:
         next ``advance``."""
         if row.trainer_dir is None:
             return
+        if row.supervisor is None:
+            # An earlier daemon counted its supervisor's death and stopped before starting
+            # it again: the restart it decided is done now, not decided (counted) twice.
+            self._restarts[row.id] = (time.time(), "its restart was pending")
+            log.info("trainer %s: starting it again, as decided before the daemon stopped", row.id)
+            return
         trainer_dir = Path(row.trainer_dir)
         try:
             launcher = Launcher.attach(trainer_dir)
@@ -206,7 +212,7 @@ class LiveDriver:
             launcher.kill()  # whatever the dead supervisor left running here
         delay_s = RESTART_BACKOFF_S * 2**row.restarts
         self._restarts[trainer_id] = (now_s + delay_s, why)
-        self.store.add_restart(trainer_id)  # counted when decided: a failed start counts too
+        self.store.decide_restart(trainer_id)  # counted when decided: a failed start counts too
         log.warning(
             "trainer %s: %s; starting it again from its checkpoint in %.0f s (restart %d of %d)",
             trainer_id,

@@ -323,6 +323,8 @@ class TrainerRow:
     batch_size: int | None
     reason: str
     trainer_dir: str | None
+    # The running supervisor's handle; None before the first start and while a restart
+    # is pending (Store.decide_restart).
     supervisor: str | None
     # Times the daemon started the trainer's supervisor again after it died or gave up
     # for a reason other than the trainer's own script.
@@ -855,12 +857,16 @@ class Store:
             )
             return self.trainer(trainer_id)
 
-    def add_restart(self, trainer_id: str) -> TrainerRow:
-        """Count one more restart of the trainer's supervisor."""
+    def decide_restart(self, trainer_id: str) -> TrainerRow:
+        """Count one more restart of the trainer's supervisor and forget the dead one, in
+        one transaction: a daemon that restarts before the new supervisor is started
+        finds ``supervisor`` empty and resumes the pending restart, instead of seeing the
+        same dead supervisor again and counting its death twice."""
         with self.transaction():
             self.trainer(trainer_id)
             self._conn.execute(
-                "UPDATE trainers SET restarts = restarts + 1 WHERE id = ?", (trainer_id,)
+                "UPDATE trainers SET restarts = restarts + 1, supervisor = NULL WHERE id = ?",
+                (trainer_id,),
             )
             return self.trainer(trainer_id)
 

@@ -1,0 +1,88 @@
+"""A supervisor's death is counted once, however often the daemon stops meanwhile.
+
+The live driver decides a restart (counted in the store) and starts the new supervisor
+after a backoff. A daemon killed or stopped within that backoff used to find the same
+dead supervisor again on re-attach and count its death a second time: three daemon
+restarts in a row failed a trainer that had lost its supervisor once (the soak's
+seed 3). Real torchrun
+trainers of the example, run here ("local" exec).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bftrainer.live import ExecPlan, LiveDriver, job_of
+from bftrainer.loop import TrainerState
+from bftrainer.state import Store, ensure_state_dir
+from bftrainer.trainers.launch.base import Launcher, LaunchError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    yield ensure_state_dir(tmp_path / "state")
+    # Stop what the test started, by the pids in its trainers' directories.
+    for pid_file in tmp_path.glob("state/trainers/*/supervisor.pid"):
+        with contextlib.suppress(LaunchError):
+            Launcher.attach(pid_file.parent).kill()
+
+
+def driver(store: Store, state_dir: Path) -> LiveDriver:
+    return LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
+    state_dir: Path,
+) -> None:
+    store = Store.open(state_dir)
+    tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
+    trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
+    first = driver(store, state_dir)
+    first.rescale(trainer, trainer.nodes)
+    pid = first.launchers[tid].pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not first.launchers[tid].alive(), 10, "the supervisor gone")
+    first.advance([trainer], time.time())
+    assert store.trainer(tid).restarts == 1, "its death is counted once, when decided"
+    assert tid not in first.launchers, "restarted only after the backoff"
+
+    # The daemon stops before the backoff ends; the next one starts it at once.
+    again = driver(store, state_dir)
+    again.attach(store.trainer(tid), trainer.nodes)
+    again.advance([trainer], time.time())
+    row = store.trainer(tid)
+    assert (row.restarts, row.state) == (1, "running"), row.reason
+    launcher = again.launchers[tid]
+    assert launcher.alive() and launcher.pid != pid, "started again"
+    assert row.supervisor == str(launcher.pid)
+
+
+def test_a_live_supervisor_is_re_attached_not_restarted(state_dir: Path) -> None:
+    store = Store.open(state_dir)
+    tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
+    trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
+    first = driver(store, state_dir)
+    first.rescale(trainer, trainer.nodes)
+    pid = first.launchers[tid].pid
+    again = driver(store, state_dir)
+    again.attach(store.trainer(tid), trainer.nodes)
+    again.advance([trainer], time.time())
+    assert again.launchers[tid].pid == pid and store.trainer(tid).restarts == 0
