@@ -227,3 +227,21 @@ def test_holder_on_a_busy_node_stays_pending_and_never_preempts_main(
     assert holders.held()[holder].state == "pending"  # the node is not usable
     assert job_state(slurm_cluster, main) == "RUNNING"  # and the main job is untouched
     holders.release(holder)
+
+
+def test_a_holder_whose_lease_has_passed_ends_by_itself(
+    slurm_cluster: SlurmCluster, holders: Tracked, tmp_path: Path
+) -> None:
+    """The lease (renewed by the daemon and the supervisors) is what ends a holder when
+    nobody is left to release it: with the daemon gone, a node is held for nobody at
+    most a lease and one check (5 s) longer."""
+    (node,) = idle_nodes(slurm_cluster, 1)
+    lease = tmp_path / "lease"
+    lease.write_text(f"{time.time() + 3600:.0f}\n")
+    holder = holders.acquire(node, None, str(lease))
+    wait_states(holders, {holder: "running"}, 30)
+    time.sleep(6)  # a check with the lease ahead: still held
+    assert holders.held()[holder].state == "running"
+    lease.write_text(f"{time.time():.0f}\n")
+    wait_until(lambda: not holders.held()[holder].live, 30, "the holder ended by itself")
+    assert job_state(slurm_cluster, holder) in ("", "COMPLETED", "COMPLETING")
