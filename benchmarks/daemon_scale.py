@@ -1,6 +1,7 @@
 """The daemon at hundreds of nodes: taking idle nodes, one poll, one decision.
 
-    python benchmarks/daemon_scale.py acquire [--nodes 200] [--workers 8]  # needs Slurm
+    python benchmarks/daemon_scale.py acquire [--nodes 200] [--workers 8] [--runs R]
+        [--against OLD_HOLDER_SCRIPT]                                    # needs Slurm
     python benchmarks/daemon_scale.py submit [--nodes 200] [--workers 8]
     python benchmarks/daemon_scale.py poll [--held 200] [--polls 20]
     python benchmarks/daemon_scale.py decide [--size 100x256] [--events 50]
@@ -63,10 +64,18 @@ def _runner() -> LocalRunner:
 
 
 def _holders(
-    runner: LocalRunner, workers: int = SUBMIT_WORKERS, extra_args: tuple[str, ...] = ()
+    runner: LocalRunner,
+    workers: int = SUBMIT_WORKERS,
+    extra_args: tuple[str, ...] = (),
+    script: Path | None = None,
 ) -> SlurmHolders:
     return SlurmHolders(
-        runner, partition="bf", job_name=JOB_NAME, workers=workers, extra_args=extra_args
+        runner,
+        partition="bf",
+        job_name=JOB_NAME,
+        workers=workers,
+        extra_args=extra_args,
+        **({"script": script} if script is not None else {}),
     )
 
 
@@ -86,10 +95,14 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
 
 
 def hold(
-    runner: LocalRunner, n: int, lease_dir: Path, workers: int = SUBMIT_WORKERS
+    runner: LocalRunner,
+    n: int,
+    lease_dir: Path,
+    workers: int = SUBMIT_WORKERS,
+    script: Path | None = None,
 ) -> tuple[list[str], dict[str, float]]:
     """Hold ``n`` idle nodes; the job ids and the times (s) of each phase."""
-    holders = _holders(runner, workers)
+    holders = _holders(runner, workers, script=script)
     nodes = _idle_bf_nodes(runner)
     if len(nodes) < n:
         raise SystemExit(f"{n} nodes asked for, {len(nodes)} idle in partition bf")
@@ -129,17 +142,35 @@ def release(
 
 
 def cmd_acquire(args: argparse.Namespace) -> dict[str, Any]:
+    """Hold and give back N nodes ``--runs`` times; with ``--against OLD``, alternate the
+    daemon's holder script with OLD, run by run, so both see the same machine."""
     runner = _runner()
     before = len(_idle_bf_nodes(runner))
-    with tempfile.TemporaryDirectory(prefix="bftrainer-scale-") as tmp:
-        ids, times = hold(runner, args.nodes, Path(tmp), args.workers)
-        times.update(release(runner, ids, before, args.workers))
-    return {
+    scripts: dict[str, Path | None] = {"daemon": None}
+    if args.against is not None:
+        scripts["against"] = args.against.resolve()
+    series: dict[str, list[dict[str, float]]] = {k: [] for k in scripts}
+    for _ in range(args.runs):
+        for name, script in scripts.items():
+            with tempfile.TemporaryDirectory(prefix="bftrainer-scale-") as tmp:
+                ids, times = hold(runner, args.nodes, Path(tmp), args.workers, script)
+                times.update(release(runner, ids, before, args.workers))
+            series[name].append(times)
+            print(name, json.dumps(times), flush=True)
+    out: dict[str, Any] = {
         "nodes": args.nodes,
         "cluster_nodes": _cluster_size(runner),
         "workers": args.workers,
-        **times,
+        "runs": args.runs,
+        **series["daemon"][-1],
     }
+    for name, rows in series.items():
+        for key in ("running_s", "ended_s"):
+            out[f"{name}_{key[:-2]}_median_s"] = statistics.median(r[key] for r in rows)
+    if args.against is not None:
+        out["against"] = str(args.against)
+        out["running_ratio"] = out["daemon_running_median_s"] / out["against_running_median_s"]
+    return out
 
 
 def cmd_submit(args: argparse.Namespace) -> dict[str, Any]:
@@ -236,6 +267,12 @@ def main() -> None:
         type=int,
         default=SUBMIT_WORKERS,
         help="sbatch/scancel in flight at once (1: one after another)",
+    )
+    a.add_argument("--runs", type=int, default=1, help="hold and give back this many times")
+    a.add_argument(
+        "--against",
+        type=Path,
+        help="another holder script, run alternately with the daemon's (an A/B in one run)",
     )
     s = sub.add_parser("submit", help="N holders submitted held (none starts), cancelled")
     s.add_argument("--nodes", type=int, default=200)
