@@ -308,8 +308,10 @@ class TorchrunBackend(Backend):
                 str(self.spec.script),
                 *self.spec.args,
             ]
-            wrapped = remote.wrap_command(host, argv, config, env=env, cwd=str(self.dir))
-            self.procs.append(self.spawn(wrapped, env))
+            # Its workers find their slots of a shared node by this name (launch/slots.py).
+            host_env = {**env, "BFTRAINER_HOST": host}
+            wrapped = remote.wrap_command(host, argv, config, env=host_env, cwd=str(self.dir))
+            self.procs.append(self.spawn(wrapped, host_env))
 
     def update(self, hosts: Hosts) -> None:
         # Every membership change restarts the workers: stop them at a step boundary
