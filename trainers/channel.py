@@ -32,6 +32,8 @@ CHECKPOINT = "checkpoint.pt"
 SUPERVISOR_PID = "supervisor.pid"
 SUPERVISOR_LOG = "supervisor.log"
 STOP_REQUEST = "stop.request"  # the supervisor asks the workers to checkpoint and exit
+# The supervisor's copy of the hosts that Horovod's discovery reads (never empty).
+DISCOVERY_HOSTS = "discovery-hosts"
 EXEC_MODES = ("local", "ssh", "slurm")
 
 

@@ -118,3 +118,36 @@ def test_exec_json_carries_slots_only_when_nodes_are_shared(tmp_path: Path) -> N
     )
     with pytest.raises(channel.ChannelError, match="slots must map each host to slot numbers"):
         channel.read_exec(tmp_path)
+
+
+FAILING = "raise ValueError('Horovod initialization failed. Please check log messages above')\n"
+
+
+@pytest.mark.parametrize("slots_left", [1, 2])
+def test_a_horovod_worker_whose_slot_was_removed_leaves_without_a_failure(
+    tmp_path: Path, slots_left: int
+) -> None:
+    # Horovod's reset fails a worker whose local rank its host no longer has: a shrink,
+    # not the script's error. With its slot still there, the same error is the script's.
+    script = tmp_path / "fails.py"
+    script.write_text(FAILING)
+    (tmp_path / channel.DISCOVERY_HOSTS).write_text(f"n1:{slots_left}\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "BFTRAINER_TRAINER_DIR": str(tmp_path),
+        "HOROVOD_HOSTNAME": "n1",
+        "HOROVOD_LOCAL_RANK": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer.trainers.launch.worker", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    removed = slots_left == 1
+    assert ("this worker's slot left the job" in done.stderr) == removed
+    assert (tmp_path / "failure.json").exists() != removed

@@ -186,7 +186,7 @@ class HorovodBackend(Backend):
 
     def __init__(self, spec: LaunchSpec) -> None:
         super().__init__(spec)
-        self.discovery_hosts = self.dir / "discovery-hosts"
+        self.discovery_hosts = self.dir / channel.DISCOVERY_HOSTS
         self.discovery = self.dir / "discover-hosts.sh"
         self.shim_dir = self.dir / "bin"
         self.nic: str | None = None

@@ -87,6 +87,24 @@ def pin_to_slot() -> None:
         print(f"bftrainer: {pinned.describe()}", file=sys.stderr)
 
 
+def _slot_removed() -> bool:
+    """Under Horovod, whether this worker's host, or its local rank there, is gone from
+    the job's hosts (the supervisor's discovery copy). Horovod then fails the worker's
+    reset (``hvd.init``: "has been removed from elastic job", raised as a ValueError
+    outside any handler): a shrink of its host's slots, not the script's error."""
+    trainer_dir = os.environ.get("BFTRAINER_TRAINER_DIR")
+    host = os.environ.get("HOROVOD_HOSTNAME")
+    rank = os.environ.get("HOROVOD_LOCAL_RANK")
+    if not (trainer_dir and host and rank and rank.isdigit()):
+        return False
+    path = Path(trainer_dir) / channel.DISCOVERY_HOSTS
+    try:
+        hosts = dict(channel.parse_hosts(path.read_text(), str(path)))
+    except (OSError, channel.ChannelError):
+        return False
+    return int(rank) >= hosts.get(host, 0)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]", file=sys.stderr)
@@ -121,6 +139,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         if _is_peer_loss(e):
+            return 1
+        if _slot_removed():
+            print("bftrainer: this worker's slot left the job: leaving", file=sys.stderr)
             return 1
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         record_failure(f"{Path(script).name}: {last}")
