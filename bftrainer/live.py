@@ -252,11 +252,14 @@ class LiveDriver:
                 self._record(trainer.id, nodes)
             elif nodes:
                 self._launch(trainer.id, nodes)
+            else:
+                self.book.release(trainer.id)
             return 0.0
         self._set_hosts(trainer.id, launcher, nodes)
         return 0.0
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        self.book.assign(trainer.id, trainer.nodes)  # its slots on the nodes gone are free
         launcher = self.launchers.get(trainer.id)
         if launcher is not None:
             log.info(
