@@ -89,9 +89,9 @@ def pin_to_slot() -> None:
 
 def _slot_removed() -> bool:
     """Under Horovod, whether this worker's host, or its local rank there, is gone from
-    the job's hosts (the supervisor's discovery copy). Horovod then fails the worker's
-    reset (``hvd.init``: "has been removed from elastic job", raised as a ValueError
-    outside any handler): a shrink of its host's slots, not the script's error."""
+    the job's hosts (the supervisor's discovery copy). Its reset then fails ("has been
+    removed from elastic job": seen as an abort, exit 134, which Horovod ignores; as
+    ``hvd.init``'s ValueError it would reach here): a shrink, not the script's error."""
     trainer_dir = os.environ.get("BFTRAINER_TRAINER_DIR")
     host = os.environ.get("HOROVOD_HOSTNAME")
     rank = os.environ.get("HOROVOD_LOCAL_RANK")
