@@ -56,7 +56,14 @@ from bftrainer.loop import (
     WallClock,
 )
 from bftrainer.policy import LIVE_POLICIES
-from bftrainer.state import HolderConflictError, HolderRow, Store, TrainerRow, TransitionError
+from bftrainer.state import (
+    AllocationRow,
+    HolderConflictError,
+    HolderRow,
+    Store,
+    TrainerRow,
+    TransitionError,
+)
 from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
@@ -113,10 +120,14 @@ class DaemonConfig(Config):
 
 
 _POLICY_FIELDS = {f.name for f in fields(Config)}
-# The TOML tables a daemon reads: the loop's [policy] and its own [daemon].
+# The TOML tables a daemon reads: the loop's [policy] and its own [daemon] (with the
+# loop's slots_per_node: trainers share a held node's slots, docs/deployment.md).
 DAEMON_TABLES = {
     **POLICY_TABLES,
-    "daemon": {f.name: f.name for f in fields(DaemonConfig) if f.name not in _POLICY_FIELDS},
+    "daemon": {
+        **{f.name: f.name for f in fields(DaemonConfig) if f.name not in _POLICY_FIELDS},
+        "slots_per_node": "slots_per_node",
+    },
 }
 
 
@@ -416,7 +427,13 @@ class HeldPool:
         """The pool as ``bftrainer status`` shows it: a held node's window is when we
         lose it (``leave_by_s``), another's the main scheduler's."""
         holders = {h.node: h for h in self.store.holders(live_only=True)}
-        allocated = {n: tid for tid, a in self.store.current_allocations().items() for n in a.nodes}
+        # node -> trainer -> its slots there (S = 1: each node one trainer, slot 0).
+        users: dict[str, dict[str, list[int]]] = {}
+        allocations = self.store.current_allocations()
+        for tid, a in sorted(allocations.items()):
+            for n in dict.fromkeys(a.nodes):
+                users.setdefault(n, {})[tid] = list(a.slots.get(n, (0,)))
+        shared = any(a.slots for a in allocations.values())
         nodes = {}
         for n in sorted(set(view.pool) | set(holders)):
             h = holders.get(n)
@@ -428,8 +445,10 @@ class HeldPool:
                 "window_s": window,
                 "holder": h.job_id if h else None,
                 "holder_state": h.state if h else None,
-                "trainer": allocated.get(n),
+                "trainer": ",".join(users[n]) if n in users else None,
             }
+            if shared:
+                nodes[n]["slots"] = users.get(n, {})
         self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
 
 
@@ -588,17 +607,24 @@ class Daemon:
             lease_s=config.holder_lease_s,
         )
         self.driver = LiveDriver(
-            store, state_dir, self.pool.exec_plan, env=env, report_every_s=config.report_every_s
+            store,
+            state_dir,
+            self.pool.exec_plan,
+            env=env,
+            report_every_s=config.report_every_s,
+            slots_per_node=config.slots_per_node,
         )
         self.queue = SubmissionQueue(store)
 
     def _demand(self) -> tuple[int, set[str]]:
-        """Nodes the admitted trainers can use (their n_max summed), and those in use."""
+        """Nodes the admitted trainers can use (their n_max summed; with S slots per
+        node, in slots: the nodes they fill packed), and those in use."""
         if self.loop is None:
             return 0, set()
         admitted = self.loop.admitted()
         allocated = {n for t in self.loop.trainers.values() for n in t.nodes}
-        return sum(t.job.n_max for t in admitted), allocated
+        slots = sum(t.job.n_max for t in admitted)
+        return -(-slots // self.config.slots_per_node), allocated
 
     def restore(self) -> LoopState:
         """The loop's state from the store, after reconciling holders with the scheduler
@@ -608,17 +634,28 @@ class Daemon:
         running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
         self.pool.usable = set(running)
         held = set(running)
+        allocations = self.store.current_allocations()
         trainers: list[TrainerState] = []
+        lost: list[str] = []
         for row in self.store.trainers(UNFINISHED):
-            trainers.append(self._restore_trainer(row, held))
+            trainers.append(self._restore_trainer(row, held, allocations.get(row.id), lost))
+        self._note_slot_count(trainers, lost)
         self.queue.known = {t.id for t in trainers}
         if trainers:
             log.info("restored %d trainer(s) on %d held node(s)", len(trainers), len(running))
         return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers)
 
-    def _restore_trainer(self, row: TrainerRow, held: set[str]) -> TrainerState:
-        nodes = tuple(n for n in self.store.current_allocation(row.id) if n in held)
-        held -= set(nodes)
+    def _restore_trainer(
+        self, row: TrainerRow, held: set[str], alloc: AllocationRow | None, lost: list[str]
+    ) -> TrainerState:
+        """The trainer on its nodes that are still held, each slot at most once (the
+        slot book takes back the slots it had, those that still exist)."""
+        stored = alloc.nodes if alloc is not None else ()
+        slots, gone = self.driver.book.restore(
+            row.id, [n for n in stored if n in held], alloc.slots if alloc is not None else {}
+        )
+        nodes = tuple(sorted(n for n, s in slots.items() for _ in s))
+        lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
         self.driver.attach(row, nodes)
         return TrainerState(
             job_of(row),
@@ -626,6 +663,29 @@ class Daemon:
             started_s=row.started_s,
             processed_samples=float(row.samples_done),
         )
+
+    def _note_slot_count(self, trainers: Sequence[TrainerState], lost: Sequence[str]) -> None:
+        """Say once when the slots per node changed under running trainers (a restart
+        with another --slots-per-node): slots that no longer exist are given up, their
+        trainers shrink at a step boundary and lose no work; workers keep their share."""
+        slots = self.config.slots_per_node
+        before = self.store.get_setting("slots_per_node", 1)
+        nodes = sorted({n for t in trainers for n in t.nodes})
+        if before != slots and (nodes or lost):
+            log.warning(
+                "slots per node changed from %s to %d while trainers run on %s: %s"
+                "their running workers keep the CPUs and GPUs they started with until they "
+                "restart",
+                before,
+                slots,
+                ", ".join(nodes) or "no node now",
+                f"{'; '.join(lost)} no longer exist and are given up (the trainers shrink "
+                "at a step boundary; no work is lost); "
+                if lost
+                else "",
+            )
+        if before != slots:
+            self.store.set_setting("slots_per_node", slots)
 
     def run(self) -> None:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
@@ -655,7 +715,7 @@ class Daemon:
         return DaemonReading(
             pool_nodes=len(view.pool) if view is not None else 0,
             held_nodes=sum(h.state == "running" for h in self.store.holders(live_only=True)),
-            allocated_nodes=sum(len(t.nodes) for t in trainers),
+            allocated_nodes=len({n for t in trainers for n in t.nodes}),
             trainers=self.store.trainer_counts(),
             holders=replace(counts, errors=Counter(counts.errors)),
             rescales=self.driver.rescales,

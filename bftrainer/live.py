@@ -21,11 +21,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
+from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec, TrainerExit
@@ -67,12 +68,15 @@ def job_of(row: TrainerRow) -> JobSpec:
 class ExecPlan:
     """How the trainers' workers reach their nodes: ``mode`` of ``exec.json``, in
     ``slurm`` mode the holder job of each node, and each node's holder lease (which the
-    supervisor renews for ``lease_s`` while it runs there)."""
+    supervisor renews for ``lease_s`` while it runs there); when trainers share nodes,
+    the trainer's slots of each node (``bftrainer/slots.py``)."""
 
     mode: str
     jobs: Mapping[str, str]
     leases: Mapping[str, str] = field(default_factory=dict)
     lease_s: float | None = None
+    slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    slots_per_node: int = 1
 
     def reachable(self, nodes: Sequence[str]) -> tuple[str, ...]:
         """``nodes`` that workers can run on now: in slurm mode, those with a holder."""
@@ -80,7 +84,13 @@ class ExecPlan:
 
     def write(self, trainer_dir: Path) -> None:
         channel.write_exec(
-            trainer_dir, self.mode, self.jobs, leases=self.leases, lease_s=self.lease_s
+            trainer_dir,
+            self.mode,
+            self.jobs,
+            leases=self.leases,
+            lease_s=self.lease_s,
+            slots=self.slots,
+            slots_per_node=self.slots_per_node,
         )
 
 
@@ -88,7 +98,9 @@ class LiveDriver:
     """Drives real trainers (see the module docstring).
 
     ``exec_plan(nodes)`` says how workers run on ``nodes`` now (the daemon's holders);
-    ``env`` is added to the supervisors' environment (e.g. ``SLURM_CONF``).
+    ``env`` is added to the supervisors' environment (e.g. ``SLURM_CONF``). With
+    ``slots_per_node`` S > 1 trainers share nodes: a trainer's nodes list a node once
+    per slot, and :attr:`book` keeps which slots of each node are whose.
     """
 
     def __init__(
@@ -99,8 +111,10 @@ class LiveDriver:
         *,
         env: Mapping[str, str] | None = None,
         report_every_s: float = 5.0,
+        slots_per_node: int = 1,
     ) -> None:
         self.store = store
+        self.book = SlotBook(slots_per_node)
         self.trainers_dir = Path(state_dir) / "trainers"
         self.exec_plan = exec_plan
         self.env = dict(env or {})
@@ -147,6 +161,11 @@ class LiveDriver:
         log.info("trainer %s: re-attached to its supervisor (pid %d)", row.id, launcher.pid)
 
     # ---- the TrainerDriver interface ------------------------------------------------
+    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
+        """The decision's new node sets, before the loop hands them out one trainer at a
+        time: slots are given for all at once, the freed ones first (bftrainer.slots)."""
+        self.book.place(changes)
+
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         """Read every trainer's new reports; retire those whose supervisor ended.
 
@@ -230,20 +249,24 @@ class LiveDriver:
         launcher = self.launchers.get(trainer.id)
         if launcher is None:
             if trainer.id in self._restarts:  # started again on its nodes when due
-                self.store.record_allocation(trainer.id, nodes)
+                self._record(trainer.id, nodes)
             elif nodes:
                 self._launch(trainer.id, nodes)
+            else:
+                self.book.release(trainer.id)
             return 0.0
         self._set_hosts(trainer.id, launcher, nodes)
         return 0.0
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        self.book.assign(trainer.id, trainer.nodes)  # its slots on the nodes gone are free
         launcher = self.launchers.get(trainer.id)
         if launcher is not None:
             log.info(
-                "trainer %s lost %d node(s): now on %d",
+                "trainer %s lost %d %s: now on %d",
                 trainer.id,
                 old_count - len(trainer.nodes),
+                self._unit,
                 len(trainer.nodes),
             )
             self._set_hosts(trainer.id, launcher, trainer.nodes, say=False)
@@ -252,7 +275,7 @@ class LiveDriver:
     def cancel(self, trainer: TrainerState) -> None:
         self._restarts.pop(trainer.id, None)
         launcher = self.launchers.pop(trainer.id, None)
-        self.store.record_allocation(trainer.id, ())
+        self._record(trainer.id, ())
         if launcher is None:
             self._finish(trainer.id, "cancelled", "cancelled")
             return
@@ -263,6 +286,29 @@ class LiveDriver:
         self._finish(trainer.id, "cancelled", "cancelled")
 
     # ---- helpers --------------------------------------------------------------------
+    @property
+    def _unit(self) -> str:
+        """What a trainer's node list counts, for the log."""
+        return "node(s)" if self.book.slots_per_node == 1 else "slot(s)"
+
+    def _plan(self, trainer_id: str, nodes: tuple[str, ...]) -> ExecPlan:
+        """How the trainer's workers run on ``nodes``: the daemon's plan, and with
+        shared nodes the trainer's slots there (given now, kept from before)."""
+        slots = self.book.assign(trainer_id, nodes)
+        plan = self.exec_plan(nodes)
+        if self.book.slots_per_node == 1:
+            return plan
+        return replace(plan, slots=slots, slots_per_node=self.book.slots_per_node)
+
+    def _record(self, trainer_id: str, nodes: tuple[str, ...]) -> None:
+        """Record the trainer's nodes now, and with shared nodes its slots there."""
+        slots: SlotMap | None = None
+        if not nodes:
+            self.book.release(trainer_id)
+        elif self.book.slots_per_node > 1:
+            slots = self.book.assign(trainer_id, nodes)
+        self.store.record_allocation(trainer_id, nodes, slots=slots)
+
     def _launch(self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool = False) -> None:
         """Start the trainer's supervisor on ``nodes`` (those with a holder now); a
         restart resumes from the trainer's checkpoint in its directory."""
@@ -283,10 +329,10 @@ class LiveDriver:
         )
         try:
             trainer_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            plan = self.exec_plan(nodes)
+            plan = self._plan(trainer_id, nodes)
             hosts = self._reachable(trainer_id, plan, nodes)
             plan.write(trainer_dir)
-            launcher = Launcher.start(spec, hosts)
+            launcher = Launcher.start(spec, host_counts(hosts))
         except OSError as exc:  # the file system, not the trainer: try again (bounded)
             self._restart_later(trainer_id, None, f"cannot start: {exc}", time.time())
             return
@@ -300,16 +346,19 @@ class LiveDriver:
             self._offsets[trainer_id] = 0
             self._samples[trainer_id] = row.samples_done
         self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
-        self.store.record_allocation(trainer_id, nodes)
+        self._record(trainer_id, nodes)
         if restart:
             log.info(
-                "trainer %s started again (restart %d) on %d node(s), from its checkpoint",
+                "trainer %s started again (restart %d) on %d %s, from its checkpoint",
                 trainer_id,
                 row.restarts,
                 len(hosts),
+                self._unit,
             )
         else:
-            log.info("trainer %s started on %d node(s): %s", trainer_id, len(hosts), _names(hosts))
+            log.info(
+                "trainer %s started on %d %s: %s", trainer_id, len(hosts), self._unit, _names(hosts)
+            )
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
 
@@ -337,22 +386,23 @@ class LiveDriver:
         ``say``: log the rescale (a preemption has said it already)."""
         hosts = nodes
         if nodes:
-            plan = self.exec_plan(nodes)
+            plan = self._plan(trainer_id, nodes)
             hosts = self._reachable(trainer_id, plan, nodes)
             plan.write(launcher.trainer_dir)
         before = self.store.current_allocation(trainer_id)
-        launcher.set_hosts(hosts)
-        self.store.record_allocation(trainer_id, nodes)
+        launcher.set_hosts(host_counts(hosts))
+        self._record(trainer_id, nodes)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
         if say and tuple(before) != tuple(nodes):
             self.rescales += 1
             log.info(
-                "trainer %s rescaled: %d -> %d node(s)%s",
+                "trainer %s rescaled: %d -> %d %s%s",
                 trainer_id,
                 len(before),
                 len(nodes),
+                self._unit,
                 "" if nodes else " (waiting for nodes)",
             )
 
@@ -408,7 +458,7 @@ class LiveDriver:
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, state, reason=reason)
-        self.store.record_allocation(trainer_id, ())
+        self._record(trainer_id, ())
         if state != "cancelled":
             self._reports.append(Completion(trainer_id))
         if state == "done":
@@ -425,13 +475,14 @@ class LiveDriver:
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "failed", reason=reason)
-        self.store.record_allocation(trainer_id, ())
+        self._record(trainer_id, ())
         self._reports.append(Completion(trainer_id))
         log.warning("trainer %s failed: %s", trainer_id, reason)
 
 
 def _names(nodes: Sequence[str]) -> str:
-    return ",".join(nodes)
+    """``node1,node2``; with shared nodes ``node1:2`` for two slots of node1."""
+    return ",".join(h if n == 1 else f"{h}:{n}" for h, n in host_counts(nodes))
 
 
 def _at(curve: Sequence[tuple[float, float]], n: int) -> float:

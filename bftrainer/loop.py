@@ -30,7 +30,8 @@ source's in order: completions and cancels free nodes, pool changes preempt hold
 leaving nodes and add joining ones in sorted order, arrivals queue, curve reports update
 the trainers' curves); decide if a trainer came, went or the pool changed -- or if a
 curve was reported and the last decision is ``redecide_every_s`` old (else a re-decision
-is scheduled for then) -- and hand changed node sets to the driver; record a
+is scheduled for then) -- and hand changed node sets to the driver (a :class:`Placer`
+driver sees them all first); record a
 :class:`Step` only if an input (other than a curve report) arrived or a decision was
 made. The loop raises :class:`LoopStalledError` instead of spinning when the clock
 cannot move and nothing happens (e.g. a trace in epoch milliseconds, where a wake-up a
@@ -250,6 +251,17 @@ class TrainerDriver(Protocol):
 
     def cancel(self, trainer: TrainerState) -> None:
         """Stop the trainer for good (it was cancelled; its nodes are already freed)."""
+        ...
+
+
+@runtime_checkable
+class Placer(Protocol):
+    """A driver that must see a decision whole before it is handed out one trainer at a
+    time (the live driver: with shared nodes, the slot one trainer frees is the slot
+    another is given, whichever of them comes first)."""
+
+    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
+        """The new node sets of the trainers whose sets change, before ``rescale``."""
         ...
 
 
@@ -705,6 +717,9 @@ class Loop:
         decision = (
             self.policy.decide(tuple(self.pool), admitted, churn) if admitted else Decision({})
         )
+        if isinstance(self.driver, Placer):
+            changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
+            self.driver.place({i: n for i, n in changes.items() if n != self.trainers[i].nodes})
         for t in admitted:
             new = decision.nodes.get(t.id, ())
             if new != t.nodes:

@@ -31,7 +31,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 DB_NAME = "state.db"
 LOCK_NAME = "daemon.lock"
 ENV_STATE_DIR = "BFTRAINER_STATE_DIR"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
 
 TRAINER_STATES = ("queued", "running", "waiting", "done", "failed", "cancelled")
@@ -337,11 +337,14 @@ class TrainerRow:
 
 @dataclass(frozen=True)
 class AllocationRow:
-    """The node set given to a trainer at ``time_s`` (empty: no node)."""
+    """The node set given to a trainer at ``time_s`` (empty: no node). With S slots per
+    node (``--slots-per-node``) a node is listed once per slot, and ``slots`` says which
+    slots of each node (0..S-1, in the order the trainer got them); empty at S = 1."""
 
     trainer_id: str
     nodes: tuple[str, ...]
     time_s: float
+    slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -476,6 +479,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE trainers ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;
     """,
+    # 4: which slots of each node a trainer holds, when several trainers share a node.
+    """
+    ALTER TABLE allocations ADD COLUMN slots TEXT;
+    DROP VIEW current_allocations;
+    CREATE VIEW current_allocations AS
+        SELECT a.trainer_id, a.time_s, a.nodes, a.slots FROM allocations a
+        WHERE a.id = (SELECT MAX(b.id) FROM allocations b WHERE b.trainer_id = a.trainer_id);
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -508,6 +519,16 @@ def _trainer(row: sqlite3.Row) -> TrainerRow:
         trainer_dir=row["trainer_dir"],
         supervisor=row["supervisor"],
         restarts=row["restarts"],
+    )
+
+
+def _allocation(trainer_id: str, row: sqlite3.Row) -> AllocationRow:
+    slots = json.loads(row["slots"]) if row["slots"] else {}
+    return AllocationRow(
+        trainer_id,
+        tuple(json.loads(row["nodes"])),
+        row["time_s"],
+        {n: tuple(s) for n, s in slots.items()},
     )
 
 
@@ -900,29 +921,36 @@ class Store:
     # ------------------------------------------------------------- allocations
 
     def record_allocation(
-        self, trainer_id: str, nodes: Iterable[str], *, now_s: float | None = None
+        self,
+        trainer_id: str,
+        nodes: Iterable[str],
+        *,
+        slots: Mapping[str, Sequence[int]] | None = None,
+        now_s: float | None = None,
     ) -> AllocationRow:
-        """Record the node set a trainer is given now (empty: none). Kept as history."""
+        """Record the node set a trainer is given now (empty: none), and with slots
+        which slots of each node. Kept as history."""
+        kept = {n: tuple(s) for n, s in sorted((slots or {}).items()) if s}
         alloc = AllocationRow(
-            trainer_id, tuple(sorted(nodes)), time.time() if now_s is None else now_s
+            trainer_id, tuple(sorted(nodes)), time.time() if now_s is None else now_s, kept
         )
         with self.transaction():
             self.trainer(trainer_id)
             self._conn.execute(
-                "INSERT INTO allocations (trainer_id, time_s, nodes) VALUES (?, ?, ?)",
-                (trainer_id, alloc.time_s, _json(list(alloc.nodes))),
+                "INSERT INTO allocations (trainer_id, time_s, nodes, slots) VALUES (?, ?, ?, ?)",
+                (
+                    trainer_id,
+                    alloc.time_s,
+                    _json(list(alloc.nodes)),
+                    _json({n: list(s) for n, s in kept.items()}) if kept else None,
+                ),
             )
         return alloc
 
     def current_allocations(self) -> dict[str, AllocationRow]:
         """trainer id -> its latest allocation (trainers never allocated are absent)."""
-        rows = self._query("SELECT trainer_id, time_s, nodes FROM current_allocations")
-        return {
-            r["trainer_id"]: AllocationRow(
-                r["trainer_id"], tuple(json.loads(r["nodes"])), r["time_s"]
-            )
-            for r in rows
-        }
+        rows = self._query("SELECT trainer_id, time_s, nodes, slots FROM current_allocations")
+        return {r["trainer_id"]: _allocation(r["trainer_id"], r) for r in rows}
 
     def current_allocation(self, trainer_id: str) -> tuple[str, ...]:
         """The nodes a trainer holds now (empty if none or never allocated)."""
@@ -933,10 +961,10 @@ class Store:
 
     def allocation_history(self, trainer_id: str) -> list[AllocationRow]:
         rows = self._query(
-            "SELECT time_s, nodes FROM allocations WHERE trainer_id = ? ORDER BY id",
+            "SELECT time_s, nodes, slots FROM allocations WHERE trainer_id = ? ORDER BY id",
             (trainer_id,),
         )
-        return [AllocationRow(trainer_id, tuple(json.loads(r["nodes"])), r["time_s"]) for r in rows]
+        return [_allocation(trainer_id, r) for r in rows]
 
     # ------------------------------------------------------------- holders
 

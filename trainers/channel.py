@@ -32,6 +32,8 @@ CHECKPOINT = "checkpoint.pt"
 SUPERVISOR_PID = "supervisor.pid"
 SUPERVISOR_LOG = "supervisor.log"
 STOP_REQUEST = "stop.request"  # the supervisor asks the workers to checkpoint and exit
+# The supervisor's copy of the hosts that Horovod's discovery reads (never empty).
+DISCOVERY_HOSTS = "discovery-hosts"
 EXEC_MODES = ("local", "ssh", "slurm")
 
 
@@ -121,9 +123,14 @@ def write_exec(
     ssh_args: Sequence[str] = (),
     leases: Mapping[str, str] | None = None,
     lease_s: float | None = None,
+    slots: Mapping[str, Sequence[int]] | None = None,
+    slots_per_node: int = 1,
 ) -> None:
     """How to run a command on a host (see :func:`read_exec`); ``leases``: each host's
-    holder lease file, which the supervisor renews for ``lease_s`` while it runs there."""
+    holder lease file, which the supervisor renews for ``lease_s`` while it runs there;
+    ``slots``: when trainers share nodes (``slots_per_node`` > 1), the trainer's slots of
+    each host in the order it got them (a worker of local rank r runs on the r-th,
+    bftrainer.trainers.launch.slots)."""
     if mode not in EXEC_MODES:
         raise ChannelError(f"exec mode must be one of {EXEC_MODES}, got {mode!r}")
     data: dict[str, Any] = {"mode": mode, "slurm_jobs": dict(slurm_jobs or {})}
@@ -132,11 +139,15 @@ def write_exec(
     if leases:
         data["leases"] = dict(leases)
         data["lease_s"] = lease_s
+    if slots_per_node > 1:
+        data["slots"] = {h: list(s) for h, s in (slots or {}).items()}
+        data["slots_per_node"] = slots_per_node
     write_json_atomic(Path(trainer_dir) / EXEC, data)
 
 
 def read_exec(trainer_dir: Path) -> dict[str, Any] | None:
-    """``{"mode", "slurm_jobs", "ssh_args"}``, or None when there is no exec.json."""
+    """``{"mode", "slurm_jobs", "ssh_args", "leases", "lease_s"}`` and, when trainers
+    share nodes, ``"slots"`` and ``"slots_per_node"``; None when there is no exec.json."""
     path = Path(trainer_dir) / EXEC
     data = read_json(path)
     if data is None:
@@ -153,13 +164,34 @@ def read_exec(trainer_dir: Path) -> dict[str, Any] | None:
         lease_s is None or (isinstance(lease_s, int | float) and lease_s > 0)
     ):
         raise ChannelError(f"{path}: leases must be an object, lease_s a positive number")
-    return {
+    slots = data.get("slots") or {}
+    per_node = data.get("slots_per_node", 1)
+    if (
+        not isinstance(slots, dict)
+        or isinstance(per_node, bool)
+        or not isinstance(per_node, int)
+        or per_node < 1
+        or not all(
+            isinstance(s, list)
+            and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < per_node for i in s)
+            for s in slots.values()
+        )
+    ):
+        raise ChannelError(
+            f"{path}: slots must map each host to slot numbers below slots_per_node "
+            f"(a whole number >= 1), got {slots!r} and {per_node!r}"
+        )
+    out = {
         "mode": data["mode"],
         "slurm_jobs": jobs,
         "ssh_args": [str(a) for a in ssh_args],
         "leases": {str(h): str(p) for h, p in leases.items()},
         "lease_s": lease_s,
     }
+    if "slots" in data:
+        out["slots"] = {str(h): list(s) for h, s in slots.items()}
+        out["slots_per_node"] = per_node
+    return out
 
 
 # -- holder leases -------------------------------------------------------------------

@@ -61,6 +61,13 @@ log = logging.getLogger(__name__)
     help="Seconds between two reads of the scheduler (default 10).",
 )
 @click.option(
+    "--slots-per-node",
+    type=Number(integer=True, min=1, max=1024),
+    help="Slots (GPUs) per held node: trainers share a node, each worker on its own "
+    "slot's GPUs or CPUs; --min-nodes/--max-nodes then count slots (default 1: whole "
+    "nodes). docs/deployment.md.",
+)
+@click.option(
     "--holder-script",
     type=click.Path(dir_okay=False, path_type=Path),
     help="The holder job script where the scheduler's commands run (default: this "
@@ -105,6 +112,7 @@ def daemon_cmd(
     config_path: Path | None,
     policy: str | None,
     poll_interval_s: float | None,
+    slots_per_node: int | None,
     holder_script: Path | None,
     holder_args: tuple[str, ...],
     holder_slack_s: float,
@@ -125,6 +133,7 @@ def daemon_cmd(
         **policy_flags(source),
         "policy": policy,
         "poll_interval_s": poll_interval_s,
+        "slots_per_node": slots_per_node,
         "metrics_textfile": metrics_textfile,
         "metrics_port": metrics_port,
     }
@@ -134,6 +143,7 @@ def daemon_cmd(
             **FLAG_NAMES,
             "policy": "--policy",
             "poll_interval_s": "--poll-interval",
+            "slots_per_node": "--slots-per-node",
             "metrics_textfile": "--metrics-textfile",
             "metrics_port": "--metrics-port",
         }
@@ -178,7 +188,7 @@ def daemon_cmd(
     )
     log.info(
         "bftrainer %s daemon started (pid %d): %s %s, state %s, policy %s (%s), "
-        "poll every %g s, holder lease %g s",
+        "poll every %g s, holder lease %g s%s",
         __version__,
         os.getpid(),
         source["scheduler"],
@@ -188,6 +198,7 @@ def daemon_cmd(
         config.objective,
         config.poll_interval_s,
         config.holder_lease_s,
+        f", {config.slots_per_node} slots per node" if config.slots_per_node > 1 else "",
     )
     if metrics is not None:
         log.info(

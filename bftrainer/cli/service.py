@@ -12,7 +12,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -160,11 +160,16 @@ def submit_cmd(
 # ---------------------------------------------------------------------- status
 
 
-def trainer_json(row: TrainerRow, nodes: tuple[str, ...]) -> dict[str, Any]:
+def trainer_json(
+    row: TrainerRow, nodes: tuple[str, ...], slots: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, Any]:
+    """``nodes`` lists a node once per slot held; ``slots``: which slots of each node
+    when trainers share nodes ({} otherwise)."""
     return {
         "id": row.id,
         "state": row.state,
         "nodes": list(nodes),
+        "slots": {n: list(s) for n, s in (slots or {}).items()},
         "samples_done": row.samples_done,
         "work_samples": row.work_samples,
         "throughput_sps": row.throughput_sps,
@@ -207,6 +212,7 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
     pool = store.get_setting("pool", {"time_s": None, "nodes": {}})
     return {
         "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
+        "slots_per_node": store.get_setting("slots_per_node", 1),
         "pool_time_s": pool["time_s"],
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
         "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
@@ -215,7 +221,8 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
 
 def _trainer_now(row: TrainerRow, allocations: Mapping[str, AllocationRow]) -> dict[str, Any]:
     """A trainer as status shows it: never ``running`` once its supervisor has exited."""
-    out = trainer_json(row, allocations[row.id].nodes if row.id in allocations else ())
+    alloc = allocations.get(row.id)
+    out = trainer_json(row, alloc.nodes if alloc else (), alloc.slots if alloc else None)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited
@@ -243,16 +250,23 @@ def status_cmd(as_json: bool, state_dir: Path | None) -> None:
     asked = sum(p.get("holder_state") == "pending" for p in data["pool"])
     free = len(data["pool"]) - held - asked
     click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held")
+    shared = data["slots_per_node"] > 1
+    if shared:
+        click.echo(f"slots per node: {data['slots_per_node']}")
     for p in data["pool"]:
         window = p.get("window_s")
+        users = p.get("trainer") or ""
+        if shared and p.get("slots"):
+            users = " ".join(f"{t}[{_numbers(s)}]" for t, s in p["slots"].items())
         click.echo(
             f"  {p['node']}\twindow {'open' if window is None else f'{window:.0f} s'}"
-            f"\t{p.get('holder_state') or 'free'}\t{p.get('trainer') or ''}"
+            f"\t{p.get('holder_state') or 'free'}\t{users}"
         )
     header = (
         "id",
         "state",
         "nodes",
+        *(("slots",) if shared else ()),
         "samples",
         "samples/s",
         "goodput/s",
@@ -268,7 +282,8 @@ def status_cmd(as_json: bool, state_dir: Path | None) -> None:
                 [
                     t["id"],
                     t["state"],
-                    str(len(t["nodes"])),
+                    str(len(set(t["nodes"]))),
+                    *((_slots_text(t["slots"]),) if shared else ()),
                     f"{t['samples_done']}{work}",
                     _rate(t["throughput_sps"]),
                     _rate(t["goodput_sps"]),
@@ -278,6 +293,15 @@ def status_cmd(as_json: bool, state_dir: Path | None) -> None:
                 ]
             )
         )
+
+
+def _numbers(slots: Sequence[int]) -> str:
+    return ",".join(str(i) for i in slots)
+
+
+def _slots_text(slots: Mapping[str, Sequence[int]]) -> str:
+    """``node1:0,1 node2:1``: the slots of each node (``-``: none)."""
+    return " ".join(f"{n}:{_numbers(s)}" for n, s in sorted(slots.items())) or "-"
 
 
 # ---------------------------------------------------------------------- cancel

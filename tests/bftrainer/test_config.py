@@ -178,3 +178,21 @@ def test_the_daemon_refuses_a_replay_only_policy(tmp_path: Path) -> None:
         cli, ["daemon", "--scheduler", "slurm", "--bf-partition", "bf", "--policy", "scavenger"]
     )
     assert result.exit_code == 2 and "'scavenger' is not one of" in result.output
+
+
+def test_the_daemon_takes_slots_per_node_from_its_table_or_the_flag(tmp_path: Path) -> None:
+    from bftrainer.daemon import load_daemon_config
+
+    config = tmp_path / "d.toml"
+    config.write_text("[daemon]\nslots_per_node = 4\n")
+    assert load_daemon_config(config, {}).slots_per_node == 4
+    assert load_daemon_config(config, {"slots_per_node": 2}).slots_per_node == 2
+    assert load_daemon_config(None, {}).slots_per_node == 1
+    config.write_text("[daemon]\nslots_per_node = 0\n")
+    with pytest.raises(ConfigError, match=r"d\.toml: \[daemon\] slots_per_node = 0: expected"):
+        load_daemon_config(config, {})
+    result = CliRunner().invoke(
+        cli, ["daemon", "--scheduler", "slurm", "--bf-partition", "bf", "--slots-per-node", "0"]
+    )
+    assert result.exit_code == 2 and "--slots-per-node" in result.output
+    assert len([line for line in result.output.splitlines() if "Error" in line]) == 1

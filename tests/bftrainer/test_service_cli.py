@@ -188,3 +188,46 @@ def test_logs_prints_the_trainer_log(state_dir: Path, tmp_path: Path) -> None:
     code, out = run("logs", tid, "-f", "--state-dir", str(state_dir))
     assert code == 0
     assert "boom" in out
+
+
+def test_status_shows_each_trainers_slots_of_a_shared_node(state_dir: Path) -> None:
+    ids = []
+    for _ in range(2):
+        _, out = submit(state_dir, "--backend", "torchrun", "--max-nodes", "2")
+        ids.append(out.strip().splitlines()[-1])
+    a, b = ids
+    with Store.open(state_dir) as store:
+        store.set_setting("slots_per_node", 2)
+        for tid in ids:
+            store.set_trainer_state(tid, "running")
+        store.record_allocation(a, ["node1", "node2"], slots={"node1": [1], "node2": [0]})
+        store.record_allocation(b, ["node1"], slots={"node1": [0]})
+        store.set_setting(
+            "pool",
+            {
+                "time_s": 1.0,
+                "stale": False,
+                "nodes": {
+                    "node1": {
+                        "window_s": None,
+                        "holder": "7",
+                        "holder_state": "running",
+                        "trainer": f"{a},{b}",
+                        "slots": {a: [1], b: [0]},
+                    },
+                },
+            },
+        )
+    code, out = run("status", "--json", "--state-dir", str(state_dir))
+    assert code == 0, out
+    data = json.loads(out)
+    assert data["slots_per_node"] == 2
+    slots = {t["id"]: t["slots"] for t in data["trainers"]}
+    assert slots == {a: {"node1": [1], "node2": [0]}, b: {"node1": [0]}}
+    assert data["pool"][0]["slots"] == {a: [1], b: [0]}
+    code, out = run("status", "--state-dir", str(state_dir))
+    assert code == 0
+    assert "slots per node: 2" in out
+    assert f"node1\twindow open\trunning\t{a}[1] {b}[0]" in out
+    row_a = next(line for line in out.splitlines() if line.startswith(f"{a}\t"))
+    assert row_a.split("\t")[2:4] == ["2", "node1:1 node2:0"]

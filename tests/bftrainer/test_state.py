@@ -154,6 +154,32 @@ def test_a_version_1_database_is_migrated_keeping_its_rows(state_dir: Path) -> N
         assert store.holder("8").ends_by_s(poll_interval_s=2.0) == 183.0
 
 
+def test_a_version_3_database_keeps_its_allocations_and_records_slots(state_dir: Path) -> None:
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    for script in state.MIGRATIONS[:3]:
+        conn.executescript(script)
+    conn.execute(
+        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
+        " rescale_down_s, state, submitted_s) VALUES"
+        " ('t1', 'x.py', '[]', 'torchrun', 1, 2, 1.0, 1.0, 'running', 0.0)"
+    )
+    conn.execute(
+        "INSERT INTO allocations (trainer_id, time_s, nodes) VALUES ('t1', 1.0, '[\"n1\"]')"
+    )
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    with Store.open(state_dir) as store:
+        assert store.current_allocations()["t1"].nodes == ("n1",)
+        assert store.current_allocations()["t1"].slots == {}
+        store.record_allocation("t1", ["n1", "n2", "n1"], slots={"n1": [1, 0], "n2": [1]})
+        now = store.current_allocations()["t1"]
+        assert now.nodes == ("n1", "n1", "n2")
+        assert now.slots == {"n1": (1, 0), "n2": (1,)}
+        assert [a.slots for a in store.allocation_history("t1")] == [{}, now.slots]
+
+
 def test_not_a_database_is_refused(state_dir: Path) -> None:
     state_dir.mkdir(mode=0o700)
     (state_dir / "state.db").write_bytes(b"this is not sqlite at all, just text\n" * 100)

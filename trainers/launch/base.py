@@ -109,7 +109,7 @@ class Launcher:
         self._proc = proc  # set when started here: poll() reaps it
 
     @classmethod
-    def start(cls, spec: LaunchSpec, hosts: Sequence[str]) -> Launcher:
+    def start(cls, spec: LaunchSpec, hosts: Sequence[str | tuple[str, int]]) -> Launcher:
         """Write the spec and hosts, spawn the supervisor (its own session)."""
         spec.check()
         d = Path(spec.trainer_dir).resolve()
@@ -142,7 +142,8 @@ class Launcher:
             raise LaunchError(f"{path}: no supervisor pid ({e})") from None
         return cls(Path(trainer_dir), pid)
 
-    def set_hosts(self, hosts: Sequence[str]) -> None:
+    def set_hosts(self, hosts: Sequence[str | tuple[str, int]]) -> None:
+        """``host`` or ``(host, slots)`` each; [] is zero hosts."""
         channel.write_hosts(self.trainer_dir, list(hosts))
 
     def set_exec(

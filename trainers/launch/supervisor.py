@@ -186,7 +186,7 @@ class HorovodBackend(Backend):
 
     def __init__(self, spec: LaunchSpec) -> None:
         super().__init__(spec)
-        self.discovery_hosts = self.dir / "discovery-hosts"
+        self.discovery_hosts = self.dir / channel.DISCOVERY_HOSTS
         self.discovery = self.dir / "discover-hosts.sh"
         self.shim_dir = self.dir / "bin"
         self.nic: str | None = None
@@ -308,8 +308,10 @@ class TorchrunBackend(Backend):
                 str(self.spec.script),
                 *self.spec.args,
             ]
-            wrapped = remote.wrap_command(host, argv, config, env=env, cwd=str(self.dir))
-            self.procs.append(self.spawn(wrapped, env))
+            # Its workers find their slots of a shared node by this name (launch/slots.py).
+            host_env = {**env, "BFTRAINER_HOST": host}
+            wrapped = remote.wrap_command(host, argv, config, env=host_env, cwd=str(self.dir))
+            self.procs.append(self.spawn(wrapped, host_env))
 
     def update(self, hosts: Hosts) -> None:
         # Every membership change restarts the workers: stop them at a step boundary

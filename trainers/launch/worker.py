@@ -1,7 +1,9 @@
 """Runs the user's trainer.py in a worker and turns a user error into ``failure.json``.
 
 ``python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]`` runs SCRIPT as
-``__main__``. An exception from the script (at import, from its options, at step N)
+``__main__``. When trainers share nodes it first gives itself its slot's CPUs and GPUs
+(:mod:`~bftrainer.trainers.launch.slots`), before the script imports torch, and says so
+in one line. An exception from the script (at import, from its options, at step N)
 is printed with its traceback (to the supervisor's log) and its last line is written to
 ``TRAINER_DIR/failure.json``, so the supervisor fails the trainer at once rather than
 letting the backend restart a script that will fail again. A lost peer
@@ -22,6 +24,7 @@ from typing import NoReturn
 
 from bftrainer.trainers import channel
 from bftrainer.trainers.comm import WorkerLeaving
+from bftrainer.trainers.launch import slots
 
 FAILURE = "failure.json"
 LEFT_EXIT_CODE = 143  # 128 + SIGTERM: a worker that left on preemption
@@ -69,6 +72,39 @@ def _is_peer_loss(exc: BaseException) -> bool:
     return False
 
 
+def pin_to_slot() -> None:
+    """Run on this worker's slot of a shared node (nothing when nodes are not shared);
+    one line on stderr (the supervisor's log) says which, or why it could not."""
+    trainer_dir = os.environ.get("BFTRAINER_TRAINER_DIR")
+    if not trainer_dir:
+        return
+    try:
+        pinned = slots.pin(Path(trainer_dir), os.environ)
+    except (ValueError, OSError) as e:
+        print(f"bftrainer: running on the whole node, its slot unknown: {e}", file=sys.stderr)
+        return
+    if pinned is not None:
+        print(f"bftrainer: {pinned.describe()}", file=sys.stderr)
+
+
+def _slot_removed() -> bool:
+    """Under Horovod, whether this worker's host, or its local rank there, is gone from
+    the job's hosts (the supervisor's discovery copy). Its reset then fails ("has been
+    removed from elastic job": seen as an abort, exit 134, which Horovod ignores; as
+    ``hvd.init``'s ValueError it would reach here): a shrink, not the script's error."""
+    trainer_dir = os.environ.get("BFTRAINER_TRAINER_DIR")
+    host = os.environ.get("HOROVOD_HOSTNAME")
+    rank = os.environ.get("HOROVOD_LOCAL_RANK")
+    if not (trainer_dir and host and rank and rank.isdigit()):
+        return False
+    path = Path(trainer_dir) / channel.DISCOVERY_HOSTS
+    try:
+        hosts = dict(channel.parse_hosts(path.read_text(), str(path)))
+    except (OSError, channel.ChannelError):
+        return False
+    return int(rank) >= hosts.get(host, 0)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]", file=sys.stderr)
@@ -79,6 +115,7 @@ def main(argv: list[str]) -> int:
         print(f"bftrainer: {reason}", file=sys.stderr)
         record_failure(reason)
         return 2
+    pin_to_slot()
     sys.argv = list(argv)
     sys.path.insert(0, str(Path(script).resolve().parent))
     try:
@@ -102,6 +139,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         if _is_peer_loss(e):
+            return 1
+        if _slot_removed():
+            print("bftrainer: this worker's slot left the job: leaving", file=sys.stderr)
             return 1
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         record_failure(f"{Path(script).name}: {last}")

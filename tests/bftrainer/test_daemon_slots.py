@@ -1,0 +1,81 @@
+"""The daemon's restore when the slots per node changed under running trainers (a
+restart with another ``--slots-per-node``): one clear line, and nothing recorded lost.
+
+No scheduler runs here: ``FixedHolders`` answers every holder of the store as running,
+as Horovod's ``FixedHosts`` answers discovery; the restore's own logic is the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from bftrainer.daemon import Daemon, DaemonConfig
+from bftrainer.holders.base import HolderStatus, ReconcileResult
+from bftrainer.state import Store, ensure_state_dir
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+
+
+class FixedHolders:
+    scheduler = "slurm"
+
+    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+        return ReconcileResult(live={j: HolderStatus(n, "running") for j, n in known.items()})
+
+
+def shared_node(state_dir: Path) -> tuple[Store, str, str]:
+    """Two trainers on node n1's two slots, a third node n2 held for the first."""
+    store = Store.open(state_dir)
+    for job, node in (("7", "n1"), ("8", "n2")):
+        store.add_holder(job, node)
+        store.set_holder_state(job, "running")
+    a, b = (store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=3) for _ in range(2))
+    for tid in (a, b):
+        store.set_trainer_state(tid, "running")
+    store.record_allocation(a, ["n1", "n2"], slots={"n1": [1], "n2": [0]})
+    store.record_allocation(b, ["n1"], slots={"n1": [0]})
+    store.set_setting("slots_per_node", 2)
+    return store, a, b
+
+
+def restore(store: Store, state_dir: Path, slots: int) -> dict[str, tuple[str, ...]]:
+    config = DaemonConfig(slots_per_node=slots)
+    daemon = Daemon(store, state_dir, None, FixedHolders(), config)  # type: ignore[arg-type]
+    return {t.id: t.nodes for t in daemon.restore().trainers}
+
+
+def test_the_same_slot_count_takes_every_slot_back(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    state_dir = ensure_state_dir(tmp_path / "state")
+    store, a, b = shared_node(state_dir)
+    with caplog.at_level(logging.WARNING):
+        assert restore(store, state_dir, 2) == {a: ("n1", "n2"), b: ("n1",)}
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_changed_slot_count_is_one_line_and_loses_nothing(
+    tmp_path: Path,
+    caplog,
+    slots: int,  # type: ignore[no-untyped-def]
+) -> None:
+    state_dir = ensure_state_dir(tmp_path / "state")
+    store, a, b = shared_node(state_dir)
+    with caplog.at_level(logging.WARNING):
+        nodes = restore(store, state_dir, slots)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"slots per node changed from 2 to {slots} while trainers run on n1")
+    if slots == 1:
+        # Slot 1 of n1 no longer exists: a gives it up and goes on with n2.
+        assert nodes == {a: ("n2",), b: ("n1",)}
+        assert f"1 of {a}'s slot(s) on n1 no longer exist" in line
+    else:
+        assert nodes == {a: ("n1", "n2"), b: ("n1",)}
+    assert "running workers keep the CPUs and GPUs they started with" in line
+    # Nothing recorded is lost: both trainers still run, their history is whole.
+    assert {t.id: t.state for t in store.trainers()} == {a: "running", b: "running"}
+    assert store.allocation_history(a)[0].slots == {"n1": (1,), "n2": (0,)}
+    assert store.get_setting("slots_per_node") == slots
