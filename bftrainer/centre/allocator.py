@@ -192,6 +192,7 @@ class AgentRecord:
     user: str
     account: str
     last_s: float
+    pid: int  # the agent's process, as the kernel said at its last sync
     ids: dict[str, str] = field(default_factory=dict)  # local id -> the loop's id
     curves: dict[str, dict[str, Curve]] = field(default_factory=dict)  # loop id -> metric
     cancels: set[str] = field(default_factory=set)  # local ids whose cancel was asked
@@ -321,6 +322,11 @@ class Allocator:
         return {}
 
     # ---- requests ----------------------------------------------------------------------
+    @staticmethod
+    def alive(pid: int) -> bool:
+        """Whether a process ``pid`` exists (of any user: /proc shows them all)."""
+        return Path(f"/proc/{pid}").exists()
+
     def handle(self, peer: Peer, request: Request) -> Mapping[str, Any]:
         if request.kind == protocol.HELLO:
             return self.hello
@@ -340,9 +346,17 @@ class Allocator:
             rec = self._agents.get(peer.uid)
             if rec is None:
                 rec = self._agents[peer.uid] = AgentRecord(
-                    peer.uid, peer.user, account_of(peer.gid), now_s
+                    peer.uid, peer.user, account_of(peer.gid), now_s, peer.pid
                 )
                 log.info("agent of uid %d (%s) registered (pid %d)", peer.uid, peer.user, peer.pid)
+            elif rec.pid != peer.pid:
+                if self.alive(rec.pid):
+                    raise RequestRefused(
+                        f"{peer.user} has an agent already (pid {rec.pid}): one agent per "
+                        "user (stop the other, or use its state directory)"
+                    )
+                log.info("agent of uid %d (%s) is now pid %d", peer.uid, peer.user, peer.pid)
+                rec.pid = peer.pid
             rec.last_s = now_s
             reported = {t.id: t for t in request.trainers}
             for t in request.trainers:

@@ -24,7 +24,7 @@ from bftrainer.centre.transport import (
 )
 from bftrainer.cli import UsageError
 from bftrainer.cli.service import socket_dir_option, state_dir_option
-from bftrainer.state import daemon_running, ensure_state_dir, resolve_state_dir
+from bftrainer.state import StateError, daemon_running, ensure_state_dir, resolve_state_dir
 
 if TYPE_CHECKING:
     from bftrainer.daemon import DaemonConfig
@@ -177,9 +177,12 @@ def agent_cmd(socket_dir: Path | None, state_dir: Path | None) -> None:
 def ensure_agent(socket_dir: Path, state_dir: Path) -> None:
     """Start the user's agent on ``state_dir`` unless one (or a daemon) runs there; it
     runs detached, as the user, logging to ``state_dir/agent.log``."""
+    try:
+        ensure_state_dir(state_dir)
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
     if daemon_running(state_dir) is not None:
         return
-    ensure_state_dir(state_dir)
     argv = [
         sys.executable,
         "-m",

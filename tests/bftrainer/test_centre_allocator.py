@@ -273,3 +273,17 @@ def test_holders_follow_the_assignment() -> None:
     # c is assigned and idle: held; a is still in use: kept until the loop frees it; z
     # is neither: released; q is not in the pool: not asked for.
     assert plan.acquire == ("c",) and plan.release == ("z",)
+
+
+def test_one_agent_per_user_a_dead_ones_successor_takes_over(tmp_path) -> None:
+    allocator, _ = make(tmp_path)
+    allocator.start_loop()
+    first = Peer(uid=50001, gid=50001, pid=os.getpid(), user="alice")  # alive: this process
+    sync(allocator, first, report("t0001"))
+    second = Peer(uid=50001, gid=50001, pid=first.pid + 10**6, user="alice")
+    with pytest.raises(RequestRefused, match=r"alice has an agent already \(pid \d+\)"):
+        sync(allocator, second, report("t0002"))
+    # The first one dies (kill -9): its successor (same uid) is the agent now.
+    allocator.alive = lambda pid: False  # type: ignore[method-assign]
+    assert sync(allocator, second, report("t0001")) == {}
+    assert allocator.status(second, {})["queued"] == ["alice/t0001"]

@@ -191,11 +191,12 @@ def drop_user(cluster: SlurmCluster, user: User) -> None:
         with contextlib.suppress(LaunchError):
             Launcher.attach(pid_file.parent).kill()
     cluster.run(["scancel", "-u", user.name], check=False)
-    wait_until(
-        lambda: not cluster.run(["squeue", "-h", "-u", user.name], check=False).strip(),
-        60,
-        f"{user.name}'s jobs gone",
-    )
+    with contextlib.suppress(Exception):  # the account goes, whatever is left
+        wait_until(
+            lambda: not cluster.run(["squeue", "-h", "-u", user.name], check=False).strip(),
+            60,
+            f"{user.name}'s jobs gone",
+        )
     subprocess.run(["userdel", "-r", "-f", user.name], capture_output=True, check=False)
 
 
