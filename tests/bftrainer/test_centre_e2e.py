@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ class Centre:
         assert done.returncode == 0, f"{user.name}: bftrainer {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def submit(self, user: User) -> str:
+    def submit(self, user: User, max_nodes: int = 4, work: int = WORK) -> str:
         out = self.ok(
             user,
             "submit",
@@ -150,9 +151,9 @@ class Centre:
             "--min-nodes",
             "1",
             "--max-nodes",
-            "4",
+            str(max_nodes),
             "--work-samples",
-            str(WORK),
+            str(work),
             *SLOW,
         )
         return out.strip().splitlines()[-1]
@@ -389,3 +390,53 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
     # No process of one user ever ran under the other's uid (checked again at the end).
     for user in (alice, bob):
         assert set(processes_of(user.state_dir).values()) <= {user.uid}
+
+
+def test_a_silent_agent_loses_its_nodes_after_its_lease_never_before(
+    centre: Centre, users: tuple[User, User], slurm: SlurmCluster
+) -> None:
+    alice, bob = users
+    centre.start()
+    a1 = centre.submit(alice, max_nodes=8, work=3 * WORK)
+    b1 = centre.submit(bob, work=2 * WORK)
+    for user, tid in ((alice, a1), (bob, b1)):
+        wait_until(
+            lambda u=user, t=tid: centre.trainer(u, t)["samples_done"] > 0,
+            400,
+            f"{user.name}'s {tid} training",
+        )
+
+    def assigned(user: User) -> int:
+        view = centre.status(user)["centre"]
+        return sum(len(t["nodes"]) for t in view["trainers"] if "id" in t)
+
+    wait_until(lambda: assigned(alice) == 4 and assigned(bob) == 4, 120, "the pool split 4/4")
+    # Bob's agent stops answering (SIGSTOP): for the lease (30 s) nothing moves.
+    agent = daemon_running(bob.state_dir)
+    assert agent is not None
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < 20:
+            assert assigned(alice) == 4, "Bob's nodes were reclaimed before his lease ran out"
+            time.sleep(2)
+        # Past the lease: Bob's trainer is withdrawn and Alice's is given his nodes.
+        wait_until(lambda: assigned(alice) == 8, 60, "Bob's nodes given to Alice")
+        assert "has not synced for" in centre.allocator_log()
+        # Bob's trainer itself goes on on the nodes it holds (the allocator cannot and
+        # does not stop it): his holders are still his.
+        owners = centre.holders()
+        assert sum(owner == bob.name for owner in owners.values()) >= 1, owners
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    # Bob's agent answers again: registered anew, the pool split again.
+    wait_until(lambda: assigned(bob) == 4 and assigned(alice) == 4, 120, "split 4/4 again")
+    assert f"{bob.name}/{b1}~1" in centre.allocator_log()
+    for user, tid, work in ((alice, a1, 3 * WORK), (bob, b1, 2 * WORK)):
+        wait_until(
+            lambda u=user, t=tid: centre.trainer(u, t)["state"] in ("done", "failed"),
+            900,
+            f"{user.name}'s {tid} done",
+        )
+        t = centre.trainer(user, tid)
+        assert t["state"] == "done" and t["samples_done"] == work, t
