@@ -50,6 +50,8 @@ def report(tid: str, n_max: int = 8, nodes: tuple[str, ...] = ()) -> TrainerRepo
         submitted_s=0.0,
         n_min=1,
         n_max=n_max,
+        # Free rescales: the fairness rule alone decides (with costs, the allocator's
+        # look-ahead, from the churn watched so far, decides whether a move pays).
         rescale_up_s=0.0,
         rescale_down_s=0.0,
         work_samples=1e6,
@@ -62,7 +64,7 @@ def make(tmp_path, fair_by: str = "user") -> tuple[Allocator, VirtualClock]:
     allocator = Allocator(
         tmp_path,
         FixedPool(NODES),
-        Config(fair_by=fair_by, objective="speedup", fairness_p=-1.0),
+        Config(fair_by=fair_by, objective="speedup", fairness_p=-1.0, fair_share_speedup=True),
         CentreSettings(agent_lease_s=LEASE_S),
         {"bftrainer": "test"},
         clock=clock,

@@ -82,6 +82,7 @@ class Centre:
         config = self.logs / "centre.toml"
         config.write_text(
             '[policy]\nobjective = "speedup"\nfair_by = "user"\nfairness_p = -1.0\n'
+            "fair_share_speedup = true\n"
             "redecide_every_s = 3600.0\n"
             "[daemon]\nsync_every_s = 1.0\nagent_lease_s = 30.0\nholder_lease_s = 120.0\n"
         )
