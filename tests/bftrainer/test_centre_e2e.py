@@ -314,6 +314,9 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
         assert set(procs.values()) == {user.uid}, f"{user.name}: {procs}"
         agent = daemon_running(user.state_dir)
         assert agent is not None and uid_of(agent) == user.uid
+        for tid in mine[user.name]:
+            supervisor = int((user.state_dir / "trainers" / tid / "supervisor.pid").read_text())
+            assert uid_of(supervisor) == user.uid
 
     # Each node's holder belongs to the user whose trainer runs there.
     def holders_match() -> bool:
