@@ -82,7 +82,7 @@ class CentreSettings:
 class PoolFeed(Protocol):
     """The allocator's pool source: a loop source that can also be read once at start."""
 
-    def prime(self, now_s: float) -> tuple[str, ...]: ...
+    def prime(self, now_s: float) -> tuple[str, ...] | None: ...
 
     def poll(self, now_s: float) -> Polled: ...
 
@@ -98,9 +98,13 @@ class CentrePool:
         self._leaves: dict[str, float | None] = {}  # node -> when it leaves, as told
         self._next_s = -math.inf
 
-    def prime(self, now_s: float) -> tuple[str, ...]:
-        """Read the pool once (at start): the nodes the restored loop starts with."""
+    def prime(self, now_s: float) -> tuple[str, ...] | None:
+        """Read the pool once (at start): the nodes the restored loop starts with; None
+        while the scheduler cannot be read (an empty pool would take every trainer's
+        nodes away)."""
         self._read()
+        if self.monitor.last_reading is None:
+            return None
         view = self.monitor.view()
         self.known = set(view.pool)
         self._leaves = self._leave_times(view.windows_s, now_s)
@@ -261,18 +265,29 @@ class Allocator:
             deadline = self.clock.now_s() + self.settings.restore_grace_s
             while not self._stop and self.clock.now_s() < deadline:
                 self.clock.wait_until(deadline)
-            if self._stop:
+            pool = None if self._stop else self.pool.prime(self.clock.now_s())
+            while pool is None and not self._stop:
+                log.warning(
+                    "the pool cannot be read yet: agents keep their nodes until it can "
+                    "(trying again in %g s)",
+                    self.settings.poll_interval_s,
+                )
+                self.clock.wait_until(self.clock.now_s() + self.settings.poll_interval_s)
+                pool = None if self._stop else self.pool.prime(self.clock.now_s())
+            if pool is None:
                 return
-            self.start_loop()
+            self.start_loop(pool)
             assert self.loop is not None
             self.loop.run()
         finally:
             self.server.close()
 
-    def start_loop(self) -> Loop:
-        """The loop, restored from what the agents reported so far."""
+    def start_loop(self, pool: tuple[str, ...] | None = None) -> Loop:
+        """The loop on ``pool`` (else read now), restored from what the agents reported
+        so far."""
         now_s = self.clock.now_s()
-        pool = self.pool.prime(now_s)
+        if pool is None:
+            pool = self.pool.prime(now_s) or ()
         with self._lock:
             free = set(pool)
             trainers = []
