@@ -62,8 +62,9 @@ class Centre:
     """The allocator (as root) and the users' commands (as themselves); cleans up what
     it started, by PID, and only the test's own accounts' jobs."""
 
-    def __init__(self, cluster: SlurmCluster, sockets: Path, logs: Path) -> None:
+    def __init__(self, cluster: SlurmCluster, sockets: Path, logs: Path, conf: Path) -> None:
         self.cluster = cluster
+        self.conf = conf  # a copy of slurm.conf every user can read
         self.sockets = sockets
         self.logs = logs
         self.proc: subprocess.Popen[bytes] | None = None
@@ -72,7 +73,7 @@ class Centre:
     def env(self, user: User | None = None) -> dict[str, str]:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            **self.cluster.env,
+            "SLURM_CONF": str(self.conf),
             "PYTHONPATH": str(REPO),
             "BFTRAINER_HOROVOD_NIC": "lo",
             "HOROVOD_START_TIMEOUT": "120",
@@ -103,7 +104,7 @@ class Centre:
                 "--bf-partition",
                 "bf",
                 "--env",
-                f"SLURM_CONF={self.cluster.conf}",
+                f"SLURM_CONF={self.conf}",
                 "--config",
                 str(config),
                 "--poll-interval",
@@ -229,7 +230,14 @@ def centre(slurm: SlurmCluster, users: tuple[User, User]) -> Iterator[Centre]:
     sockets = Path(tempfile.mkdtemp(prefix="bft-centre-", dir="/tmp"))
     sockets.chmod(0o755)
     logs = Path(tempfile.mkdtemp(prefix="bft-centre-logs-"))
-    c = Centre(slurm, sockets, logs)
+    # The local cluster's directory is root's alone (0700): its users read a copy of
+    # slurm.conf, as a centre's users read /etc/slurm/slurm.conf.
+    public = Path(tempfile.mkdtemp(prefix="bft-centre-conf-", dir="/tmp"))
+    public.chmod(0o755)
+    conf = public / "slurm.conf"
+    shutil.copyfile(slurm.conf, conf)
+    conf.chmod(0o644)
+    c = Centre(slurm, sockets, logs, conf)
     try:
         yield c
     finally:
@@ -241,8 +249,8 @@ def centre(slurm: SlurmCluster, users: tuple[User, User]) -> Iterator[Centre]:
             if agent_log.exists():
                 print(f"==== {user.name}'s agent.log\n{agent_log.read_text()[-6000:]}")
         print(f"==== allocator\n{c.allocator_log()[-8000:]}")
-        shutil.rmtree(sockets, ignore_errors=True)
-        shutil.rmtree(logs, ignore_errors=True)
+        for folder in (sockets, logs, public):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def processes_of(state_dir: Path) -> dict[int, int]:
