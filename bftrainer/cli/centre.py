@@ -24,7 +24,7 @@ from bftrainer.centre.transport import (
 )
 from bftrainer.cli import UsageError
 from bftrainer.cli.service import socket_dir_option, state_dir_option
-from bftrainer.state import StateError, daemon_running, ensure_state_dir, resolve_state_dir
+from bftrainer.state import StateError, Store, daemon_running, ensure_state_dir, resolve_state_dir
 
 if TYPE_CHECKING:
     from bftrainer.daemon import DaemonConfig
@@ -183,6 +183,12 @@ def ensure_agent(socket_dir: Path, state_dir: Path) -> None:
         raise click.ClickException(str(exc)) from None
     if daemon_running(state_dir) is not None:
         return
+    # The store first, so that this command's submit does not find it half made while
+    # the new agent creates it.
+    try:
+        Store.open(state_dir).close()
+    except StateError as exc:
+        raise click.ClickException(str(exc)) from None
     argv = [
         sys.executable,
         "-m",

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -37,7 +38,38 @@ from tests.conftest import REPO, SlurmCluster, wait_until
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 EXAMPLE = REPO / "examples" / "train_mlp.py"
-BFTRAINER = [sys.executable, "-m", "bftrainer"]
+
+
+def runnable_by_all(path: Path) -> bool:
+    """Whether every account can run ``path`` (each folder above it searchable)."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+
+@pytest.fixture(scope="module")
+def python() -> Iterator[str]:
+    """An interpreter with this installation that every account can run: this one, or
+    (when it lives where only its owner can enter, as pyenv's under /root) a venv of the
+    system's Python of the same version that loads this venv's packages."""
+    if runnable_by_all(Path(sys.executable).resolve()):
+        yield sys.executable
+        return
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    system = shutil.which(name, path="/usr/bin:/usr/local/bin")
+    if system is None or not runnable_by_all(Path(system).resolve()):
+        pytest.skip(f"no {name} that every account can run")
+    folder = Path(tempfile.mkdtemp(prefix="bft-centre-python-", dir="/tmp"))
+    try:
+        folder.chmod(0o755)
+        subprocess.run([system, "-m", "venv", "--without-pip", str(folder / "venv")], check=True)
+        site_dir = folder / "venv" / "lib" / name / "site-packages"
+        packages = sysconfig.get_paths()["purelib"]
+        loader = f"import site; site.addsitedir({packages!r})\n"
+        (site_dir / "bftrainer-test.pth").write_text(loader)
+        yield str(folder / "venv" / "bin" / "python")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 WORK = 20_000
 SLOW = ("--step-delay-s", "0.1", "--max-batch", "128")
 # Free rescales for the allocator: the fairness rule alone decides the split (with the
@@ -62,7 +94,10 @@ class Centre:
     """The allocator (as root) and the users' commands (as themselves); cleans up what
     it started, by PID, and only the test's own accounts' jobs."""
 
-    def __init__(self, cluster: SlurmCluster, sockets: Path, logs: Path, conf: Path) -> None:
+    def __init__(
+        self, cluster: SlurmCluster, sockets: Path, logs: Path, conf: Path, python: str
+    ) -> None:
+        self.bftrainer = [python, "-m", "bftrainer"]
         self.cluster = cluster
         self.conf = conf  # a copy of slurm.conf every user can read
         self.sockets = sockets
@@ -94,7 +129,7 @@ class Centre:
         log = (self.logs / f"allocator-{self.starts}.log").open("ab")
         self.proc = subprocess.Popen(
             [
-                *BFTRAINER,
+                *self.bftrainer,
                 "daemon",
                 "--centre",
                 "--socket-dir",
@@ -130,7 +165,7 @@ class Centre:
 
     def run(self, user: User, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*BFTRAINER, *args],
+            [*self.bftrainer, *args],
             capture_output=True,
             text=True,
             env={**self.env(user), "BFTRAINER_SOCKET_DIR": str(self.sockets)},
@@ -224,7 +259,7 @@ def users(slurm: SlurmCluster) -> Iterator[tuple[User, User]]:
 
 
 @pytest.fixture
-def centre(slurm: SlurmCluster, users: tuple[User, User]) -> Iterator[Centre]:
+def centre(slurm: SlurmCluster, users: tuple[User, User], python: str) -> Iterator[Centre]:
     # The socket directory: root's, 0755, on a path every user can reach (not pytest's
     # tmp_path, which is root's alone).
     sockets = Path(tempfile.mkdtemp(prefix="bft-centre-", dir="/tmp"))
@@ -237,10 +272,16 @@ def centre(slurm: SlurmCluster, users: tuple[User, User]) -> Iterator[Centre]:
     conf = public / "slurm.conf"
     shutil.copyfile(slurm.conf, conf)
     conf.chmod(0o644)
-    c = Centre(slurm, sockets, logs, conf)
+    # Slurm runs a job's script from its spool, inside the local cluster's folder: as
+    # at a centre, the users must be able to reach it (searchable, not listable).
+    cluster_dir = slurm.conf.parent
+    was = cluster_dir.stat().st_mode & 0o777
+    cluster_dir.chmod(was | 0o011)
+    c = Centre(slurm, sockets, logs, conf, python)
     try:
         yield c
     finally:
+        cluster_dir.chmod(was)
         if c.proc is not None and c.proc.poll() is None:
             os.killpg(c.proc.pid, signal.SIGKILL)
             c.proc.wait(timeout=10)
@@ -381,7 +422,7 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
         "Bob's trainer going on without its agent",
     )
     subprocess.Popen(
-        [*BFTRAINER, "agent", "--socket-dir", str(centre.sockets)],
+        [*centre.bftrainer, "agent", "--socket-dir", str(centre.sockets)],
         env=centre.env(bob),
         user=bob.uid,
         group=bob.gid,
