@@ -56,6 +56,21 @@ def ask(socket_dir: Path, kind: str, body: dict[str, Any] | None = None) -> dict
         raise click.ClickException(str(exc)) from None
 
 
+def centre_view(socket_dir: Path, local_id: str | None) -> dict[str, Any]:
+    """What the allocator says for ``status`` (of one own trainer, or all); while it
+    is down, ``{"unreachable": why}``: the user's agent and trainers go on meanwhile,
+    and status shows what the agent records."""
+    from bftrainer.centre import protocol
+
+    body = {} if local_id is None else {"trainer": local_id}
+    try:
+        return call(socket_dir / SOCKET_NAME, protocol.STATUS, body)
+    except RequestRefused as exc:
+        raise click.ClickException(f"refused by the allocator: {exc}") from None
+    except TransportError as exc:
+        return {"unreachable": str(exc)}
+
+
 # ---------------------------------------------------------------------- the allocator
 
 

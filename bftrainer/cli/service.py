@@ -284,17 +284,13 @@ def status_cmd(
     """The pool the daemon holds, and each trainer's state, nodes and progress (only
     TRAINER_ID's when given)."""
     path = resolve_state_dir(state_dir)
+    # Another user's trainer: refused by the allocator (an error too when it is down).
+    local = None if trainer_id is None else own_trainer(trainer_id, socket_dir).rpartition("/")[2]
     centre = None
     if socket_dir is not None:
-        from bftrainer.centre import protocol
-        from bftrainer.cli.centre import ask
+        from bftrainer.cli.centre import centre_view
 
-        centre = ask(
-            socket_dir.expanduser().absolute(),
-            protocol.STATUS,
-            {} if trainer_id is None else {"trainer": trainer_id},
-        )
-    local = None if trainer_id is None else own_trainer(trainer_id, None).rpartition("/")[2]
+        centre = centre_view(socket_dir.expanduser().absolute(), local)
     with open_store(state_dir, need_daemon=False) as store:
         if local is not None:
             store.trainer(local)  # an unknown id: one line
@@ -352,6 +348,9 @@ def status_cmd(
 
 
 def _print_centre(centre: Mapping[str, Any]) -> None:
+    if "unreachable" in centre:
+        click.echo(f"centre: the allocator cannot be reached ({centre['unreachable']})")
+        return
     others: dict[str, list[int]] = {}
     for t in centre["trainers"]:
         if "id" not in t:

@@ -61,7 +61,7 @@ def test_users_commands_say_when_no_allocator_runs(tmp_path: Path) -> None:
     state = tmp_path / "state"
     for args in (
         ("submit", str(EXAMPLE), "--backend", "torchrun"),
-        ("status",),
+        ("status", "someone/t0001"),
         ("cancel", "t0001"),
         ("logs", "someone/t0001"),
     ):
@@ -74,6 +74,19 @@ def test_users_commands_say_when_no_allocator_runs(tmp_path: Path) -> None:
             "allocator running?)"
         ], args
     assert not state.exists()  # no agent was started, nothing was queued
+
+
+def test_status_without_the_allocator_shows_what_the_agent_records(tmp_path: Path) -> None:
+    sockets = tmp_path / "sockets"
+    sockets.mkdir(mode=0o755)
+    state = ensure_state_dir(tmp_path / "state")
+    Store.open(state).close()
+    code, out = run("status", "--state-dir", str(state), env={"BFTRAINER_SOCKET_DIR": str(sockets)})
+    assert code == 0
+    assert out.splitlines()[0] == (
+        f"centre: the allocator cannot be reached ({sockets}/centre.sock: no allocator "
+        "socket there (is the centre's allocator running?))"
+    )
 
 
 class NoPool:

@@ -70,7 +70,7 @@ def python() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-WORK = 20_000
+WORK = 60_000
 SLOW = ("--step-delay-s", "0.1", "--max-batch", "128")
 # Free rescales for the allocator: the fairness rule alone decides the split (with the
 # backend's costs, a decision right after a start moves nodes only if the look-ahead,
@@ -388,7 +388,7 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
             f"{'cancel' if args[0] == 'cancel' else 'see'} {bob.name}/{b1}: "
             f"it belongs to {bob.name}"
         ]
-    assert centre.trainer(bob, b1)["state"] == "running"
+    assert centre.trainer(bob, b1)["state"] in ("running", "waiting")  # not cancelled
     # And the files are Bob's alone.
     assert centre.run(alice, "logs", b1, "--state-dir", str(bob.state_dir)).returncode != 0
 
