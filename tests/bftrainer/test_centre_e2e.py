@@ -433,7 +433,11 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
         start_new_session=True,
     )
     wait_until(lambda: daemon_running(bob.state_dir) is not None, 30, "Bob's agent back")
-    assert "re-attached to its supervisor" in (bob.state_dir / "agent.log").read_text()
+    wait_until(
+        lambda: "re-attached to its supervisor" in (bob.state_dir / "agent.log").read_text(),
+        60,
+        "Bob's new agent re-attached to his trainer",
+    )
     assert int((bob.state_dir / "trainers" / b1 / "supervisor.pid").read_text()) == supervisor
 
     # Every trainer finishes with exactly its work.
