@@ -71,3 +71,23 @@ def plan_holders(
         spare.sort(key=lambda n: (n not in pending_set, _stays_s(windows_s, n), n))
         release += spare[: len(kept) - target]
     return HoldPlan(tuple(acquire), tuple(sorted(release)))
+
+
+def plan_assigned(
+    pool: Collection[str],
+    running: Collection[str],
+    pending: Collection[str],
+    allocated: Collection[str],
+    assigned: Collection[str],
+) -> HoldPlan:
+    """A centre agent's holders: exactly the nodes the centre's allocator gave its
+    trainers (``assigned``), those of them that are in the ``pool`` now.
+
+    A held node no longer assigned is released once no trainer of the agent runs on it
+    (``allocated``: the agent's loop frees it first, in the same step); a held node
+    outside the pool is released as :func:`plan_holders` does.
+    """
+    held = set(running) | set(pending)
+    keep = set(allocated) | (set(assigned) & set(pool))
+    acquire = sorted(n for n in assigned if n in pool and n not in held)
+    return HoldPlan(tuple(acquire), tuple(sorted(held - keep)))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Protocol
 
-from bftrainer.acquisition import plan_holders
+from bftrainer.acquisition import plan_assigned, plan_holders
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
 from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
 from bftrainer.idle_monitor.events import PoolEvent
@@ -49,8 +49,10 @@ from bftrainer.loop import (
     Cancel,
     Loop,
     LoopState,
+    Policy,
     Polled,
     PoolChange,
+    Source,
     Step,
     TrainerState,
     WallClock,
@@ -88,6 +90,10 @@ class DaemonConfig(Config):
     # poll, by a trainer's supervisor while it runs there): the bound on how long a node
     # stays held for nobody when the daemon is gone.
     holder_lease_s: float = 300.0
+    # Centre mode (bftrainer.centre): how often agents sync with the allocator, and how
+    # long an agent may stay silent before the allocator gives its trainers' nodes away.
+    sync_every_s: float = 1.0
+    agent_lease_s: float = 60.0
     # Opt-in metrics (bftrainer.daemon_metrics, docs/deployment.md): a node_exporter
     # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
     metrics_textfile: str | None = None
@@ -108,7 +114,13 @@ class DaemonConfig(Config):
                 f"metrics_textfile = {textfile!r}: expected a file name ending in .prom "
                 "(node_exporter's textfile collector reads only those)"
             )
-        for name in ("poll_interval_s", "report_every_s", "holder_lease_s"):
+        for name in (
+            "poll_interval_s",
+            "report_every_s",
+            "holder_lease_s",
+            "sync_every_s",
+            "agent_lease_s",
+        ):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -162,11 +174,15 @@ class HeldPool:
         *,
         lease_dir: Path | None = None,
         lease_s: float = 300.0,
+        assigned: Callable[[], set[str]] | None = None,
     ) -> None:
         self.monitor = monitor
         self.holders = holders
         self.store = store
         self.demand = demand
+        # A centre agent holds exactly the nodes the allocator gave its trainers
+        # (acquisition.plan_assigned); None: the demand's hold plan (plan_holders).
+        self.assigned = assigned
         self.poll_interval_s = poll_interval_s
         self.usable: set[str] = set(usable)
         # Each holder watches a lease file (scripts/slurm/hold-nodes.sbatch): renewed at
@@ -357,14 +373,19 @@ class HeldPool:
             )
             live = [h for h in live if h.job_id not in stuck]
         demand, allocated = self.demand()
-        plan = plan_holders(
-            pool=sorted(view.pool),
-            windows_s=view.windows_s,
-            running=[h.node for h in live if h.state == "running"],
-            pending=[h.node for h in live if h.state == "pending"],
-            allocated=allocated,
-            demand=demand,
-        )
+        running = [h.node for h in live if h.state == "running"]
+        pending = [h.node for h in live if h.state == "pending"]
+        if self.assigned is not None:
+            plan = plan_assigned(view.pool, running, pending, allocated, self.assigned())
+        else:
+            plan = plan_holders(
+                pool=sorted(view.pool),
+                windows_s=view.windows_s,
+                running=running,
+                pending=pending,
+                allocated=allocated,
+                demand=demand,
+            )
         by_node = {h.node: h.job_id for h in live}
         released: set[str] = set()
         if plan.release and self._release(
@@ -526,6 +547,21 @@ class DaemonReading:
     pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
 
 
+class CentreLink(Protocol):
+    """A centre agent's tie to the allocator (bftrainer.centre.agent): a source of the
+    agent's loop that reports its trainers and brings back the allocator's assignment,
+    the policy that follows it, and the nodes the holders should keep."""
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def poll(self, now_s: float) -> Polled: ...
+
+    def assigned_nodes(self) -> set[str]: ...
+
+    def attach(self, loop: Loop, store: Store) -> None: ...
+
+
 class MetricsSink(Protocol):
     """Where the daemon's figures go when metrics are enabled (the loop never knows)."""
 
@@ -589,6 +625,7 @@ class Daemon:
         *,
         env: dict[str, str] | None = None,
         metrics: MetricsSink | None = None,
+        centre: CentreLink | None = None,
     ) -> None:
         self.store = store
         self.state_dir = state_dir
@@ -605,7 +642,11 @@ class Daemon:
             config.poll_interval_s,
             lease_dir=state_dir / "leases",
             lease_s=config.holder_lease_s,
+            assigned=centre.assigned_nodes if centre is not None else None,
         )
+        # A centre agent: the allocator decides (centre.policy follows it), the link
+        # reports this user's trainers to it; None: this daemon decides alone.
+        self.centre = centre
         self.driver = LiveDriver(
             store,
             state_dir,
@@ -691,14 +732,22 @@ class Daemon:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
         state = self.restore()
         after = self._publish_metrics if self.metrics is not None else None
+        sources: list[Source] = [self.pool, self.queue]
+        policy: Policy | None = None
+        if self.centre is not None:
+            sources.append(self.centre)
+            policy = self.centre.policy
         self.loop = Loop(
-            [self.pool, self.queue],
+            sources,
             self.driver,
             self.clock,
             self.config,
+            policy=policy,
             observer=StepLog(self.check_pool, after),
             state=state,
         )
+        if self.centre is not None:
+            self.centre.attach(self.loop, self.store)
         self._publish_metrics(None)
         try:
             self.loop.run()

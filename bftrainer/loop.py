@@ -6,7 +6,8 @@ modes differ only in what is plugged in:
 - **Sources** (:class:`Source`, one method, as Horovod's ``HostDiscovery``):
   ``poll(now_s)`` returns the typed inputs due by ``now_s`` -- :class:`PoolChange`,
   :class:`Arrival`, :class:`Cancel` (and, from a source that reads trainers' reports,
-  :class:`CurveReport` and :class:`Completion`) -- and when it wants to be polled next.
+  :class:`CurveReport` and :class:`Completion`; :class:`Redecide` when the policy's own
+  input moved) -- and when it wants to be polled next.
   Replay: a trace and a job list (:class:`TimedSource`). Daemon: the live pool source,
   the SQLite queue of submissions and cancels, the trainers' report files, each
   polling on its own interval; :class:`Inbox` for inputs pushed from other threads.
@@ -181,7 +182,13 @@ class Cancel:
     trainer_id: str
 
 
-Input = PoolChange | Arrival | CurveReport | Completion | Cancel
+@dataclass(frozen=True)
+class Redecide:
+    """Decide again: something the policy reads besides the loop's state changed (a
+    centre agent's policy follows the allocator's last assignment)."""
+
+
+Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
 
 
 @dataclass(frozen=True)
@@ -623,6 +630,9 @@ class Loop:
             t.cancelled_s = self.now_s
             self.driver.cancel(t)
             self._add("cancels", 1)
+        elif isinstance(item, Redecide):
+            self._dirty = True
+            return False
         elif isinstance(item, CurveReport):
             t = self.trainers.get(item.trainer_id)
             if t is None:

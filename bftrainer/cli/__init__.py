@@ -23,6 +23,7 @@ class UsageError(click.ClickException):
 # `--help` lists it), so that `bftrainer status` does not pay for the allocator's solvers
 # and matplotlib: a user on a busy login node waits for none of it.
 COMMANDS: dict[str, str] = {
+    "agent": "bftrainer.cli.centre:agent_cmd",
     "allocate": "bftrainer.cli.allocate:allocate_cmd",
     "cancel": "bftrainer.cli.service:cancel_cmd",
     "daemon": "bftrainer.cli.daemon:daemon_cmd",
@@ -76,7 +77,7 @@ def cli(ctx: click.Context, verbose: int, quiet: bool, log_format: str) -> None:
     """Train deep-learning jobs on the idle, unbackfillable nodes of a supercomputer."""
     # A service's log is its operator's only view: the daemon says what it does (info)
     # by default; one-shot commands say only what went wrong.
-    if ctx.invoked_subcommand == "daemon":
+    if ctx.invoked_subcommand in ("daemon", "agent"):
         verbose += 1
     level = (
         logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]

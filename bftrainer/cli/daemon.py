@@ -18,7 +18,7 @@ from bftrainer.cli import UsageError
 from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
-from bftrainer.cli.service import state_dir_option
+from bftrainer.cli.service import socket_dir_option, state_dir_option
 from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders
 from bftrainer.idle_monitor.runner import CommandRunner
@@ -33,7 +33,7 @@ from bftrainer.state import (
 )
 
 if TYPE_CHECKING:
-    from bftrainer.daemon import DaemonConfig
+    from bftrainer.daemon import CentreLink, DaemonConfig
     from bftrainer.daemon_metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,13 @@ log = logging.getLogger(__name__)
     metavar="PORT",
     help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (docs/deployment.md).",
 )
+@click.option(
+    "--centre",
+    is_flag=True,
+    help="Run the centre's allocator for every user (with --socket-dir): it decides, the "
+    "users' agents hold nodes and run trainers (docs/deployment.md, Centre mode).",
+)
+@socket_dir_option
 def daemon_cmd(
     state_dir: Path | None,
     config_path: Path | None,
@@ -119,6 +126,8 @@ def daemon_cmd(
     job_name: str,
     metrics_textfile: str | None,
     metrics_port: int | None,
+    centre: bool,
+    socket_dir: Path | None,
     **source: Any,
 ) -> None:
     """Run the service: hold idle nodes, run submitted trainers on them, rescale them.
@@ -126,8 +135,7 @@ def daemon_cmd(
     Runs in the foreground until SIGTERM or Ctrl-C; then it stops taking work and exits,
     leaving running trainers and their holder jobs for the next start to re-attach to.
     """
-    from bftrainer import __version__
-    from bftrainer.daemon import Daemon, load_daemon_config, state_unwritable
+    from bftrainer.daemon import load_daemon_config
 
     flags = {
         **policy_flags(source),
@@ -150,7 +158,42 @@ def daemon_cmd(
         config = load_daemon_config(config_path, flags, names)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    path = resolve_state_dir(state_dir)
+    if centre:
+        from bftrainer.cli.centre import run_allocator
+
+        if metrics_textfile or metrics_port:
+            raise UsageError("--centre: metrics are not served by the allocator yet")
+        hold = {
+            "script": None if holder_script is None else str(holder_script),
+            "args": list(holder_args),
+            "slack_s": holder_slack_s,
+            "job_name": job_name,
+        }
+        run_allocator(socket_dir, source, config, hold)
+        return
+    serve(
+        resolve_state_dir(state_dir),
+        source,
+        holders_of,
+        config,
+        lambda: _open_metrics(config),
+        None,
+    )
+
+
+def serve(
+    path: Path,
+    source: dict[str, Any],
+    holders_of: Callable[[CommandRunner], Holders],
+    config: DaemonConfig,
+    open_metrics: Callable[[], DaemonMetrics | None],
+    centre: CentreLink | None,
+) -> None:
+    """Run a daemon on the state directory ``path`` (a centre agent: with ``centre``)
+    until SIGTERM or Ctrl-C."""
+    from bftrainer import __version__
+    from bftrainer.daemon import Daemon, state_unwritable
+
     try:
         ensure_state_dir(path)
         lock = DaemonLock(path).acquire()
@@ -159,7 +202,7 @@ def daemon_cmd(
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     try:
-        metrics = _open_metrics(config)
+        metrics = open_metrics()
     except click.ClickException:
         lock.release()
         raise
@@ -173,6 +216,7 @@ def daemon_cmd(
         config,
         env=parse_env(source["env_pairs"]),
         metrics=metrics,
+        centre=centre,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -187,14 +231,15 @@ def daemon_cmd(
         else f"queue {source['bf_queues'][0]}"
     )
     log.info(
-        "bftrainer %s daemon started (pid %d): %s %s, state %s, policy %s (%s), "
+        "bftrainer %s %s started (pid %d): %s %s, state %s, policy %s (%s), "
         "poll every %g s, holder lease %g s%s",
         __version__,
+        "daemon" if centre is None else "agent",
         os.getpid(),
         source["scheduler"],
         where,
         path,
-        config.policy,
+        config.policy if centre is None else "the centre's allocator",
         config.objective,
         config.poll_interval_s,
         config.holder_lease_s,

@@ -3,6 +3,11 @@
 They talk through the state directory only (the daemon's SQLite store and the trainers'
 directories): no socket, no port. ``submit`` queues a trainer and ``cancel`` flags one;
 the daemon acts on both at its next poll. ``status`` and ``logs`` read.
+
+With ``--socket-dir`` (or ``$BFTRAINER_SOCKET_DIR``), centre mode: the state directory is
+the user's agent's (``submit`` starts the agent when none runs), ``cancel`` goes through
+the centre's allocator, which refuses another user's trainer, and ``status`` adds what
+the allocator decided (bftrainer.cli.centre).
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import pwd
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,6 +55,37 @@ def state_dir_option(func: F) -> F:
         help="The daemon's state directory (default: $BFTRAINER_STATE_DIR, else "
         "$XDG_STATE_HOME/bftrainer).",
     )(func)
+
+
+def socket_dir_option(func: F) -> F:
+    return click.option(
+        "--socket-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        envvar="BFTRAINER_SOCKET_DIR",
+        help="Centre mode: the directory of the centre allocator's socket (default: "
+        "$BFTRAINER_SOCKET_DIR; docs/deployment.md).",
+    )(func)
+
+
+def my_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def own_trainer(trainer_id: str, socket_dir: Path | None) -> str:
+    """The local id of ``trainer_id`` (``t0001`` or, in centre mode, ``alice/t0001``);
+    another user's trainer is asked of the allocator, which refuses it in one line."""
+    user, sep, local = trainer_id.rpartition("/")
+    if not sep or socket_dir is None:
+        return trainer_id
+    if user != my_user():
+        from bftrainer.centre import protocol
+        from bftrainer.cli.centre import ask
+
+        ask(socket_dir, protocol.STATUS, {"trainer": trainer_id})
+    return local
 
 
 @contextmanager
@@ -116,6 +154,7 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
     help="Seconds a shrink costs the trainer; default: the backend's measured figure.",
 )
 @state_dir_option
+@socket_dir_option
 def submit_cmd(
     script: Path,
     args: tuple[str, ...],
@@ -126,6 +165,7 @@ def submit_cmd(
     rescale_up_s: float | None,
     rescale_down_s: float | None,
     state_dir: Path | None,
+    socket_dir: Path | None,
 ) -> None:
     """Queue SCRIPT [ARGS...] as an elastic trainer; prints its id as the last line.
 
@@ -143,6 +183,13 @@ def submit_cmd(
             "docs/trainers.md), or use --backend torchrun"
         )
     up_s, down_s = DEFAULT_RESCALE_S[backend]
+    if socket_dir is not None:
+        from bftrainer.centre import protocol
+        from bftrainer.cli.centre import ask, ensure_agent
+
+        socket_dir = socket_dir.expanduser().absolute()
+        ask(socket_dir, protocol.HELLO)  # the allocator runs: else say so before queueing
+        ensure_agent(socket_dir, resolve_state_dir(state_dir))
     with open_store(state_dir, need_daemon=True) as store:
         trainer_id = store.submit(
             script,
@@ -234,16 +281,36 @@ def _rate(value: float | None) -> str:
 
 
 @click.command("status")
+@click.argument("trainer_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @state_dir_option
-def status_cmd(as_json: bool, state_dir: Path | None) -> None:
-    """The pool the daemon holds, and each trainer's state, nodes and progress."""
+@socket_dir_option
+def status_cmd(
+    trainer_id: str | None, as_json: bool, state_dir: Path | None, socket_dir: Path | None
+) -> None:
+    """The pool the daemon holds, and each trainer's state, nodes and progress (only
+    TRAINER_ID's when given)."""
     path = resolve_state_dir(state_dir)
+    # Another user's trainer: refused by the allocator (an error too when it is down).
+    local = None if trainer_id is None else own_trainer(trainer_id, socket_dir).rpartition("/")[2]
+    centre = None
+    if socket_dir is not None:
+        from bftrainer.cli.centre import centre_view
+
+        centre = centre_view(socket_dir.expanduser().absolute(), local)
     with open_store(state_dir, need_daemon=False) as store:
+        if local is not None:
+            store.trainer(local)  # an unknown id: one line
         data = status_json(store, path)
+    if local is not None:
+        data["trainers"] = [t for t in data["trainers"] if t["id"] == local]
+    if centre is not None:
+        data["centre"] = centre
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
+    if centre is not None:
+        _print_centre(centre)
     pid = data["daemon"]["pid"]
     click.echo(f"daemon: {'pid ' + str(pid) if pid is not None else 'not running'} ({path})")
     held = sum(p.get("holder_state") == "running" for p in data["pool"])
@@ -304,14 +371,39 @@ def _slots_text(slots: Mapping[str, Sequence[int]]) -> str:
     return " ".join(f"{n}:{_numbers(s)}" for n, s in sorted(slots.items())) or "-"
 
 
+def _print_centre(centre: Mapping[str, Any]) -> None:
+    if "unreachable" in centre:
+        click.echo(f"centre: the allocator cannot be reached ({centre['unreachable']})")
+        return
+    others: dict[str, list[int]] = {}
+    for t in centre["trainers"]:
+        if "id" not in t:
+            others.setdefault(t["user"], []).append(t["nodes"])
+    mine = [t for t in centre["trainers"] if "id" in t]
+    state = " (restoring: waiting for the agents)" if centre.get("restoring") else ""
+    click.echo(f"centre: {len(centre['pool'])} idle node(s) in the pool{state}")
+    for t in mine:
+        click.echo(f"  {t['id']}\tassigned {len(t['nodes'])} node(s): {','.join(t['nodes'])}")
+    for user, counts in sorted(others.items()):
+        click.echo(f"  {user}: {len(counts)} trainer(s) on {sum(counts)} node(s)")
+
+
 # ---------------------------------------------------------------------- cancel
 
 
 @click.command("cancel")
 @click.argument("trainer_id")
 @state_dir_option
-def cancel_cmd(trainer_id: str, state_dir: Path | None) -> None:
+@socket_dir_option
+def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None) -> None:
     """Cancel a trainer: a queued one never starts, a running one checkpoints and stops."""
+    if socket_dir is not None:
+        from bftrainer.centre import protocol
+        from bftrainer.cli.centre import ask
+
+        reply = ask(socket_dir.expanduser().absolute(), protocol.CANCEL, {"trainer": trainer_id})
+        click.echo(f"{reply['trainer']}: cancel requested (your agent stops it)")
+        return
     with open_store(state_dir, need_daemon=True) as store:
         row = store.request_cancel(trainer_id)
     if row.finished:
@@ -327,8 +419,12 @@ def cancel_cmd(trainer_id: str, state_dir: Path | None) -> None:
 @click.argument("trainer_id")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the trainer ends.")
 @state_dir_option
-def logs_cmd(trainer_id: str, follow: bool, state_dir: Path | None) -> None:
+@socket_dir_option
+def logs_cmd(
+    trainer_id: str, follow: bool, state_dir: Path | None, socket_dir: Path | None
+) -> None:
     """Print a trainer's log: its launcher's and workers' output, tracebacks included."""
+    trainer_id = own_trainer(trainer_id, socket_dir)
     with open_store(state_dir, need_daemon=False) as store:
         row = store.trainer(trainer_id)
         if row.trainer_dir is None:

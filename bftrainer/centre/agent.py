@@ -1,0 +1,149 @@
+"""A user's agent in centre mode: today's daemon, run as the user, following the allocator.
+
+``bftrainer agent --socket-dir DIR`` (started by ``bftrainer submit --socket-dir DIR`` when
+none runs) is a :class:`~bftrainer.daemon.Daemon` on the user's own state directory, with
+the user's rights: it submits and cancels the user's holder jobs (so the scheduler
+charges the user), runs the supervisors, and keeps the records, exactly as a single-user
+daemon does. Two things differ, both through :class:`AgentLink`:
+
+- the allocator decides. The link is a source of the agent's loop: every
+  ``sync_every_s`` it reports the user's unfinished trainers (their nodes, curves,
+  progress) and brings back the nodes the allocator gives each; when they changed, the
+  loop decides again with :class:`FollowPolicy`, which hands each trainer its assigned
+  nodes whose holder runs;
+- the holders follow the assignment (``acquisition.plan_assigned``), not a demand.
+
+While the allocator is unreachable (killed, restarting) nothing moves: the trainers keep
+the nodes they have, and the next sync after it returns registers them again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bftrainer.centre import protocol
+from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport
+from bftrainer.centre.transport import SOCKET_NAME, RequestRefused, TransportError, call
+from bftrainer.churn import Churn
+from bftrainer.loop import Decision, Loop, Polled, Redecide, TrainerState
+from bftrainer.state import Store, UnknownTrainerError
+
+log = logging.getLogger(__name__)
+
+# A sync waits this long for the allocator's reply: the agent's loop waits with it.
+SYNC_TIMEOUT_S = 5.0
+
+
+class FollowPolicy:
+    """The agent's policy: each trainer gets the nodes the allocator assigned it, those
+    whose holder runs (in ``pool``); fewer than its minimum is none yet. A trainer the
+    allocator has not decided on (new, or the allocator restarting) keeps what it has."""
+
+    name = "centre"
+
+    def __init__(self, link: AgentLink) -> None:
+        self.link = link
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+        free = set(pool)
+        out: dict[str, tuple[str, ...]] = {}
+        for t in trainers:
+            wanted = self.link.assignment.get(t.id, t.nodes)
+            mine = tuple(n for n in wanted if n in free)
+            if len(mine) < t.job.n_min:
+                mine = ()
+            free -= set(mine)
+            out[t.id] = mine
+        return Decision(out, status="assigned")
+
+
+class AgentLink:
+    """The agent's tie to the allocator (see the module docstring); a loop source."""
+
+    def __init__(self, socket_dir: Path, sync_every_s: float = 1.0) -> None:
+        self.path = socket_dir / SOCKET_NAME
+        self.sync_every_s = sync_every_s
+        self.assignment: dict[str, tuple[str, ...]] = {}
+        self.policy = FollowPolicy(self)
+        self.loop: Loop | None = None
+        self.store: Store | None = None
+        self._next_s = -math.inf
+        self._reachable = True
+        self.syncs = 0
+
+    def attach(self, loop: Loop, store: Store) -> None:
+        self.loop = loop
+        self.store = store
+
+    def assigned_nodes(self) -> set[str]:
+        trainers = self.loop.trainers if self.loop is not None else {}
+        return {n for tid, nodes in self.assignment.items() if tid in trainers for n in nodes}
+
+    def report(self) -> SyncRequest:
+        trainers = self.loop.trainers.values() if self.loop is not None else ()
+        return SyncRequest(tuple(_report(t) for t in trainers))
+
+    def poll(self, now_s: float) -> Polled:
+        if now_s < self._next_s:
+            return Polled((), self._next_s)
+        try:
+            body = call(self.path, protocol.SYNC, self.report().to_dict(), timeout_s=SYNC_TIMEOUT_S)
+            reply = SyncReply.from_dict(body)
+        except (TransportError, RequestRefused, ValueError) as exc:
+            if self._reachable:
+                log.warning(
+                    "the allocator cannot be reached (%s): the trainers keep their nodes; "
+                    "trying again every %g s",
+                    exc,
+                    self.sync_every_s,
+                )
+            self._reachable = False
+            self._next_s = now_s + self.sync_every_s
+            return Polled((), self._next_s)
+        if not self._reachable:
+            log.info("the allocator answers again: registered the trainers anew")
+        self._reachable = True
+        self.syncs += 1
+        self.sync_every_s = reply.sync_every_s
+        self._next_s = now_s + self.sync_every_s
+        self._cancel(reply.cancel)
+        changed = dict(reply.assignment) != self.assignment
+        self.assignment = dict(reply.assignment)
+        return Polled((Redecide(),) if changed else (), self._next_s)
+
+    def _cancel(self, trainer_ids: tuple[str, ...]) -> None:
+        assert self.store is not None
+        for tid in trainer_ids:
+            try:
+                row = self.store.request_cancel(tid)
+            except UnknownTrainerError:
+                log.warning("the allocator asked to cancel %s, which is not ours: ignored", tid)
+                continue
+            log.info("trainer %s: cancel requested through the allocator (%s now)", tid, row.state)
+
+
+def _report(t: TrainerState) -> TrainerReport:
+    job = t.job
+    return TrainerReport(
+        id=t.id,
+        model=job.model,
+        submitted_s=job.submit_s,
+        n_min=job.n_min,
+        n_max=job.n_max,
+        rescale_up_s=job.rescale_up_s,
+        rescale_down_s=job.rescale_down_s,
+        work_samples=None if math.isinf(job.work_samples) else job.work_samples,
+        nodes=t.nodes,
+        samples_done=t.processed_samples,
+        curves=dict(t.reported_curves),
+    )
+
+
+def hello(socket_dir: Path) -> Mapping[str, Any]:
+    """The centre's settings, from its allocator: what the agent needs to act as the
+    centre configured (the scheduler, the holders' partition and options, timings)."""
+    return call(socket_dir / SOCKET_NAME, protocol.HELLO, {}, timeout_s=SYNC_TIMEOUT_S)
