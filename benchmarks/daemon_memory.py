@@ -90,6 +90,8 @@ def main() -> int:
                 now = time.monotonic()
                 if now >= next_sample:
                     samples.append((now - t0, rss_mb(pid)))
+                    # One line each: a run cut short still tells what it saw.
+                    print(f"rss {samples[-1][0]:.0f} s {samples[-1][1]:.1f} MB", flush=True)
                     next_sample += SAMPLE_EVERY_S
                 if now >= next_main:
                     size = rng.randint(1, max(1, len(slurm.nodes) // 4))
