@@ -28,6 +28,7 @@ from tests.bftrainer.daemon_service import (
     check_allocations,
     daemon_log,
     first_reset_at,
+    resets,
     supervisor_pid,
     wait_done,
 )
@@ -53,6 +54,12 @@ def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
             print(f"==== {log.name}\n{log.read_text()[-6000:]}")
 
 
+def stepping_on(service: Service, trainer_id: str) -> int | None:
+    """The nodes of the trainer's last step (its last reset), None before its first."""
+    last = resets(service.state_dir, trainer_id)[-1:]
+    return int(last[0]["nodes"]) if last else None
+
+
 @pytest.mark.parametrize("kill_daemon", [False, True], ids=["steady", "daemon-killed"])
 def test_two_trainers_shrink_and_grow_around_a_main_job(
     service: Service, kill_daemon: bool
@@ -74,6 +81,13 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
         lambda: sum(len(service.trainer(t)["nodes"]) for t in trainers) == 8,
         120,
         "all 8 nodes held and given to the trainers",
+    )
+    # ... and every worker joined: a Horovod worker killed while it joins holds the
+    # others for Gloo's whole timeout (120 s here), a case the soak covers, not this test.
+    wait_until(
+        lambda: all(stepping_on(service, t) == 4 for t in trainers),
+        180,
+        "both trainers stepping on 4 nodes",
     )
     supervisors = {t: supervisor_pid(service, t) for t in trainers}
     # A main job takes one node of each trainer: holders are preempted, both shrink.
