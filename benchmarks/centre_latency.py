@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -166,7 +167,12 @@ def measure(users: int, per_user: int, nodes: int, events: int, seed: int) -> di
         "statuses": {k: sum(s.status == k for s in decided) for k in {s.status for s in decided}},
         "sync_25_trainers_median_ms": 1e3 * statistics.median(rtt),
         "sync_25_trainers_p95_ms": 1e3 * rtt[int(0.95 * (len(rtt) - 1))],
-        "goal": {"p95_ms": GOAL_P95_MS, "met_wall": 1e3 * p95 <= GOAL_P95_MS},
+        "goal": {
+            "p95_ms": GOAL_P95_MS,
+            "met_wall": 1e3 * p95 <= GOAL_P95_MS,
+            # CPU time of the deciding step: what a loaded machine does not inflate.
+            "met_cpu": 1e3 * cpu[int(0.95 * (len(cpu) - 1))] <= GOAL_P95_MS,
+        },
     }
 
 
@@ -184,6 +190,7 @@ def main() -> None:
         "machine": platform.platform(),
         "size": f"{args.users} users x {args.trainers} trainers x {args.nodes} nodes",
         "events": args.events,
+        "load_average_1m": os.getloadavg()[0],
         **row,
     }
     print(json.dumps(results), flush=True)
