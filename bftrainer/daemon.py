@@ -634,6 +634,7 @@ class Daemon:
         self.metrics = metrics
         self.clock = WallClock()
         self.loop: Loop | None = None
+        self._stop_requested = False
         self.pool = HeldPool(
             monitor,
             holders,
@@ -667,11 +668,13 @@ class Daemon:
         slots = sum(t.job.n_max for t in admitted)
         return -(-slots // self.config.slots_per_node), allocated
 
-    def restore(self) -> LoopState:
+    def restore(self) -> LoopState | None:
         """The loop's state from the store, after reconciling holders with the scheduler
-        and re-attaching to the trainers that still run."""
-        now_s = self.clock.now_s()
-        self.pool.sync_holders(now_s)
+        and re-attaching to the trainers that still run; None if asked to stop before
+        the scheduler answered."""
+        now_s = self._sync_holders_at_start()
+        if now_s is None:
+            return None
         running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
         self.pool.usable = set(running)
         held = set(running)
@@ -731,6 +734,9 @@ class Daemon:
     def run(self) -> None:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
         state = self.restore()
+        if state is None:
+            log.info("daemon stopped before the scheduler answered; nothing changed")
+            return
         after = self._publish_metrics if self.metrics is not None else None
         sources: list[Source] = [self.pool, self.queue]
         policy: Policy | None = None
@@ -791,7 +797,28 @@ class Daemon:
                 ", ".join(stray),
             )
 
+    def _sync_holders_at_start(self) -> float | None:
+        """Read our holders before anything else, however long the scheduler takes to
+        answer: a trainer's nodes are only known from them. One line per failed try;
+        None if the daemon is asked to stop meanwhile."""
+        while not self._stop_requested:
+            now_s = self.clock.now_s()
+            try:
+                self.pool.sync_holders(now_s)
+                return now_s
+            except (HolderError, CommandError) as exc:
+                self.pool.counts.errors["holder_status"] += 1
+                log.warning(
+                    "holders not read at start, trying again in %g s: %s",
+                    self.pool.poll_interval_s,
+                    exc,
+                )
+            self.clock.wait_until(now_s + self.pool.poll_interval_s)
+        return None
+
     def request_stop(self) -> None:
+        self._stop_requested = True
+        self.clock.wake()
         if self.loop is not None:
             self.loop.request_stop()
 

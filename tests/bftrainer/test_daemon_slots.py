@@ -1,5 +1,6 @@
 """The daemon's restore when the slots per node changed under running trainers (a
-restart with another ``--slots-per-node``): one clear line, and nothing recorded lost.
+restart with another ``--slots-per-node``), or when the scheduler does not answer at
+start: one clear line (a try), and nothing recorded lost.
 
 No scheduler runs here: ``FixedHolders`` answers every holder of the store as running,
 as Horovod's ``FixedHosts`` answers discovery; the restore's own logic is the real one.
@@ -8,6 +9,7 @@ as Horovod's ``FixedHosts`` answers discovery; the restore's own logic is the re
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 from bftrainer.daemon import Daemon, DaemonConfig
 from bftrainer.holders.base import HolderStatus, ReconcileResult
+from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.state import Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
@@ -79,3 +82,45 @@ def test_a_changed_slot_count_is_one_line_and_loses_nothing(
     assert {t.id: t.state for t in store.trainers()} == {a: "running", b: "running"}
     assert store.allocation_history(a)[0].slots == {"n1": (1,), "n2": (0,)}
     assert store.get_setting("slots_per_node") == slots
+
+
+class SilentScheduler(FixedHolders):
+    """squeue fails ``failures`` times (the controller restarting), then answers."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+
+    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+        if self.failures > 0:
+            self.failures -= 1
+            raise CommandError(["squeue", "--me"], "here", "timed out after 20 s")
+        return super().reconcile(known)
+
+
+def test_a_scheduler_silent_at_start_is_one_line_a_try_then_the_daemon_goes_on(
+    tmp_path: Path,
+    caplog,  # type: ignore[no-untyped-def]
+) -> None:
+    state_dir = ensure_state_dir(tmp_path / "state")
+    store, a, b = shared_node(state_dir)
+    config = DaemonConfig(slots_per_node=2, poll_interval_s=0.1)
+    daemon = Daemon(store, state_dir, None, SilentScheduler(2), config)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING):
+        state = daemon.restore()
+    assert state is not None and {t.id: t.nodes for t in state.trainers} == {
+        a: ("n1", "n2"),
+        b: ("n1",),
+    }
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("holders not read at start" in ln for ln in lines), lines
+    assert "timed out after 20 s" in lines[0]
+
+
+def test_a_daemon_asked_to_stop_while_the_scheduler_is_silent_stops(tmp_path: Path) -> None:
+    state_dir = ensure_state_dir(tmp_path / "state")
+    store, _, _ = shared_node(state_dir)
+    config = DaemonConfig(slots_per_node=2, poll_interval_s=0.1)
+    daemon = Daemon(store, state_dir, None, SilentScheduler(10**9), config)  # type: ignore[arg-type]
+    threading.Timer(0.3, daemon.request_stop).start()
+    daemon.run()  # returns: stopped before the scheduler answered, nothing changed
+    assert store.holders(live_only=True), "the holders' records are kept"
