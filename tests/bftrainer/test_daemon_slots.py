@@ -54,7 +54,8 @@ def restore(store: Store, state_dir: Path, slots: int) -> dict[str, tuple[str, .
 def test_the_same_slot_count_takes_every_slot_back(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     state_dir = ensure_state_dir(tmp_path / "state")
     store, a, b = shared_node(state_dir)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="bftrainer"):
+        caplog.clear()  # what the set-up logged (a level other tests may have set)
         assert restore(store, state_dir, 2) == {a: ("n1", "n2"), b: ("n1",)}
     assert not caplog.records
 
@@ -67,7 +68,8 @@ def test_a_changed_slot_count_is_one_line_and_loses_nothing(
 ) -> None:
     state_dir = ensure_state_dir(tmp_path / "state")
     store, a, b = shared_node(state_dir)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="bftrainer"):
+        caplog.clear()  # what the set-up logged (a level other tests may have set)
         nodes = restore(store, state_dir, slots)
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith(f"slots per node changed from 2 to {slots} while trainers run on n1")
@@ -105,7 +107,8 @@ def test_a_scheduler_silent_at_start_is_one_line_a_try_then_the_daemon_goes_on(
     store, a, b = shared_node(state_dir)
     config = DaemonConfig(slots_per_node=2, poll_interval_s=0.1)
     daemon = Daemon(store, state_dir, None, SilentScheduler(2), config)  # type: ignore[arg-type]
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING, logger="bftrainer"):
+        caplog.clear()  # what the set-up logged (a level other tests may have set)
         state = daemon.restore()
     assert state is not None and {t.id: t.nodes for t in state.trainers} == {
         a: ("n1", "n2"),
