@@ -44,7 +44,6 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.live import ExecPlan, LiveDriver, job_of
 from bftrainer.loop import (
-    WINDOW_TOLERANCE_S,
     Arrival,
     Cancel,
     Loop,
@@ -56,6 +55,7 @@ from bftrainer.loop import (
     Step,
     TrainerState,
     WallClock,
+    departure_moved,
 )
 from bftrainer.policy import LIVE_POLICIES
 from bftrainer.state import (
@@ -273,7 +273,7 @@ class HeldPool:
         self._view = view = self.monitor.view()  # one view per poll: plan and event agree
         leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
         # Tell the loop the departures it does not know yet (all of them after a restart).
-        changed = {n: t for n, t in leave_by.items() if _moved(self._told, n, t)}
+        changed = {n: t for n, t in leave_by.items() if departure_moved(self._told, n, t)}
         self._told = leave_by
         if not joined and not left and not changed:
             return Polled((), self._next_s)
@@ -496,17 +496,6 @@ def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:
     """Started now, the holder's limit (None: none) would run past its node's claim."""
     claim = view.claims_s.get(holder.node)
     return claim is not None and (holder.limit_s is None or holder.limit_s > claim)
-
-
-def _moved(told: Mapping[str, float | None], node: str, at_s: float | None) -> bool:
-    """A departure (``at_s``, None: not known) the loop has not been told: a new node,
-    or one whose departure moved."""
-    if node not in told:
-        return True
-    was = told[node]
-    if was is None or at_s is None:
-        return (was is None) != (at_s is None)
-    return abs(was - at_s) >= WINDOW_TOLERANCE_S
 
 
 class SubmissionQueue:

@@ -84,6 +84,18 @@ MAX_STALLED_STEPS = 1000
 WINDOW_TOLERANCE_S = 1.0
 
 
+def departure_moved(told: Mapping[str, float | None], node: str, at_s: float | None) -> bool:
+    """A departure (``at_s``, None: not known) a loop has not been told: a new node, or
+    one whose departure moved by ``WINDOW_TOLERANCE_S`` or more (the daemon's and the
+    centre allocator's pool sources)."""
+    if node not in told:
+        return True
+    was = told[node]
+    if was is None or at_s is None:
+        return (was is None) != (at_s is None)
+    return abs(was - at_s) >= WINDOW_TOLERANCE_S
+
+
 class LoopError(ValueError):
     """The loop was given inputs or a state it cannot use; names the value."""
 

@@ -42,7 +42,6 @@ from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.jobs import JobSpec
 from bftrainer.live import prior_curve
 from bftrainer.loop import (
-    WINDOW_TOLERANCE_S,
     Arrival,
     Cancel,
     Clock,
@@ -59,6 +58,7 @@ from bftrainer.loop import (
     Step,
     TrainerState,
     WallClock,
+    departure_moved,
 )
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class CentrePool:
             pool &= self.known
         joined, left = pool - self.known, self.known - pool
         leaves = self._leave_times(view.windows_s, now_s, pool)
-        moved = {n for n in pool if _moved(self._leaves, n, leaves[n])}
+        moved = {n for n in pool if departure_moved(self._leaves, n, leaves[n])}
         self.known, self._leaves = pool, leaves
         if not joined and not left and not moved:
             return Polled((), self._next_s)
@@ -151,15 +151,6 @@ class CentrePool:
             w = windows_s.get(n)
             out[n] = None if w is None else now_s + w
         return out
-
-
-def _moved(told: Mapping[str, float | None], node: str, at_s: float | None) -> bool:
-    if node not in told:
-        return True
-    was = told[node]
-    if was is None or at_s is None:
-        return (was is None) != (at_s is None)
-    return abs(was - at_s) >= WINDOW_TOLERANCE_S
 
 
 # ---------------------------------------------------------------------- the driver
