@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from bftrainer.loop import (
     Input,
     Loop,
     LoopState,
+    Placer,
     PoolChange,
     Progress,
     TimedSource,
@@ -191,6 +192,13 @@ class Checked:
         cost = self.inner.preempt(trainer, old_count)
         assert math.isfinite(cost) and cost >= 0
         return cost
+
+    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
+        """Passed on to a driver that places (the live one): without it, a trainer
+        handed a node before the trainer leaving that node is rescaled finds it taken."""
+        assert not set(changes) & (self.completed | self.cancelled)
+        if isinstance(self.inner, Placer):
+            self.inner.place(changes)
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
         assert trainer.id not in self.completed | self.cancelled
