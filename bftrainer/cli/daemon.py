@@ -163,6 +163,14 @@ def daemon_cmd(
 
         if metrics_textfile or metrics_port:
             raise UsageError("--centre: metrics are not served by the allocator yet")
+        if config.slots_per_node > 1:
+            # Each user's agent holds its nodes with its own holder jobs: a node held by
+            # one user cannot carry another user's trainers on its other slots.
+            raise UsageError(
+                f"--centre: {config.slots_per_node} slots per node is not supported: a node "
+                "is held by one user's holder job, so its slots cannot be shared among users "
+                "(run the centre with whole nodes, slots_per_node 1)"
+            )
         hold = {
             "script": None if holder_script is None else str(holder_script),
             "args": list(holder_args),

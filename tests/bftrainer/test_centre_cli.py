@@ -55,6 +55,16 @@ def test_the_allocator_refuses_a_path_that_is_not_a_socket(tmp_path: Path) -> No
     assert (sockets / "centre.sock").read_text() == "mine"
 
 
+def test_the_allocator_refuses_shared_nodes(tmp_path: Path) -> None:
+    """A node is held by one user's holder: its slots cannot go to several users."""
+    sockets = tmp_path / "sockets"
+    sockets.mkdir(mode=0o755)
+    code, out = run(*CENTRE, "--socket-dir", str(sockets), "--slots-per-node", "2")
+    assert code == 2
+    assert "--centre: 2 slots per node is not supported" in out
+    assert not (sockets / "centre.sock").exists()
+
+
 def test_users_commands_say_when_no_allocator_runs(tmp_path: Path) -> None:
     sockets = tmp_path / "sockets"
     sockets.mkdir(mode=0o755)
