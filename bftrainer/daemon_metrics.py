@@ -2,7 +2,9 @@
 HTTP port bound to 127.0.0.1 (docs/deployment.md lists the metrics).
 
 The daemon hands :class:`DaemonMetrics` a :class:`~bftrainer.daemon.DaemonReading` (plain
-numbers it keeps anyway) at every wake-up of its loop, and the latency of each decision.
+numbers it keeps anyway) at every wake-up of its loop, and the latency of each decision;
+the centre's allocator (``daemon --centre``) a
+:class:`~bftrainer.centre.allocator.CentreReading` after each step of its loop.
 Nothing here reaches into the daemon, and the loop never knows: this module is imported
 only when metrics are asked for, so without them they cost nothing.
 
@@ -21,7 +23,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -35,6 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bftrainer.centre.allocator import CentreReading
+from bftrainer.centre.transport import OUTCOMES
 from bftrainer.daemon import DaemonReading
 
 log = logging.getLogger(__name__)
@@ -60,12 +64,15 @@ class _ReadingCollector(Collector):
     the HTTP server's thread: the reading is immutable and swapped whole)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.reading: DaemonReading | None = None
+        self.reading: DaemonReading | CentreReading | None = None
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         r = self.reading
         if r is None:
+            return
+        if isinstance(r, CentreReading):
+            yield from self._centre(r)
             return
         yield _gauge(
             "pool_nodes", "Idle nodes the main scheduler leaves (held ones included).", r.pool_nodes
@@ -98,23 +105,61 @@ class _ReadingCollector(Collector):
             h.lost,
         )
         yield _counter("rescales", "Trainers' node-count changes made by decisions.", r.rescales)
-        errors = CounterMetricFamily(
-            f"{PREFIX}_scheduler_command_errors",
-            "Scheduler operations that failed after their retries, by operation.",
-            labels=["operation"],
-        )
-        for kind in (
-            *COMMAND_ERROR_KINDS,
-            *sorted(set(r.command_errors) - set(COMMAND_ERROR_KINDS)),
-        ):
-            errors.add_metric([kind], r.command_errors.get(kind, 0))
-        yield errors
-        age = math.inf if r.pool_read_s is None else max(0.0, self._clock() - r.pool_read_s)
+        yield _command_errors(r.command_errors)
+        yield self._pool_age(r.pool_read_s)
+
+    def _centre(self, r: CentreReading) -> Iterator[Metric]:
         yield _gauge(
+            "pool_nodes", "Idle nodes the main scheduler leaves (held ones included).", r.pool_nodes
+        )
+        yield _gauge("allocated_nodes", "Nodes given to trainers, every user's.", r.allocated_nodes)
+        yield _gauge("agents", "Users' agents registered (synced within their lease).", r.agents)
+        trainers = GaugeMetricFamily(
+            f"{PREFIX}_user_trainers",
+            "Each user's unfinished trainers, on nodes (running) or not (waiting).",
+            labels=["user", "state"],
+        )
+        nodes = GaugeMetricFamily(
+            f"{PREFIX}_user_allocated_nodes",
+            "Nodes given to each user's trainers.",
+            labels=["user"],
+        )
+        for user, u in sorted(r.users.items()):
+            trainers.add_metric([user, "running"], u.running)
+            trainers.add_metric([user, "waiting"], u.waiting)
+            nodes.add_metric([user], u.nodes)
+        yield trainers
+        yield nodes
+        requests = CounterMetricFamily(
+            f"{PREFIX}_requests",
+            "Requests on the centre's socket, by outcome: answered, refused (with a reason, "
+            "e.g. another user's trainer), failed, or dropped (malformed, rate_limited, ...).",
+            labels=["outcome"],
+        )
+        for outcome in (*OUTCOMES, *sorted(set(r.requests) - set(OUTCOMES))):
+            requests.add_metric([outcome], r.requests.get(outcome, 0))
+        yield requests
+        yield _command_errors(r.command_errors)
+        yield self._pool_age(r.pool_read_s)
+
+    def _pool_age(self, read_s: float | None) -> GaugeMetricFamily:
+        age = math.inf if read_s is None else max(0.0, self._clock() - read_s)
+        return _gauge(
             "pool_reading_age_seconds",
             "Seconds since the pool was last read well (+Inf: never read).",
             age,
         )
+
+
+def _command_errors(counts: Mapping[str, int]) -> CounterMetricFamily:
+    errors = CounterMetricFamily(
+        f"{PREFIX}_scheduler_command_errors",
+        "Scheduler operations that failed after their retries, by operation.",
+        labels=["operation"],
+    )
+    for kind in (*COMMAND_ERROR_KINDS, *sorted(set(counts) - set(COMMAND_ERROR_KINDS))):
+        errors.add_metric([kind], counts.get(kind, 0))
+    return errors
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -197,9 +242,9 @@ class DaemonMetrics:
     def url(self) -> str | None:
         return None if self.port is None else f"http://{HOST}:{self.port}/metrics"
 
-    def update(self, reading: DaemonReading, latency_s: float | None) -> None:
-        """The daemon's figures now; rewrite the textfile. A failed write is logged once
-        (and when it works again), never raised: the daemon goes on."""
+    def update(self, reading: DaemonReading | CentreReading, latency_s: float | None) -> None:
+        """The daemon's (or allocator's) figures now; rewrite the textfile. A failed
+        write is logged once (and when it works again), never raised: the daemon goes on."""
         self._readings.reading = reading
         if latency_s is not None:
             self.latency.observe(latency_s)

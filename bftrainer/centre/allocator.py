@@ -91,6 +91,17 @@ class CentrePool:
     """The loop's pool source: the scheduler's idle pool, as changes (joins, leaves,
     moved windows), one read every ``poll_interval_s``."""
 
+    @property
+    def read_s(self) -> float | None:
+        """When the pool was last read well (epoch s; None: never)."""
+        last = self.monitor.last_reading
+        return None if last is None else last.time_s
+
+    @property
+    def failed_reads(self) -> Mapping[str, int]:
+        """Scheduler reads that failed since the start, by what was read."""
+        return dict(self.monitor.failed_reads)
+
     def __init__(self, monitor: LivePoolSource, poll_interval_s: float) -> None:
         self.monitor = monitor
         self.poll_interval_s = poll_interval_s
@@ -151,6 +162,36 @@ class CentrePool:
             w = windows_s.get(n)
             out[n] = None if w is None else now_s + w
         return out
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+@dataclass(frozen=True)
+class UserReading:
+    running: int  # the user's trainers on nodes
+    waiting: int  # the user's trainers without nodes (queued, or given none)
+    nodes: int  # the nodes given to the user's trainers
+
+
+@dataclass(frozen=True)
+class CentreReading:
+    """The allocator's figures at one instant, as plain data for its metrics
+    (bftrainer.daemon_metrics); counts of requests are since it started."""
+
+    pool_nodes: int  # the idle pool the main scheduler leaves (held nodes included)
+    allocated_nodes: int  # nodes given to trainers, every user's
+    agents: int  # agents registered (synced within their lease)
+    users: Mapping[str, UserReading]  # by user, every registered agent's
+    requests: Mapping[str, int]  # by outcome (bftrainer.centre.transport.OUTCOMES)
+    command_errors: Mapping[str, int]  # failed scheduler reads, by kind
+    pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
+
+
+class CentreMetricsSink(Protocol):
+    """Where the allocator's figures go after each step, when metrics are enabled."""
+
+    def update(self, reading: CentreReading, latency_s: float | None) -> None: ...
 
 
 # ---------------------------------------------------------------------- the driver
@@ -226,8 +267,10 @@ class Allocator:
         *,
         clock: Clock | None = None,
         policy: Policy | None = None,
+        metrics: CentreMetricsSink | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics
         self.settings = settings
         self.hello = dict(hello)
         self.clock = clock if clock is not None else WallClock()
@@ -320,6 +363,29 @@ class Allocator:
         assert self.loop is not None
         self._snapshot = {t.id: t.nodes for t in self.loop.trainers.values()}
         self._pool_now = tuple(self.loop.pool)
+
+    def reading(self) -> CentreReading:
+        """What the metrics export: the published split, by user, and the requests."""
+        with self._lock:
+            users: dict[str, UserReading] = {}
+            for rec in self._agents.values():
+                nodes = [self._snapshot.get(lid, ()) for lid in rec.ids.values()]
+                running = sum(1 for n in nodes if n)
+                users[rec.user] = UserReading(
+                    running, len(nodes) - running, len({x for n in nodes for x in n})
+                )
+            allocated = len({n for nodes in self._snapshot.values() for n in nodes})
+            pool_nodes, agents = len(self._pool_now), len(self._agents)
+        scheduler = self.pool if isinstance(self.pool, CentrePool) else None  # else a test's
+        return CentreReading(
+            pool_nodes=pool_nodes,
+            allocated_nodes=allocated,
+            agents=agents,
+            users=users,
+            requests=self.server.outcomes(),
+            command_errors=scheduler.failed_reads if scheduler else {},
+            pool_read_s=scheduler.read_s if scheduler else None,
+        )
 
     def _curves_of(self, loop_id: str) -> dict[str, Curve]:
         for rec in self._agents.values():
@@ -505,10 +571,13 @@ class _Publish:
         self.allocator = allocator
 
     def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
-        pass
+        # Each wake-up of the loop (a poll, a sync's news) refreshes the metrics, so
+        # that they do not wait for the next event.
+        self._metrics(None)
 
     def step(self, step: Step) -> None:
         self.allocator.publish()
+        self._metrics(step.latency_s if step.decided else None)
         if step.decided:
             self.allocator.steps.append(step)
             del self.allocator.steps[:-1000]
@@ -523,3 +592,7 @@ class _Publish:
                 step.status,
                 step.latency_s * 1e3,
             )
+
+    def _metrics(self, latency_s: float | None) -> None:
+        if self.allocator.metrics is not None:
+            self.allocator.metrics.update(self.allocator.reading(), latency_s)

@@ -41,6 +41,7 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,19 @@ MAX_CONNECTIONS_PER_UID = 16
 MAX_CONNECTIONS = 256
 KIND_MAX_CHARS = 64
 _HEADER = struct.Struct(">I")
+# What became of each request or connection, as the server counts it (the allocator's
+# metrics export every one, 0 included): a reply (``answered``; ``refused`` with the
+# handler's reason; ``failed``: internal error), or a drop with one log line.
+OUTCOMES = (
+    "answered",
+    "refused",
+    "failed",
+    "malformed",
+    "rate_limited",
+    "no_account",
+    "too_many_connections",
+    "no_credentials",
+)
 
 
 class TransportError(OSError):
@@ -233,6 +247,7 @@ class Server:
     _open: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _conns: set[socket.socket] = field(default_factory=set, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
+    _outcomes: Counter[str] = field(default_factory=Counter, init=False, repr=False)
 
     @property
     def path(self) -> Path:
@@ -300,6 +315,15 @@ class Server:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def outcomes(self) -> dict[str, int]:
+        """How many requests (or connections) ended in each of ``OUTCOMES`` so far."""
+        with self._lock:
+            return {k: self._outcomes[k] for k in OUTCOMES}
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self._outcomes[outcome] += 1
+
     def __enter__(self) -> Server:
         return self.start()
 
@@ -322,6 +346,7 @@ class Server:
                 pid, uid, gid = peer_of(conn)
             except OSError as e:
                 log.warning("dropped a connection whose credentials cannot be read: %s", e)
+                self._count("no_credentials")
                 conn.close()
                 continue
             with self._lock:
@@ -334,6 +359,7 @@ class Server:
                     self._open[uid] = self._open.get(uid, 0) + 1
             if too_many:
                 log.warning("uid %d (pid %d): too many connections open; dropped one", uid, pid)
+                self._count("too_many_connections")
                 conn.close()
                 continue
             threading.Thread(
@@ -346,6 +372,7 @@ class Server:
                 user = pwd.getpwuid(uid).pw_name
             except KeyError:
                 log.warning("uid %d (pid %d) has no account on this machine: refused", uid, pid)
+                self._count("no_account")
                 return
             peer = Peer(uid=uid, gid=gid, pid=pid, user=user)
             while not self._closing:
@@ -353,17 +380,20 @@ class Server:
                     value = read_message(conn, self.max_message_bytes, None)
                 except ProtocolError as e:
                     log.warning("%s: dropped: %s", _who(peer), e)
+                    self._count("malformed")
                     return
                 except OSError:
                     return  # reset by the peer, or closed by close()
                 if value is None:
                     return
                 if not self._admit(peer):
+                    self._count("rate_limited")
                     return
                 try:
                     request = check_request(value)
                 except ProtocolError as e:
                     log.warning("%s: dropped: %s", _who(peer), e)
+                    self._count("malformed")
                     return
                 reply = self._handle(peer, request)
                 try:
@@ -379,14 +409,18 @@ class Server:
     def _handle(self, peer: Peer, request: Request) -> bytes:
         try:
             body = self.handler(peer, request)
-            return encode({"v": PROTOCOL_VERSION, "ok": True, "body": dict(body)})
+            reply = encode({"v": PROTOCOL_VERSION, "ok": True, "body": dict(body)})
         except RequestRefused as e:
             reason = " ".join(str(e).split())
             log.info("%s: %s refused: %s", _who(peer), request.kind, reason)
+            self._count("refused")
             return encode({"v": PROTOCOL_VERSION, "ok": False, "error": reason})
         except Exception as e:
             log.error("%s: %s failed: %s: %s", _who(peer), request.kind, type(e).__name__, e)
+            self._count("failed")
             return encode({"v": PROTOCOL_VERSION, "ok": False, "error": "internal error"})
+        self._count("answered")
+        return reply
 
     def _admit(self, peer: Peer) -> bool:
         """The uid's token bucket: False (and the connection is closed) past its rate."""

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from bftrainer.state import StateError, Store, daemon_running, ensure_state_dir,
 
 if TYPE_CHECKING:
     from bftrainer.daemon import DaemonConfig
+    from bftrainer.daemon_metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +81,10 @@ def run_allocator(
     source: dict[str, Any],
     config: DaemonConfig,
     hold: dict[str, Any],
+    open_metrics: Callable[[], DaemonMetrics | None],
 ) -> None:
-    """``bftrainer daemon --centre``: serve until SIGTERM or Ctrl-C."""
+    """``bftrainer daemon --centre``: serve until SIGTERM or Ctrl-C (``open_metrics``:
+    the metrics asked for, opened once the socket directory passed its checks)."""
     from bftrainer import __version__
     from bftrainer.centre.allocator import Allocator, CentrePool, CentreSettings
     from bftrainer.centre.transport import TransportError
@@ -114,8 +118,14 @@ def run_allocator(
         agent_lease_s=config.agent_lease_s,
         restore_grace_s=2 * config.sync_every_s + 1.0,
     )
+    metrics = open_metrics()
     allocator = Allocator(
-        path, CentrePool(monitor, config.poll_interval_s), config, settings, hello
+        path,
+        CentrePool(monitor, config.poll_interval_s),
+        config,
+        settings,
+        hello,
+        metrics=metrics,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -137,12 +147,19 @@ def run_allocator(
         config.sync_every_s,
         config.agent_lease_s,
     )
+    if metrics is not None:
+        log.info(
+            "metrics: %s",
+            ", ".join(str(w) for w in (metrics.textfile, metrics.url) if w is not None),
+        )
     try:
         allocator.run()
     except TransportError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         monitor.runner.close()
+        if metrics is not None:
+            metrics.close()
     log.info("allocator stopped; agents and trainers keep the nodes they have")
 
 

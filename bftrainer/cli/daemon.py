@@ -161,8 +161,6 @@ def daemon_cmd(
     if centre:
         from bftrainer.cli.centre import run_allocator
 
-        if metrics_textfile or metrics_port:
-            raise UsageError("--centre: metrics are not served by the allocator yet")
         if config.slots_per_node > 1:
             # Each user's agent holds its nodes with its own holder jobs: a node held by
             # one user cannot carry another user's trainers on its other slots.
@@ -177,7 +175,7 @@ def daemon_cmd(
             "slack_s": holder_slack_s,
             "job_name": job_name,
         }
-        run_allocator(socket_dir, source, config, hold)
+        run_allocator(socket_dir, source, config, hold, lambda: _open_metrics(config))
         return
     serve(
         resolve_state_dir(state_dir),
