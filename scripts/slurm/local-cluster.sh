@@ -10,7 +10,8 @@
 # Settings (environment): NNODES (8), SLURM_LOCAL_DIR (/var/tmp/bftrainer-slurm),
 # SLURM_LOCAL_CTLD_PORT (16817), SLURM_LOCAL_SLURMD_PORT (16818),
 # SLURM_LOCAL_NODE_PORT (17000: node i listens on NODE_PORT+i), SLURM_LOCAL_INSTALL (1:
-# apt-get install missing packages when root).
+# apt-get install missing packages when root), GRES_GPUS (unset: no GRES; N: every node
+# declares Gres=gpu:N, without devices).
 # Only the SLURM_CONF line goes to stdout; progress and errors go to stderr.
 # Exit codes: 0 ok, 1 failure, 3 Slurm absent and cannot be installed (not root).
 #
@@ -22,6 +23,11 @@
 set -euo pipefail
 
 NNODES=${NNODES:-8}
+GRES_GPUS=${GRES_GPUS:-}
+if [[ -n "$GRES_GPUS" && ! "$GRES_GPUS" =~ ^[1-9][0-9]{0,2}$ ]]; then
+  echo "local-cluster: GRES_GPUS=$GRES_GPUS: expected a GPU count per node, 1 to 999" >&2
+  exit 1
+fi
 STATE_DIR=${SLURM_LOCAL_DIR:-/var/tmp/bftrainer-slurm}
 CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-16817}
 SLURMD_PORT=${SLURM_LOCAL_SLURMD_PORT:-16818}
@@ -103,9 +109,21 @@ install_slurm() {
 node_names() { local i; for i in $(seq 1 "$NNODES"); do echo "node$i"; done; }
 
 write_conf() {
-  local lines="" i
+  local lines="" i gres="" gres_types=""
+  if [ -n "$GRES_GPUS" ]; then
+    # GPUs that do not exist: slurmd drops a GPU without a File, so each is an empty
+    # regular file (slurmd logs that it is not a device, and counts it; Slurm then
+    # shows Gres=gpu:N). docs/slurm-local.md, "GPU counts".
+    gres=" Gres=gpu:$GRES_GPUS"
+    gres_types="GresTypes=gpu"
+    mkdir -p "$STATE_DIR/dev"
+    for i in $(seq 0 $((GRES_GPUS - 1))); do : >"$STATE_DIR/dev/gpu$i"; done
+    echo "Name=gpu File=$STATE_DIR/dev/gpu[0-$((GRES_GPUS - 1))]" >"$STATE_DIR/gres.conf"
+  else
+    rm -f "$STATE_DIR/gres.conf"
+  fi
   for i in $(seq 1 "$NNODES"); do
-    lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + i))"$'\n'
+    lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + i))$gres"$'\n'
   done
   mkdir -p "$STATE_DIR"/{ctld,run,log} "$STATE_DIR"/spool
   for i in $(seq 1 "$NNODES"); do mkdir -p "$STATE_DIR/spool/node$i"; done
@@ -114,7 +132,7 @@ write_conf() {
   printf '%s' "$lines" >"$STATE_DIR/node-lines"
   sed -e "s|@CTLD_HOST@|$(hostname -s)|" -e "s|@CTLD_PORT@|$CTLD_PORT|" \
       -e "s|@SLURMD_PORT@|$SLURMD_PORT|" -e "s|@STATE_DIR@|$STATE_DIR|g" \
-      -e "s|@NODE_LIST@|node[1-$NNODES]|g" \
+      -e "s|@NODE_LIST@|node[1-$NNODES]|g" -e "s|@GRES_TYPES@|$gres_types|" \
       -e "/@NODE_LINES@/{r $STATE_DIR/node-lines" -e "d}" \
       "$HERE/slurm.conf.in" >"$tmp"
   mv "$tmp" "$CONF"
@@ -133,7 +151,7 @@ wait_idle() {
   local limit=$((30 + NNODES / 8)) deadline up
   deadline=$((SECONDS + limit))
   while [ $SECONDS -lt $deadline ]; do
-    up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail)' || true)
+    up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail|inval)' || true)
     [ "$up" = "$NNODES" ] && return 0
     sleep 0.5
   done
