@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--slots-per-node",
     type=SlotsPerNode(),
+    metavar="S|gres",
     help="Slots (GPUs) per held node: trainers share a node, each worker on its own "
     "slot's GPUs or CPUs; --min-nodes/--max-nodes then count slots (default 1: whole "
     "nodes). 'gres': the GPU count of the bf partition's nodes (Slurm's Gres=gpu:N), "
