@@ -147,7 +147,11 @@ _POLICY_FIELDS = {f.name for f in fields(Config)}
 DAEMON_TABLES = {
     **POLICY_TABLES,
     "daemon": {
-        **{f.name: f.name for f in fields(DaemonConfig) if f.name not in _POLICY_FIELDS},
+        **{
+            f.name: f.name
+            for f in fields(DaemonConfig)
+            if f.name not in _POLICY_FIELDS and f.name != "gpu_slots"  # slots_per_node = "gres"
+        },
         "slots_per_node": "slots_per_node",
     },
 }

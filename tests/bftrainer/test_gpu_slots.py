@@ -120,6 +120,9 @@ def test_gres_is_a_daemon_setting_only(tmp_path: Path) -> None:
     toml = tmp_path / "d.toml"
     toml.write_text('[daemon]\nslots_per_node = "gres"\n')
     assert load_daemon_config(toml, {}).gpu_slots
+    toml.write_text("[daemon]\ngpu_slots = true\n")  # one way to say it: "gres"
+    with pytest.raises(ConfigError, match="unknown key 'gpu_slots'"):
+        load_daemon_config(toml, {})
     assert not load_daemon_config(None, {"slots_per_node": 4}).gpu_slots
     with pytest.raises(ConfigError, match="slots_per_node = 'gres': expected a whole number"):
         Config(slots_per_node="gres")  # type: ignore[arg-type]  # the replay's
