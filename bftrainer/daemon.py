@@ -772,14 +772,18 @@ class Daemon:
         Raises ``GresError`` when no node has a GPU count: a number is needed then."""
         while not self._stop_requested:
             now_s = self.clock.now_s()
-            self.monitor.poll()
+            try:
+                self.monitor.poll()  # a failed read is its one line
+            except (CommandError, ValueError) as exc:
+                log.warning("GPU counts not read at start: %s", exc)
             if self.monitor.last_reading is not None:
                 view = self.monitor.view()
                 slots = slots_from_gpus(view.gpus)
+                read = len(view.gpus) + len(view.gpu_errors)
                 if slots is None:
                     raise GresError(
-                        f"--slots-per-node gres: none of the {len(view.gpus)} node(s) read "
-                        "has a GPU count (Gres=gpu:N)"
+                        f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
+                        "count (Gres=gpu:N)"
                         + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
                         + ": give --slots-per-node a number"
                     )
@@ -788,7 +792,7 @@ class Daemon:
                     "slots per node: %d, the GPU count of %d of the %d node(s) read",
                     slots,
                     fits,
-                    len(view.gpus) + len(view.gpu_errors),
+                    read,
                 )
                 return slots
             self.clock.wait_until(now_s + self.pool.poll_interval_s)

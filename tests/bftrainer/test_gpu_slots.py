@@ -220,3 +220,17 @@ def test_no_node_with_a_gpu_is_one_clear_error(tmp_path: Path) -> None:
     c.answer("".join(f"{n}|(null)\n" for n in NODES))
     with pytest.raises(GresError, match=r"none of the 8 node\(s\) read has a GPU count"):
         c.daemon.use_gpu_slots()
+
+
+def test_a_scheduler_silent_at_start_is_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = Cluster(ensure_state_dir(tmp_path / "state"))
+    down = recorded(stderr=(FIXTURES / "slurm-down-sinfo.stderr").read_text(), returncode=1)
+    c.runner.set_replies("sinfo", [down, recorded(STATES), recorded(GRES)])
+    with caplog.at_level(logging.WARNING, logger="bftrainer"):
+        caplog.clear()
+        assert c.daemon.use_gpu_slots()  # the second try, a poll interval (1 s) later
+    (line,) = lines(caplog)
+    assert line.startswith("slurm node states unavailable"), line
+    assert c.daemon.config.slots_per_node == 2
