@@ -87,7 +87,8 @@ class Config:
     # None: each job's n_max (bftrainer/policy.py, ScavengerPolicy).
     scavenger_size: int | None = None
     # S: slots (GPUs) per pool node, the unit of allocation (docs/allocator.md, "Slots").
-    # Set by the replay (its [replay] table, --slots-per-node); not yet by the daemon.
+    # Set by the replay ([replay], --slots-per-node) and the daemon ([daemon],
+    # --slots-per-node: a number, or "gres" read from the nodes' GPUs, bftrainer/gpu_slots.py).
     slots_per_node: int = 1
 
     def __post_init__(self) -> None:

@@ -38,6 +38,7 @@ from typing import Protocol
 
 from bftrainer.acquisition import plan_assigned, plan_holders
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
+from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
 from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
@@ -58,6 +59,7 @@ from bftrainer.loop import (
     departure_moved,
 )
 from bftrainer.policy import LIVE_POLICIES
+from bftrainer.slots import SlotBook
 from bftrainer.state import (
     AllocationRow,
     HolderConflictError,
@@ -78,6 +80,7 @@ DEFAULT_RESCALE_S: dict[str, tuple[float, float]] = {
     "torchrun": (20.0, 20.0),
 }
 UNFINISHED = ("queued", "running", "waiting")
+GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,15 @@ class DaemonConfig(Config):
     # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
     metrics_textfile: str | None = None
     metrics_port: int | None = None
+    # slots_per_node = "gres" (the flag or [daemon]): S is read at start from the GPUs
+    # of the bf partition's nodes (bftrainer/gpu_slots.py); slots_per_node is then 1
+    # until the daemon has read it.
+    gpu_slots: bool = False
 
     def __post_init__(self) -> None:
+        if self.slots_per_node == GRES:
+            object.__setattr__(self, "slots_per_node", 1)
+            object.__setattr__(self, "gpu_slots", True)
         super().__post_init__()
         port = self.metrics_port
         if port is not None and (
@@ -137,7 +147,11 @@ _POLICY_FIELDS = {f.name for f in fields(Config)}
 DAEMON_TABLES = {
     **POLICY_TABLES,
     "daemon": {
-        **{f.name: f.name for f in fields(DaemonConfig) if f.name not in _POLICY_FIELDS},
+        **{
+            f.name: f.name
+            for f in fields(DaemonConfig)
+            if f.name not in _POLICY_FIELDS and f.name != "gpu_slots"  # slots_per_node = "gres"
+        },
         "slots_per_node": "slots_per_node",
     },
 }
@@ -197,6 +211,10 @@ class HeldPool:
         self._view: PoolView | None = None  # the last poll's
         self._replan = False  # polled since the last hold plan
         self.counts = HoldCounts()
+        # --slots-per-node gres: nodes whose GPU count is not S stay out (set at start).
+        self.gate: GpuSlotGate | None = None
+        self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
+        self._idle: frozenset[str] = frozenset()  # the pool before the gate, for status
 
     @property
     def view(self) -> PoolView | None:
@@ -268,9 +286,21 @@ class HeldPool:
         live = self.store.holders(live_only=True)
         self._renew_leases((h.node for h in live), now_s)
         running = {h.node: h for h in live if h.state == "running"}
+        view = self.monitor.view()  # one view per poll: plan and event agree
+        if self.gate is not None:
+            # A held node whose GPU count is not S leaves the loop's pool (its holder is
+            # then released by the plan: outside the pool, no trainer on it).
+            users: dict[str, set[str]] = {}
+            for tid, a in self.store.current_allocations().items():
+                for n in a.nodes:
+                    users.setdefault(n, set()).add(tid)
+            self._left_out = self.gate.misfits(view, {n: users.get(n, set()) for n in running})
+            self._idle = view.pool
+            view = self.gate.without(view, set(self._left_out))
+            running = {n: h for n, h in running.items() if n not in self._left_out}
         joined, left = running.keys() - self.usable, self.usable - running.keys()
         self.usable = set(running)
-        self._view = view = self.monitor.view()  # one view per poll: plan and event agree
+        self._view = view
         leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
         # Tell the loop the departures it does not know yet (all of them after a restart).
         changed = {n: t for n, t in leave_by.items() if departure_moved(self._told, n, t)}
@@ -470,6 +500,10 @@ class HeldPool:
             }
             if shared:
                 nodes[n]["slots"] = users.get(n, {})
+        for n, why in sorted(self._left_out.items()):  # idle or held, with their GPUs
+            if n in nodes or n in self._idle:
+                empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
+                nodes.setdefault(n, empty)["left_out"] = why
         self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
 
 
@@ -720,8 +754,56 @@ class Daemon:
         if before != slots:
             self.store.set_setting("slots_per_node", slots)
 
+    def use_gpu_slots(self) -> bool:
+        """--slots-per-node gres: read S (:meth:`slots_at_start`), then run with it, and
+        keep the nodes of another GPU count out of the pool; False if asked to stop."""
+        slots = self.slots_at_start()
+        if slots is None:
+            return False
+        self.config = replace(self.config, slots_per_node=slots)
+        self.driver.book = SlotBook(slots)
+        self.pool.gate = GpuSlotGate(slots)
+        return True
+
+    def slots_at_start(self) -> int | None:
+        """--slots-per-node gres: S from the bf partition's GPU counts (gpu_slots.py),
+        read before anything else, however long the scheduler takes to answer (its
+        failures are the pool source's one line each); None if asked to stop meanwhile.
+        Raises ``GresError`` when no node has a GPU count: a number is needed then."""
+        while not self._stop_requested:
+            now_s = self.clock.now_s()
+            try:
+                self.monitor.poll()  # a failed read is its one line
+            except (CommandError, ValueError) as exc:
+                log.warning("GPU counts not read at start: %s", exc)
+            if self.monitor.last_reading is not None:
+                view = self.monitor.view()
+                slots = slots_from_gpus(view.gpus)
+                read = len(view.gpus) + len(view.gpu_errors)
+                if slots is None:
+                    raise GresError(
+                        f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
+                        "count (Gres=gpu:N)"
+                        + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
+                        + ": give --slots-per-node a number"
+                    )
+                fits = sum(c == slots for c in view.gpus.values())
+                log.info(
+                    "slots per node: %d, the GPU count of %d of the %d node(s) read",
+                    slots,
+                    fits,
+                    read,
+                )
+                return slots
+            self.clock.wait_until(now_s + self.pool.poll_interval_s)
+        return None
+
     def run(self) -> None:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
+        self.store.set_setting("slots_from", GRES if self.config.gpu_slots else "config")
+        if self.config.gpu_slots and not self.use_gpu_slots():
+            log.info("daemon stopped before the scheduler answered; nothing changed")
+            return
         state = self.restore()
         if state is None:
             log.info("daemon stopped before the scheduler answered; nothing changed")

@@ -20,7 +20,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TypeVar
 
@@ -222,6 +222,53 @@ def node_states(
     )
 
 
+# ---------------------------------------------------------------------- GPUs
+
+
+def gpu_count(gres: str) -> int:
+    """The GPUs of a node's ``Gres`` as ``sinfo %G`` and ``scontrol show node`` print it:
+    ``gpu:2``, ``gpu:tesla:2``, ``gpu:2(S:0-1)``, ``gpu:tesla:1,gpu:volta:1`` (2 in all),
+    ``gpu`` (1); other resources (``mps:100``) count nothing; ``(null)`` or empty: 0.
+    Raises ``ValueError`` naming what does not parse."""
+    text = re.sub(r"\([^)]*\)", "", gres.strip())  # socket bindings: (S:0-1), (S:0,2)
+    if text.lower() in _NO_VALUE:
+        return 0
+    total = 0
+    for item in text.split(","):
+        name, _, rest = item.strip().partition(":")
+        if name != "gpu":
+            continue
+        count = rest.rpartition(":")[2] if rest else "1"
+        if not count.isdigit():
+            if rest and ":" not in rest and re.fullmatch(r"[A-Za-z][\w.\-]*", rest):
+                count = "1"  # gpu:tesla, a type without a count: one
+            else:
+                raise ValueError(f"GPU count {count!r} in Gres {gres.strip()!r} is not a number")
+        total += int(count)
+    return total
+
+
+def parse_sinfo_gpus(text: str) -> tuple[dict[str, int], dict[str, str]]:
+    """GPUs per node from ``sinfo -N -h -o '%N|%G'``: the counts that parse, and for
+    each node whose ``Gres`` does not, why (the other nodes still count)."""
+    gpus: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, sep, gres = line.partition("|")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+            raise OutputParseError("expected 'NODE|GRES'", line_no, line)
+        try:
+            gpus[name] = gpu_count(gres)
+        except ValueError as exc:
+            errors[name] = str(exc)
+    if not gpus and not errors:
+        raise OutputParseError("no node lines in sinfo output")
+    return gpus, errors
+
+
 def parse_running(text: str, bf_partitions: Sequence[str]) -> frozenset[str]:
     """Nodes held only by jobs of ``bf_partitions``, from ``squeue -h -t R -o '%P|%N'``.
 
@@ -346,7 +393,8 @@ class SlurmScheduler(Scheduler):
     partition, since any pending job can take an idle node it shares. ``use_json`` reads
     ``sinfo --json`` instead of the text format. ``bf_partitions`` names bftrainer's own
     preemptible partitions (``bf``): nodes held only by their jobs count as idle (one more
-    ``squeue`` per poll).
+    ``squeue`` per poll). ``read_gpus``: also read the GPUs of those partitions' nodes
+    (one more ``sinfo`` per poll), for ``--slots-per-node gres``.
     """
 
     name = "slurm"
@@ -357,6 +405,7 @@ class SlurmScheduler(Scheduler):
         partitions: Sequence[str] = (),
         use_json: bool = False,
         bf_partitions: Sequence[str] = (),
+        read_gpus: bool = False,
     ) -> None:
         for p in (*partitions, *bf_partitions):
             if not re.fullmatch(r"[A-Za-z0-9_.\-]+", p):
@@ -364,6 +413,7 @@ class SlurmScheduler(Scheduler):
         self.partitions = tuple(partitions)
         self.use_json = use_json
         self.bf_partitions = tuple(bf_partitions)
+        self.read_gpus = read_gpus
 
     def sinfo_argv(self) -> list[str]:
         if self.use_json:
@@ -371,6 +421,14 @@ class SlurmScheduler(Scheduler):
         argv = ["sinfo", "-N", "-h", "-o", "%N|%T"]
         if self.partitions:
             argv += ["-p", ",".join(self.partitions)]
+        return argv
+
+    def gres_argv(self) -> list[str]:
+        """The GPUs of the nodes holders run on (the bf partitions), else of the pool's."""
+        argv = ["sinfo", "-N", "-h", "-o", "%N|%G"]
+        partitions = self.bf_partitions or self.partitions
+        if partitions:
+            argv += ["-p", ",".join(partitions)]
         return argv
 
     @staticmethod
@@ -403,7 +461,11 @@ class SlurmScheduler(Scheduler):
             held = _parsed(
                 runner, self.running_argv(), lambda out: parse_running(out, self.bf_partitions)
             )
-        return node_states(kinds, now_s, held)
+        states = node_states(kinds, now_s, held)
+        if self.read_gpus:
+            gpus, errors = _parsed(runner, self.gres_argv(), parse_sinfo_gpus)
+            states = replace(states, gpus=gpus, gpu_errors=errors)
+        return states
 
     def read_claims(self, runner: CommandRunner, now_s: float) -> Claims:
         jobs = _parsed(runner, self.squeue_argv(), parse_squeue_start)

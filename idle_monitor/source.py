@@ -61,6 +61,11 @@ class NodeStates:
     nodes: frozenset[str]
     idle: frozenset[str]
     set_aside: frozenset[str] = frozenset()
+    # GPUs per node, read only when asked (``--slots-per-node gres``; Slurm's
+    # ``Gres=gpu:N``): ``gpus`` those that parse (0: no GPU), ``gpu_errors`` why a
+    # node's did not, in one line.
+    gpus: Mapping[str, int] = field(default_factory=dict)
+    gpu_errors: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = (self.idle | self.set_aside) - self.nodes
@@ -150,6 +155,9 @@ class PoolView:
     # Seconds until the main scheduler takes each claimed node (in the pool or not:
     # a node we hold is claimed too), from the last claims read, counted down to now.
     claims_s: Mapping[str, float] = field(default_factory=dict)
+    # GPUs per node, and why a node's count did not parse, as last read (NodeStates).
+    gpus: Mapping[str, int] = field(default_factory=dict)
+    gpu_errors: Mapping[str, str] = field(default_factory=dict)
 
 
 def cut_pool(
@@ -341,6 +349,7 @@ class LivePoolSource:
         failed = self._nodes_failed_s
         stale_s = now_s - failed if failed is not None else 0.0
         take_back = self._claims.take_back_s if self._claims else {}
+        states = self._states
         return PoolView(
             time_s=reading.time_s if reading else now_s,
             pool=pool,
@@ -350,6 +359,8 @@ class LivePoolSource:
             growth_held=(reading.growth_held if reading else True)
             or stale_s > self.config.max_stale_s,
             claims_s={n: max(0.0, at_s - now_s) for n, at_s in take_back.items()},
+            gpus=states.gpus if states is not None else {},
+            gpu_errors=states.gpu_errors if states is not None else {},
         )
 
 

@@ -222,11 +222,7 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     pool_size = len(problem.pool)
     taking_part = admitted(problem)[0]
     share = pool_size / max(len(taking_part), 1)
-    groups: dict[str, int] = {}
-    if problem.fair_by != "trainer":
-        for t in taking_part:
-            g = problem.group_of(t)
-            groups[g] = groups.get(g, 0) + 1
+    groups = _group_sizes(problem, taking_part)
     total_weight = sum(problem.weight_of(g) for g in groups)
     terms = []
     for t in taking_part:
@@ -260,13 +256,26 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     return terms
 
 
+def _group_sizes(problem: Problem, taking_part: tuple[TrainerSpec, ...]) -> dict[str, int]:
+    """k_u: admitted trainers per group when fair by user or account; empty by trainer."""
+    groups: dict[str, int] = {}
+    if problem.fair_by != "trainer":
+        for t in taking_part:
+            g = problem.group_of(t)
+            groups[g] = groups.get(g, 0) + 1
+    return groups
+
+
 def _slot_terms(problem: Problem) -> list[TrainerTerms]:
     """The terms with slots (S > 1): the unit is a slot; O_j packed and spread at every
-    count, through the same metric and fairness steps as ``_value_table``."""
+    count, through the same metric and fairness steps as ``_value_table``, shares and
+    group sizes counted in slots (|pool| x S)."""
     S = problem.slots_per_node
     capacity = len(problem.pool) * S
     taking_part = admitted(problem)[0]
     share = capacity / max(len(taking_part), 1)
+    groups = _group_sizes(problem, taking_part)
+    total_weight = sum(problem.weight_of(g) for g in groups)
     terms = []
     for t in taking_part:
         n_max = min(t.n_max, capacity)
@@ -274,7 +283,14 @@ def _slot_terms(problem: Problem) -> list[TrainerTerms]:
         if not runnable:
             n_max = 0
         current = problem.current_nodes(t)
-        packed, spread = _slot_values(problem, t, share, max(n_max, len(current)))
+        group = None
+        mine = share
+        if groups:
+            g = problem.group_of(t)
+            group = (groups[g], problem.weight_of(g))
+            # The group's share of the pool's slots, split among its trainers.
+            mine = capacity * group[1] / total_weight / group[0]
+        packed, spread = _slot_values(problem, t, mine, max(n_max, len(current)), group)
         c = len(current)
         current_value = float(packed[c] if is_packed(current, S) else spread[c])
         terms.append(
@@ -300,9 +316,16 @@ def _slot_terms(problem: Problem) -> list[TrainerTerms]:
 
 
 def _slot_values(
-    problem: Problem, t: TrainerSpec, share: float, top: int
+    problem: Problem,
+    t: TrainerSpec,
+    share: float,
+    top: int,
+    group: tuple[int, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """O_j packed and spread at counts 0..top (spread never above packed)."""
+    """O_j packed and spread at counts 0..top (spread never above packed).
+
+    ``group``: (k_u, w_u) of the trainer's group when fair by user or account, applied
+    as in ``_value_table``."""
     grid = np.arange(top + 1, dtype=float)
 
     def raw(curve: tuple[tuple[float, float], ...]) -> np.ndarray:
@@ -325,10 +348,22 @@ def _slot_values(
         at_share = t.value_at(min(max(share, t.n_min), t.n_max)) / norm
         norm = norm * at_share if at_share > 0 else norm
     packed, spread = packed / norm, spread / norm
+    if group is None:
+        if problem.fairness_p != 1.0:
+            packed = fairness_transform(packed, problem.fairness_p)
+            spread = fairness_transform(spread, problem.fairness_p)
+        return packed, spread
+    k, w = group
+    if problem.fair_share_speedup:
+        inner = 1.0  # already relative to the group's share
+    elif problem.fairness_p == 1.0:
+        return packed, spread  # (w/k) (k/w) v: the plain sum, whoever owns what
+    else:
+        inner = k / w
     if problem.fairness_p != 1.0:
-        packed = fairness_transform(packed, problem.fairness_p)
-        spread = fairness_transform(spread, problem.fairness_p)
-    return packed, spread
+        packed = fairness_transform(packed * inner, problem.fairness_p)
+        spread = fairness_transform(spread * inner, problem.fairness_p)
+    return packed * (w / k), spread * (w / k)
 
 
 def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:

@@ -150,11 +150,6 @@ class Problem:
                 maximum=FAIR_WEIGHT_RANGE[1],
             )
         _check_int(self.slots_per_node, "slots_per_node", minimum=1)
-        if self.slots_per_node > 1 and self.fair_by != "trainer":
-            raise ProblemError(
-                f"fair_by {self.fair_by} with slots_per_node {self.slots_per_node} is not "
-                "modelled yet: fairness by user or account works on whole nodes only"
-            )
         ids: set[str] = set()
         for t in self.trainers:
             if t.id in ids:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number
+from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number, SlotsPerNode
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.cli.service import socket_dir_option, state_dir_option
@@ -62,10 +62,12 @@ log = logging.getLogger(__name__)
 )
 @click.option(
     "--slots-per-node",
-    type=Number(integer=True, min=1, max=1024),
+    type=SlotsPerNode(),
+    metavar="S|gres",
     help="Slots (GPUs) per held node: trainers share a node, each worker on its own "
     "slot's GPUs or CPUs; --min-nodes/--max-nodes then count slots (default 1: whole "
-    "nodes). docs/deployment.md.",
+    "nodes). 'gres': the GPU count of the bf partition's nodes (Slurm's Gres=gpu:N), "
+    "read at start. docs/deployment.md.",
 )
 @click.option(
     "--holder-script",
@@ -119,7 +121,7 @@ def daemon_cmd(
     config_path: Path | None,
     policy: str | None,
     poll_interval_s: float | None,
-    slots_per_node: int | None,
+    slots_per_node: int | str | None,
     holder_script: Path | None,
     holder_args: tuple[str, ...],
     holder_slack_s: float,
@@ -158,6 +160,12 @@ def daemon_cmd(
         config = load_daemon_config(config_path, flags, names)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+    if config.gpu_slots and (centre or source["scheduler"] != "slurm"):
+        raise UsageError(
+            "--slots-per-node gres reads Slurm's Gres=gpu:N for a daemon of its own; "
+            f"{'the centre mode' if centre else 'LSF'} does not read GPU counts yet: "
+            "give a number"
+        )
     if centre:
         from bftrainer.cli.centre import run_allocator
 
@@ -199,6 +207,7 @@ def serve(
     until SIGTERM or Ctrl-C."""
     from bftrainer import __version__
     from bftrainer.daemon import Daemon, state_unwritable
+    from bftrainer.gpu_slots import GresError
 
     try:
         ensure_state_dir(path)
@@ -212,7 +221,7 @@ def serve(
     except click.ClickException:
         lock.release()
         raise
-    monitor = build_source(**source)
+    monitor = build_source(**source, read_gpus=config.gpu_slots)
     store = Store.open(path)
     daemon = Daemon(
         store,
@@ -249,7 +258,11 @@ def serve(
         config.objective,
         config.poll_interval_s,
         config.holder_lease_s,
-        f", {config.slots_per_node} slots per node" if config.slots_per_node > 1 else "",
+        ", slots per node from the nodes' GPUs (gres)"
+        if config.gpu_slots
+        else f", {config.slots_per_node} slots per node"
+        if config.slots_per_node > 1
+        else "",
     )
     if metrics is not None:
         log.info(
@@ -258,6 +271,8 @@ def serve(
         )
     try:
         daemon.run()
+    except GresError as exc:
+        raise click.ClickException(str(exc)) from None
     except (sqlite3.Error, OSError) as exc:
         if not state_unwritable(exc):
             raise

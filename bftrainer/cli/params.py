@@ -165,3 +165,19 @@ class InputTextFile(click.File):
             if problem is not None:
                 self.fail(problem, param, ctx)
         return super().convert(value, param, ctx)
+
+
+class SlotsPerNode(click.ParamType):
+    """``--slots-per-node``: a whole number of slots, 1 to 1024, or ``gres`` (read from
+    the scheduler's GPU counts; the daemon only)."""
+
+    name = "S|gres"
+    _number = Number(integer=True, min=1, max=1024)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "gres":
+            return "gres"
+        number = self._number.parse(value)
+        if number is None:
+            self.fail(f"{value!r} is not {self._number.describe()}, nor gres", param, ctx)
+        return number

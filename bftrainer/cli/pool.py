@@ -157,6 +157,7 @@ def build_source(
     lsf_plan_file: str | None = None,
     bf_queues: tuple[str, ...] = (),
     filter_blips: bool = True,
+    read_gpus: bool = False,
 ) -> LivePoolSource:
     """A ``LivePoolSource`` from the command-line options; bad values raise UsageError."""
     env = parse_env(env_pairs)
@@ -190,13 +191,18 @@ def build_source(
             )
         try:
             sched = SlurmScheduler(
-                partitions=partitions, use_json=sinfo_json, bf_partitions=bf_partitions
+                partitions=partitions,
+                use_json=sinfo_json,
+                bf_partitions=bf_partitions,
+                read_gpus=read_gpus,
             )
         except ValueError as exc:
             raise UsageError(f"--partition/--bf-partition: {exc}") from None
     else:
         from bftrainer.idle_monitor.lsf import PLAN_AUTO, LsfScheduler
 
+        if read_gpus:
+            raise UsageError("--slots-per-node gres: LSF's ngpus is not read yet")
         if partitions or sinfo_json or bf_partitions:
             raise UsageError(
                 "--partition, --bf-partition and --sinfo-json are for --scheduler slurm"

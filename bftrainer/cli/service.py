@@ -260,6 +260,8 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
     return {
         "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
         "slots_per_node": store.get_setting("slots_per_node", 1),
+        # "gres": read from the nodes' GPU counts (--slots-per-node gres); else "config".
+        "slots_from": store.get_setting("slots_from", "config"),
         "pool_time_s": pool["time_s"],
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
         "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
@@ -315,16 +317,21 @@ def status_cmd(
     click.echo(f"daemon: {'pid ' + str(pid) if pid is not None else 'not running'} ({path})")
     held = sum(p.get("holder_state") == "running" for p in data["pool"])
     asked = sum(p.get("holder_state") == "pending" for p in data["pool"])
-    free = len(data["pool"]) - held - asked
-    click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held")
+    out = sum(bool(p.get("left_out")) and p.get("holder_state") is None for p in data["pool"])
+    free = len(data["pool"]) - held - asked - out
+    left = f", {out} left out for their GPU count" if out else ""
+    click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held{left}")
     shared = data["slots_per_node"] > 1
-    if shared:
-        click.echo(f"slots per node: {data['slots_per_node']}")
+    if shared or data["slots_from"] == "gres":
+        source = " (the nodes' GPU count: gres)" if data["slots_from"] == "gres" else ""
+        click.echo(f"slots per node: {data['slots_per_node']}{source}")
     for p in data["pool"]:
         window = p.get("window_s")
         users = p.get("trainer") or ""
         if shared and p.get("slots"):
             users = " ".join(f"{t}[{_numbers(s)}]" for t, s in p["slots"].items())
+        if p.get("left_out"):
+            users = f"left out: {p['left_out']}"
         click.echo(
             f"  {p['node']}\twindow {'open' if window is None else f'{window:.0f} s'}"
             f"\t{p.get('holder_state') or 'free'}\t{users}"

@@ -4,13 +4,15 @@
 #   scripts/slurm/local-cluster.sh start    # install (root), start, print SLURM_CONF=...
 #   scripts/slurm/local-cluster.sh status   # exit 0 when running and answering
 #   scripts/slurm/local-cluster.sh stop     # cancel jobs, stop daemons by PID
+#   scripts/slurm/local-cluster.sh gpus node3 1   # GRES_GPUS clusters: node3 now has 1 GPU
 #
 #   eval "export $(scripts/slurm/local-cluster.sh start)"   # then sinfo, squeue, sbatch
 #
 # Settings (environment): NNODES (8), SLURM_LOCAL_DIR (/var/tmp/bftrainer-slurm),
 # SLURM_LOCAL_CTLD_PORT (16817), SLURM_LOCAL_SLURMD_PORT (16818),
 # SLURM_LOCAL_NODE_PORT (17000: node i listens on NODE_PORT+i), SLURM_LOCAL_INSTALL (1:
-# apt-get install missing packages when root).
+# apt-get install missing packages when root), GRES_GPUS (unset: no GRES; N: every node
+# declares Gres=gpu:N, without devices).
 # Only the SLURM_CONF line goes to stdout; progress and errors go to stderr.
 # Exit codes: 0 ok, 1 failure, 3 Slurm absent and cannot be installed (not root).
 #
@@ -22,6 +24,11 @@
 set -euo pipefail
 
 NNODES=${NNODES:-8}
+GRES_GPUS=${GRES_GPUS:-}
+if [[ -n "$GRES_GPUS" && ! "$GRES_GPUS" =~ ^[1-9][0-9]{0,2}$ ]]; then
+  echo "local-cluster: GRES_GPUS=$GRES_GPUS: expected a GPU count per node, 1 to 999" >&2
+  exit 1
+fi
 STATE_DIR=${SLURM_LOCAL_DIR:-/var/tmp/bftrainer-slurm}
 CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-16817}
 SLURMD_PORT=${SLURM_LOCAL_SLURMD_PORT:-16818}
@@ -102,10 +109,29 @@ install_slurm() {
 
 node_names() { local i; for i in $(seq 1 "$NNODES"); do echo "node$i"; done; }
 
+gres_line() {
+  # $1 node, $2 GPUs: its gres.conf line, and as many empty files as "devices".
+  local i
+  mkdir -p "$STATE_DIR/dev"
+  for i in $(seq 0 $(($2 - 1))); do : >"$STATE_DIR/dev/gpu$i"; done
+  echo "NodeName=$1 Name=gpu File=$STATE_DIR/dev/gpu[0-$(($2 - 1))]" >>"$STATE_DIR/gres.conf"
+}
+
 write_conf() {
-  local lines="" i
+  local lines="" i gres="" gres_types=""
+  if [ -n "$GRES_GPUS" ]; then
+    # GPUs that do not exist: slurmd drops a GPU without a File, so each is an empty
+    # regular file (slurmd logs that it is not a device, and counts it; Slurm then
+    # shows Gres=gpu:N). docs/slurm-local.md, "GPU counts".
+    gres=" Gres=gpu:$GRES_GPUS"
+    gres_types="GresTypes=gpu"
+    : >"$STATE_DIR/gres.conf"
+    for i in $(seq 1 "$NNODES"); do gres_line "node$i" "$GRES_GPUS"; done
+  else
+    rm -f "$STATE_DIR/gres.conf"
+  fi
   for i in $(seq 1 "$NNODES"); do
-    lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + i))"$'\n'
+    lines+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((NODE_PORT + i))$gres"$'\n'
   done
   mkdir -p "$STATE_DIR"/{ctld,run,log} "$STATE_DIR"/spool
   for i in $(seq 1 "$NNODES"); do mkdir -p "$STATE_DIR/spool/node$i"; done
@@ -114,7 +140,7 @@ write_conf() {
   printf '%s' "$lines" >"$STATE_DIR/node-lines"
   sed -e "s|@CTLD_HOST@|$(hostname -s)|" -e "s|@CTLD_PORT@|$CTLD_PORT|" \
       -e "s|@SLURMD_PORT@|$SLURMD_PORT|" -e "s|@STATE_DIR@|$STATE_DIR|g" \
-      -e "s|@NODE_LIST@|node[1-$NNODES]|g" \
+      -e "s|@NODE_LIST@|node[1-$NNODES]|g" -e "s|@GRES_TYPES@|$gres_types|" \
       -e "/@NODE_LINES@/{r $STATE_DIR/node-lines" -e "d}" \
       "$HERE/slurm.conf.in" >"$tmp"
   mv "$tmp" "$CONF"
@@ -133,7 +159,7 @@ wait_idle() {
   local limit=$((30 + NNODES / 8)) deadline up
   deadline=$((SECONDS + limit))
   while [ $SECONDS -lt $deadline ]; do
-    up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail)' || true)
+    up=$(SLURM_CONF=$CONF sinfo -N -h -p main -o '%N %T' 2>/dev/null | grep -cvE ' (down|unknown|drain|not_responding|fail|inval)' || true)
     [ "$up" = "$NNODES" ] && return 0
     sleep 0.5
   done
@@ -206,6 +232,49 @@ stop() {
   log "stopped"
 }
 
+stop_one() {
+  # $1 pid file, $2 program: TERM it if it is ours and wait (up to 10 s) until it is gone.
+  local pid i
+  pid=$(pid_of "$1" "$2") || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  log "$2 ($pid) did not stop"
+  exit 1
+}
+
+set_gpus() {
+  # $1 node, $2 GPUs: what an administrator does to a node whose GPUs change: its
+  # Gres in slurm.conf and gres.conf, then slurmctld (jobs kept) and that slurmd
+  # restarted. Slurm kills a job running there ("gres/gpu count mismatch").
+  local node=${1:-} count=${2:-} deadline
+  if ! [[ "$node" =~ ^node[0-9]+$ && "$count" =~ ^[1-9][0-9]{0,2}$ ]]; then
+    log "usage: $0 gpus nodeN COUNT"
+    exit 2
+  fi
+  running || { log "not running ($STATE_DIR)"; exit 1; }
+  if [ ! -s "$STATE_DIR/gres.conf" ] || ! grep -q "^NodeName=$node .* Gres=gpu:" "$CONF"; then
+    log "gpus: $node declares no GPU: start the cluster with GRES_GPUS=N"
+    exit 1
+  fi
+  sed -i -E "s/^(NodeName=$node .*) Gres=gpu:[0-9]+$/\1 Gres=gpu:$count/" "$CONF"
+  sed -i "/^NodeName=$node /d" "$STATE_DIR/gres.conf"
+  gres_line "$node" "$count"
+  stop_one "$STATE_DIR/run/slurmctld.pid" slurmctld
+  stop_one "$STATE_DIR/run/slurmd-$node.pid" slurmd
+  slurmctld -f "$CONF"
+  slurmd -f "$CONF" -N "$node"
+  deadline=$((SECONDS + 30))
+  until [ "$(SLURM_CONF=$CONF sinfo -h -n "$node" -p main -o %G 2>/dev/null)" = "gpu:$count" ]; do
+    if [ $SECONDS -ge $deadline ]; then
+      log "$node not back with $count GPU(s): $(SLURM_CONF=$CONF sinfo -h -n "$node" -o '%T %G %E' 2>&1)"
+      exit 1
+    fi
+    sleep 0.5
+  done
+  wait_idle || exit 1 # every node answering the restarted slurmctld again
+  log "$node has $count GPU(s)"
+}
+
 status() {
   if running; then
     echo "SLURM_CONF=$CONF"
@@ -218,11 +287,12 @@ status() {
 
 case "${1:-}" in
   start) secure_state_dir create ;;
-  stop | status) secure_state_dir ;;
+  stop | status | gpus) secure_state_dir ;;
 esac
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  gpus) set_gpus "${2:-}" "${3:-}" ;;
+  *) echo "usage: $0 start|stop|status|gpus nodeN COUNT" >&2; exit 2 ;;
 esac

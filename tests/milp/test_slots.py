@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
 from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, map_slots
+from tests.milp.oracle import admitted, owner
 from tests.milp.strategies import curves
 
 BEFORE = Path(__file__).parent / "data" / "allocations_before_slots.json"
@@ -42,7 +43,8 @@ def test_one_slot_per_node_gives_the_allocations_of_before(case: dict) -> None:
 
 # ---- S > 1 against an exhaustive search over slot maps --------------------------------
 def _metric(problem: Problem, t: TrainerSpec, k: int, packed: bool) -> float:
-    """O_j at k slots, packed or spread, written from docs/allocator.md ("Slots")."""
+    """O_j at k slots, packed or spread, written from docs/allocator.md ("Slots" and
+    "Fair by user or account")."""
     if k == 0:
         return 0.0
     p_raw = t.value_at(float(k))
@@ -54,15 +56,31 @@ def _metric(problem: Problem, t: TrainerSpec, k: int, packed: bool) -> float:
     if problem.objective == "speedup":
         one = t.value_at(1.0)
         v = v / one if one > 0 else 0.0
+    # By user or account: the group's weight w and its k admitted trainers (by trainer,
+    # each trainer is a group of one of weight 1); shares count slots, |pool| x S.
+    taking_part = admitted(problem)
+    mine = owner(problem, t)
+    k_u = sum(1 for o in taking_part if owner(problem, o) == mine)
+    by_trainer = problem.fair_by == "trainer"
+    w = 1.0 if by_trainer else problem.fair_weights.get(mine, 1.0)
+    total_w = sum(
+        1.0 if by_trainer else problem.fair_weights.get(g, 1.0)
+        for g in {owner(problem, o) for o in taking_part}
+    )
     if problem.fair_share_speedup:
-        admitted = len(problem.trainers[: problem.max_trainers])
         slots = len(problem.pool) * problem.slots_per_node
-        ref = t.value_at(min(max(slots / max(admitted, 1), t.n_min), t.n_max))
+        ref = t.value_at(min(max(slots * w / total_w / k_u, t.n_min), t.n_max))
         if problem.objective == "speedup":
             one = t.value_at(1.0)
             ref = ref / one if one > 0 else 0.0
         v = v / ref if ref > 0 else v
-    p = problem.fairness_p
+        return w / k_u * _f_p(problem.fairness_p, v)
+    if problem.fairness_p == 1:
+        return v
+    return w / k_u * _f_p(problem.fairness_p, k_u * v / w)
+
+
+def _f_p(p: float, v: float) -> float:
     if p == 1:
         return v
     if p == 0:
@@ -76,7 +94,7 @@ def _packed(holding: tuple[str, ...], s: int) -> bool:
 
 def _eq16(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
     total, s = 0.0, problem.slots_per_node
-    for t in problem.trainers[: problem.max_trainers]:
+    for t in admitted(problem):
         got, cur = nodes.get(t.id, ()), problem.current_nodes(t)
         n, c = len(got), len(cur)
         r = t.rescale_up_s if n > c else t.rescale_down_s if n < c else 0.0
@@ -86,26 +104,28 @@ def _eq16(problem: Problem, nodes: dict[str, tuple[str, ...]]) -> float:
 
 
 def _brute_force(problem: Problem) -> float:
-    admitted = [t.id for t in problem.trainers[: problem.max_trainers]]
+    taking_part = [t.id for t in admitted(problem)]
     slots = [n for n in problem.pool for _ in range(problem.slots_per_node)]
     best = -math.inf
-    for owners in itertools.product([None, *admitted], repeat=len(slots)):
-        nodes: dict[str, tuple[str, ...]] = {t: () for t in admitted}
-        for node, owner in zip(slots, owners, strict=True):
-            if owner is not None:
-                nodes[owner] += (node,)
+    for owners in itertools.product([None, *taking_part], repeat=len(slots)):
+        nodes: dict[str, tuple[str, ...]] = {t: () for t in taking_part}
+        for node, taker in zip(slots, owners, strict=True):
+            if taker is not None:
+                nodes[taker] += (node,)
         if not violations(problem, nodes):
             best = max(best, _eq16(problem, nodes))
     return best
 
 
 @st.composite
-def slot_problems(draw: st.DrawFn) -> Problem:
+def slot_problems(draw: st.DrawFn, owners: bool = False) -> Problem:
+    """S = 2-3, 1-3 nodes, 1-2 trainers; with ``owners``, 2-3 trainers of users "a" and
+    "b" (at most 6 slots, so the search stays small), fair by user, weights drawn."""
     s = draw(st.integers(2, 3))
-    pool = [f"n{i}" for i in range(draw(st.integers(1, 3)))]
+    pool = [f"n{i}" for i in range(draw(st.integers(1, 3 if not owners else 6 // s)))]
     cap = {n: s for n in [*pool, "gone"]}
     trainers = []
-    for j in range(draw(st.integers(1, 2))):
+    for j in range(draw(st.integers(1, 2) if not owners else st.integers(2, 3))):
         n_min = draw(st.integers(1, 2))
         n_max = draw(st.integers(n_min, 5))
         held: list[str] = []
@@ -126,8 +146,14 @@ def slot_problems(draw: st.DrawFn) -> Problem:
                 curve=draw(curves(n_max)),
                 nodes=tuple(held),
                 spread_curve=draw(st.one_of(st.none(), curves(n_max))),
+                user=draw(st.sampled_from("ab")) if owners else "",
             )
         )
+    fair: dict[str, object] = {}
+    if owners:
+        weights = st.dictionaries(st.sampled_from("ab"), st.sampled_from([0.5, 2.0]))
+        limit = draw(st.integers(2, 3))
+        fair = {"fair_by": "user", "fair_weights": draw(weights), "max_trainers": limit}
     return Problem(
         pool=tuple(pool),
         trainers=tuple(trainers),
@@ -136,6 +162,7 @@ def slot_problems(draw: st.DrawFn) -> Problem:
         fairness_p=draw(st.sampled_from([1.0, 0.0, -1.0])),
         fair_share_speedup=draw(st.booleans()),
         slots_per_node=s,
+        **fair,  # type: ignore[arg-type]
     )
 
 
@@ -148,6 +175,19 @@ def _tol(x: float) -> float:
 def test_slot_answers_lie_within_the_stated_bound_of_the_exact_optimum(problem: Problem) -> None:
     """count (dp and highs): answer <= optimum <= bound, and the answer is the optimum
     when its status is ``optimal``; node (the slot-level MILP) is the optimum."""
+    _check_within_bound(problem)
+
+
+@settings(max_examples=120, deadline=None)
+@given(slot_problems(owners=True))
+def test_fair_by_user_with_slots_lies_within_the_bound_of_the_exact_optimum(
+    problem: Problem,
+) -> None:
+    """The same, fair by user (weights drawn): the group objective valued on its own."""
+    _check_within_bound(problem)
+
+
+def _check_within_bound(problem: Problem) -> None:
     best = _brute_force(problem)
     for solver, formulation in (("dp", "count"), ("highs", "count"), ("highs", "node")):
         a = allocate(problem, solver=solver, formulation=formulation)
