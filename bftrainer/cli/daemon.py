@@ -160,23 +160,23 @@ def daemon_cmd(
         config = load_daemon_config(config_path, flags, names)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    if config.gpu_slots and (centre or source["scheduler"] != "slurm"):
+    if centre and (config.gpu_slots or config.slots_per_node > 1):
+        # Each user's agent holds its nodes with its own holder jobs: a node held by one
+        # user cannot carry another user's trainers on its other slots.
+        shared = "gres" if config.gpu_slots else str(config.slots_per_node)
         raise UsageError(
-            "--slots-per-node gres reads Slurm's Gres=gpu:N for a daemon of its own; "
-            f"{'the centre mode' if centre else 'LSF'} does not read GPU counts yet: "
-            "give a number"
+            f"--centre: {shared} slots per node is not supported: a node is held by one "
+            "user's holder job, so its slots cannot be shared among users (run the centre "
+            "with whole nodes, slots_per_node 1)"
+        )
+    if config.gpu_slots and source["scheduler"] != "slurm":
+        raise UsageError(
+            "--slots-per-node gres reads Slurm's Gres=gpu:N; LSF's GPU counts are not read "
+            "yet: give a number"
         )
     if centre:
         from bftrainer.cli.centre import run_allocator
 
-        if config.slots_per_node > 1:
-            # Each user's agent holds its nodes with its own holder jobs: a node held by
-            # one user cannot carry another user's trainers on its other slots.
-            raise UsageError(
-                f"--centre: {config.slots_per_node} slots per node is not supported: a node "
-                "is held by one user's holder job, so its slots cannot be shared among users "
-                "(run the centre with whole nodes, slots_per_node 1)"
-            )
         hold = {
             "script": None if holder_script is None else str(holder_script),
             "args": list(holder_args),

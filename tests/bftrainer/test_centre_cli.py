@@ -59,10 +59,11 @@ def test_the_allocator_refuses_shared_nodes(tmp_path: Path) -> None:
     """A node is held by one user's holder: its slots cannot go to several users."""
     sockets = tmp_path / "sockets"
     sockets.mkdir(mode=0o755)
-    code, out = run(*CENTRE, "--socket-dir", str(sockets), "--slots-per-node", "2")
-    assert code == 2
-    assert "--centre: 2 slots per node is not supported" in out
-    assert not (sockets / "centre.sock").exists()
+    for slots in ("2", "gres"):
+        code, out = run(*CENTRE, "--socket-dir", str(sockets), "--slots-per-node", slots)
+        assert code == 2
+        assert f"--centre: {slots} slots per node is not supported" in out
+        assert not (sockets / "centre.sock").exists()
 
 
 def test_users_commands_say_when_no_allocator_runs(tmp_path: Path) -> None:

@@ -234,3 +234,18 @@ def test_a_scheduler_silent_at_start_is_waited_for(
     (line,) = lines(caplog)
     assert line.startswith("slurm node states unavailable"), line
     assert c.daemon.config.slots_per_node == 2
+
+
+def test_gres_with_lsf_is_refused_in_one_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from bftrainer.cli import cli
+
+    args = ["daemon", "--scheduler", "lsf", "--bf-queue", "killable"]
+    args += ["--state-dir", str(tmp_path / "state"), "--slots-per-node", "gres"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    assert "--slots-per-node gres reads Slurm's Gres=gpu:N; LSF's GPU counts are not read" in (
+        result.output
+    )
+    assert not (tmp_path / "state").exists()
