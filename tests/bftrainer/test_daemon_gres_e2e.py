@@ -4,12 +4,17 @@ count changes under the trainer leaves the pool and comes back, and the trainer 
 with exactly its work; on a cluster that declares no GPU the daemon stops at start with
 one line saying so.
 
-Which test runs depends on the cluster: the default one declares no GPU; start it with
-``GRES_GPUS=2`` (docs/slurm-local.md, "GPU counts") for the other.
+The default cluster declares no GPU (the refusal is tested there); the GPU tests run on
+a second local cluster of 8 nodes with ``GRES_GPUS=2`` (docs/slurm-local.md, "GPU
+counts") that this module starts on free ports and stops, unless the default one declares
+GPUs already.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,15 +31,86 @@ from tests.conftest import CLUSTER_SCRIPT, SlurmCluster, wait_until
 pytestmark = [pytest.mark.slurm]
 
 
+GPUS_PER_NODE = 2
+
+
 def gpus(cluster: SlurmCluster) -> dict[str, int]:
     return parse_sinfo_gpus(cluster.run(["sinfo", "-N", "-h", "-p", "bf", "-o", "%N|%G"]))[0]
 
 
+def free_port_run(count: int) -> int:
+    """A port p with p .. p + count - 1 free (the script's node i listens on base + i)."""
+    for base in range(29000, 32000, 50):
+        try:
+            socks = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise AssertionError("no run of free ports in 29000-32000")
+
+
+@pytest.fixture(scope="module")
+def gpu_env(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
+    """The environment of ``local-cluster.sh`` for a cluster whose nodes have GPUs: the
+    default one if it declares them, else a second one started here (and stopped)."""
+    if slots_from_gpus(gpus(slurm_cluster)) is not None:
+        yield {}
+        return
+    base = free_port_run(len(slurm_cluster.nodes) + 3)
+    env = {
+        # Short: slurmd's sockets live under it (a Unix socket path has 108 bytes).
+        "SLURM_LOCAL_DIR": f"/var/tmp/bftrainer-slurm-gpu-{os.getpid()}",
+        "SLURM_LOCAL_CTLD_PORT": str(base),
+        "SLURM_LOCAL_SLURMD_PORT": str(base + 1),
+        "SLURM_LOCAL_NODE_PORT": str(base + 2),
+        "NNODES": str(len(slurm_cluster.nodes)),
+        "GRES_GPUS": str(GPUS_PER_NODE),
+    }
+    try:
+        done = script(env, "start", timeout_s=600)
+        assert done.returncode == 0, f"the GPU cluster did not start: {done.stderr[-2000:]}"
+        yield env
+    finally:
+        script(env, "stop", timeout_s=120)
+        shutil.rmtree(env["SLURM_LOCAL_DIR"], ignore_errors=True)
+
+
+def script(env: dict[str, str], *args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(CLUSTER_SCRIPT), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
 @pytest.fixture
-def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
+def gpu_slurm(gpu_env: dict[str, str], slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with GPUs, clean before and after the test (as ``slurm`` is)."""
+    if not gpu_env:
+        cluster = slurm_cluster
+    else:
+        conf = Path(gpu_env["SLURM_LOCAL_DIR"]) / "slurm.conf"
+        cluster = SlurmCluster(conf, slurm_cluster.nodes, started_here=True)
+    cluster.reset()
+    yield cluster
+    cluster.reset()
+
+
+@pytest.fixture
+def service(gpu_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
     logs = tmp_path / "logs"
     logs.mkdir()
-    s = Service(slurm, tmp_path / "state", logs)
+    s = Service(gpu_slurm, tmp_path / "state", logs)
     try:
         yield s
     finally:
@@ -82,8 +158,7 @@ def test_the_daemon_takes_s_from_gres_and_a_trainer_fills_a_nodes_slots(
 ) -> None:
     counts = gpus(service.cluster)
     slots = slots_from_gpus(counts)
-    if slots is None:
-        pytest.skip("this cluster declares no GPU: start it with GRES_GPUS=2")
+    assert slots is not None, "the gpu_env fixture gives a cluster with GPUs"
     service.start("equal", extra=["--slots-per-node", "gres"])
     wait_until(lambda: service.status()["slots_per_node"] == slots, 60, f"S = {slots}")
     assert service.status()["slots_from"] == "gres"
@@ -106,25 +181,18 @@ def test_the_daemon_takes_s_from_gres_and_a_trainer_fills_a_nodes_slots(
     assert "internal error" not in log and "Traceback" not in log, log[-4000:]
 
 
-def set_gpus(node: str, count: int) -> None:
+def set_gpus(env: dict[str, str], node: str, count: int) -> None:
     """What an administrator does when a node's GPUs change (local-cluster.sh gpus)."""
-    done = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "gpus", node, str(count)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = script(env, "gpus", node, str(count), timeout_s=120)
     assert done.returncode == 0, done.stderr
 
 
 def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_lost(
-    service: Service,
+    service: Service, gpu_env: dict[str, str]
 ) -> None:
     cluster = service.cluster
     slots = slots_from_gpus(gpus(cluster))
-    if slots is None:
-        pytest.skip("this cluster declares no GPU: start it with GRES_GPUS=2")
+    assert slots is not None, "the gpu_env fixture gives a cluster with GPUs"
     node, others = cluster.nodes[2], [n for n in cluster.nodes if n != cluster.nodes[2]]
     busy = cluster.sbatch(
         "-p", "main", "-N", str(len(others)), "-w", ",".join(others), "-t", "30",
@@ -143,7 +211,7 @@ def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_los
     assert service.trainer(t)["slots"] == {node: list(range(slots))}
     changed = False
     try:
-        set_gpus(node, slots - 1 if slots > 1 else slots + 1)
+        set_gpus(gpu_env, node, slots - 1 if slots > 1 else slots + 1)
         changed = True
         # Slurm itself ends the holder ("gres/gpu count mismatch"): the node leaves, the
         # trainer waits at zero with what it has done.
@@ -151,11 +219,11 @@ def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_los
         wait_until(lambda: "left out: it has" in service.cli("status"), 30, f"{node} left out")
         before = service.trainer(t)["samples_done"]
         assert 0 < before < work
-        set_gpus(node, slots)
+        set_gpus(gpu_env, node, slots)
         changed = False
     finally:
         if changed:
-            set_gpus(node, slots)  # leave the cluster as it was found
+            set_gpus(gpu_env, node, slots)  # leave the cluster as it was found
     wait_until(lambda: service.trainer(t)["nodes"] != [], 180, f"{t} back on {node}")
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 0
