@@ -822,6 +822,7 @@ class Daemon:
             policy=policy,
             observer=StepLog(self.check_pool, after),
             state=state,
+            keep_finished=False,  # the store has them
         )
         if self.centre is not None:
             self.centre.attach(self.loop, self.store)

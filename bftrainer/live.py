@@ -455,6 +455,7 @@ class LiveDriver:
         self.store.add_metric(trainer_id, record.to_dict(), now_s=record.time_s)
 
     def _finish(self, trainer_id: str, state: str, reason: str) -> None:
+        self._forget(trainer_id)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, state, reason=reason)
@@ -472,12 +473,19 @@ class LiveDriver:
 
     def _fail(self, trainer_id: str, reason: str) -> None:
         self.launchers.pop(trainer_id, None)
+        self._forget(trainer_id)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "failed", reason=reason)
         self._record(trainer_id, ())
         self._reports.append(Completion(trainer_id))
         log.warning("trainer %s failed: %s", trainer_id, reason)
+
+    def _forget(self, trainer_id: str) -> None:
+        """Drop what was read of a finished trainer (the store keeps its figures): a
+        daemon's memory does not grow with every trainer it ever ran."""
+        self._offsets.pop(trainer_id, None)
+        self._samples.pop(trainer_id, None)
 
 
 def _names(nodes: Sequence[str]) -> str:

@@ -463,8 +463,13 @@ class Loop:
         policy: Policy | None = None,
         observer: Observer | None = None,
         state: LoopState | None = None,
+        keep_finished: bool = True,
     ) -> None:
         self.sources = list(sources)
+        # A replay reads its finished trainers at the end (their JCTs); a service that
+        # runs for months records them elsewhere and keeps none here, so that its memory
+        # does not grow with every trainer it ever ran.
+        self.keep_finished = keep_finished
         self.driver = driver
         self.clock = clock
         self.config = config
@@ -710,7 +715,8 @@ class Loop:
             log.warning("%s of unknown or finished trainer %r ignored", why, trainer_id)
             return None
         t.nodes = ()
-        self.finished.append(t)
+        if self.keep_finished:
+            self.finished.append(t)
         self._dirty = True
         log.debug("trainer %s retired (%s) at %.0f", trainer_id, why, self.now_s)
         return t

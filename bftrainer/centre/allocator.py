@@ -342,6 +342,7 @@ class Allocator:
                 policy=self.policy,
                 observer=_Publish(self),
                 state=state,
+                keep_finished=False,  # the agents' stores have them
             )
             self._publish_locked()
         if trainers:

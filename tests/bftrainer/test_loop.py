@@ -194,6 +194,19 @@ def test_one_step_advances_then_completes_then_preempts_then_admits_then_decides
     assert loop.finished[0].finished_s == 10.0
 
 
+def test_a_services_loop_keeps_no_finished_trainer() -> None:
+    """The daemon runs for months: its loop must not grow with every trainer it ran
+    (the store keeps them); the replay's keeps them for its summary."""
+    script: list[tuple[float, Input]] = [
+        (10.0 * i, Arrival(job(f"t{i:03d}", work=5.0))) for i in range(50)
+    ]
+    loop, _, _, obs = make_loop(script, pool=("a", "b"))
+    loop.keep_finished = False
+    loop.run(until_s=600.0)
+    assert sum(s.completions for s in obs.steps) == 50 and not loop.trainers
+    assert loop.finished == []
+
+
 def test_the_driver_learns_the_time_of_every_step_and_a_wakeup_is_not_an_event() -> None:
     report = CurveReport("x", "throughput", ((1.0, 2.0), (8.0, 16.0)))
     driver = ScriptedDriver(reports=[(25.0, report)])
