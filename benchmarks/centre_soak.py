@@ -118,6 +118,8 @@ def main() -> int:
         total.wrong_uid += r.wrong_uid
         total.holders_checked += r.holders_checked
         total.wrong_holder += r.wrong_holder
+        total.cancelled += r.cancelled
+        total.wall_s += r.wall_s
         for kind, n in r.by_kind.items():
             total.by_kind[kind] = total.by_kind.get(kind, 0) + n
     faults = {k: n for k, n in total.by_kind.items() if k in FAULTS}

@@ -110,14 +110,18 @@ class CentreReport(Report):
     holders_checked: int = 0
     wrong_holder: int = 0
     refusals: dict[str, int] = field(default_factory=dict)  # how each was refused
+    cancelled: int = 0  # cancels by the trainers' own users, accepted
+    wall_s: float = 0.0  # events run late when the machine is loaded: the real length
 
     def summary(self) -> str:
+        whose = f"trainers of {self.users} users ({self.cancelled} cancelled by their user),"
         return (
-            super().summary().replace("trainers,", f"trainers of {self.users} users,", 1)
-            + f"; cross-user requests {self.cross_user_tried} tried, "
-            f"{self.cross_user_accepted} accepted; trainer processes checked "
-            f"{self.processes_checked}x, {self.wrong_uid} under another uid; holder jobs "
-            f"checked {self.holders_checked}x, {self.wrong_holder} not their trainer's user's"
+            super().summary().replace("trainers,", whose, 1)
+            + f"; {self.wall_s / 60:.0f} min of wall time; cross-user requests "
+            f"{self.cross_user_tried} tried, {self.cross_user_accepted} accepted; trainer "
+            f"processes checked {self.processes_checked}x, {self.wrong_uid} under another "
+            f"uid; holder jobs checked {self.holders_checked}x, {self.wrong_holder} not their "
+            "trainer's user's"
         )
 
 
@@ -234,6 +238,7 @@ class CentreSoak:
         done = self.c.run(user, "cancel", t["id"])
         if done.returncode == 0:
             self.cancelled.add((user.name, t["id"]))
+            self.report.cancelled += 1
         else:  # e.g. the agent not registered yet after a restart: not cancelled
             print(f"  {user.name}: cancel {t['id']} refused: {done.stderr.strip()}", flush=True)
 
@@ -412,9 +417,9 @@ class CentreSoak:
 
     # ---- the run --------------------------------------------------------------------
     def run(self, drain_s: float = 600.0) -> CentreReport:
+        t0 = time.monotonic()
         self.c.start()
         try:
-            t0 = time.monotonic()
             for a in self.actions:
                 time.sleep(max(0.0, t0 + a.at_s - time.monotonic()))
                 self.act(a)
@@ -437,6 +442,7 @@ class CentreSoak:
             self.check_end()
             self.check_nothing_left()
         finally:
+            self.report.wall_s = time.monotonic() - t0
             self.main_jobs.stop()
             if self.main_job_ids:
                 self.c.cluster.run(["scancel", *self.main_job_ids], check=False)
