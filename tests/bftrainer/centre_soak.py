@@ -178,7 +178,7 @@ class CentreSoak:
 
     def held_nodes(self) -> list[str]:
         rows = self.squeue("-p", "bf", "-t", "R", "-o", "%N")
-        return sorted(n for (node,) in rows for n in [node] if n)
+        return sorted(node for (node,) in rows if node)
 
     def start_agent(self, user: User) -> None:
         """``bftrainer agent`` as ``user``, as a user unit restarts it (its log appended
@@ -395,7 +395,6 @@ class CentreSoak:
             self.c.proc.send_signal(signal.SIGTERM)
             if (rc := self.c.proc.wait(timeout=60)) != 0:
                 self.violate(f"(n) the allocator exited {rc} on SIGTERM")
-        before = self.report.processes_checked
         markers = [f"BFTRAINER_TRAINER_DIR={u.state_dir}/".encode() for u in self.users]
         left = []
         for proc in Path("/proc").iterdir():
@@ -404,7 +403,6 @@ class CentreSoak:
                     environ = (proc / "environ").read_bytes()
                     if any(m in environ for m in markers):
                         left.append(int(proc.name))
-        self.report.processes_checked = before
         if left:
             self.violate(f"(n) trainer processes left: {left}")
         log = self.c.allocator_log()
