@@ -246,7 +246,7 @@ def serve(
         else f"queue {source['bf_queues'][0]}"
     )
     log.info(
-        "bftrainer %s %s started (pid %d): %s %s, state %s, policy %s (%s), "
+        "bftrainer %s %s started (pid %d): %s %s, state %s, policy %s, "
         "poll every %g s, holder lease %g s%s",
         __version__,
         "daemon" if centre is None else "agent",
@@ -254,8 +254,8 @@ def serve(
         source["scheduler"],
         where,
         path,
-        config.policy if centre is None else "the centre's allocator",
-        config.objective,
+        # An agent follows the allocator: its own objective (a default) decides nothing.
+        f"{config.policy} ({config.objective})" if centre is None else "the centre's allocator",
         config.poll_interval_s,
         config.holder_lease_s,
         ", slots per node from the nodes' GPUs (gres)"

@@ -51,7 +51,8 @@ RESCALE_S = Number(min=0.0, max=86400.0)
 def state_dir_option(func: F) -> F:
     return click.option(
         "--state-dir",
-        type=click.Path(file_okay=False, path_type=Path),
+        # No access check here: check_state_dir says in one line whose directory it is.
+        type=click.Path(file_okay=False, readable=False, path_type=Path),
         help="The daemon's state directory (default: $BFTRAINER_STATE_DIR, else "
         "$XDG_STATE_HOME/bftrainer).",
     )(func)

@@ -267,7 +267,7 @@ class CentreSoak:
             how = "refused by the allocator"
             if len(err.splitlines()) != 1:
                 self.violate(f"(x) {user.name}: bftrainer {' '.join(argv)}: {err!r}")
-        elif "is not readable" in last or "ermission denied" in last:
+        elif "is not readable" in last or "ermission denied" in last or "not to you" in last:
             how = "their state directory is not readable"  # 0700, another user's
         else:  # e.g. the allocator down: refused all the same
             how = last[:100]
