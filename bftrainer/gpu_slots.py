@@ -2,8 +2,8 @@
 
 The allocator takes one S per decision (docs/allocator.md, "Slots"), and the partitions
 a centre lends are of one kind (Summit 6 GPUs a node, Polaris 4). So S is read once, at
-start, as the GPU count most of the bf partition's nodes have (Slurm's ``Gres=gpu:N``;
-on a tie, the larger count). Then, at every poll:
+start, as the GPU count most of the bf partition's nodes have (Slurm's ``Gres=gpu:N``,
+LSF's ``ngpus``; on a tie, the larger count). Then, at every poll:
 
 - a node whose count is not S, whose ``Gres`` names no GPU, or whose ``Gres`` does not
   parse is left out of the pool: it is never given slots it does not have. One warning
@@ -58,7 +58,7 @@ class GpuSlotGate:
             elif count is None:
                 continue  # not listed in the bf partition: the holders cannot run there
             elif count == 0:
-                out[node] = "it has no GPU gres (Gres=gpu:N)"
+                out[node] = "it has no GPU"
             elif count != s:
                 out[node] = f"it has {count} GPU(s), not the {s} of the partition's nodes"
             before = self._gpus.get(node)

@@ -27,6 +27,10 @@ formats (``idle_monitor/fixtures/lsf-*``).
 - Without ``-w`` LSF truncates long host names and marks them with ``*``; such a name is
   resolved to the one full name it can be (from ``bslots`` or an earlier reading), or
   the output is rejected as unparseable.
+- ``lsload -gpu -w`` (only with ``--slots-per-node gres``): ``HOST_NAME status ngpus
+  gpu_shared_avg_mut gpu_shared_avg_ut ngpus_physical``; a host's ``ngpus`` is its GPU
+  count. A host it does not list has none; a ``-`` (the host's LIM unavailable) is that
+  host's error, the others still count.
 - OLCF's ``jobstat`` is a site wrapper, not part of LSF: it is not read.
 """
 
@@ -447,6 +451,33 @@ def release_own(row: HostState, own_slots: int) -> HostState:
     return replace(row, status="ok", njobs=row.rsv, run=0, ssusp=0, ususp=0)
 
 
+def parse_lsload_gpus(text: str) -> tuple[dict[str, int], dict[str, str]]:
+    """GPUs per host from ``lsload -gpu -w`` (module docstring): the counts that parse,
+    and for each host whose ``ngpus`` does not, why (the other hosts still count)."""
+    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise OutputParseError("no header line in lsload -gpu output")
+    header_no, header = lines[0]
+    columns = header.split()
+    if "HOST_NAME" not in columns or "ngpus" not in columns:
+        raise OutputParseError("expected a header with HOST_NAME and ngpus", header_no, header)
+    host_at, count_at = columns.index("HOST_NAME"), columns.index("ngpus")
+    status_at = columns.index("status") if "status" in columns else None
+    gpus: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    for line_no, line in lines[1:]:
+        fields = line.split()
+        if len(fields) != len(columns):
+            raise OutputParseError(f"expected {len(columns)} columns", line_no, line)
+        host, count = fields[host_at], fields[count_at]
+        if count.isdigit():
+            gpus[host] = int(count)
+        else:
+            status = f" (status {fields[status_at]})" if status_at is not None else ""
+            errors[host] = f"ngpus {count!r} is not a number{status}"
+    return gpus, errors
+
+
 # ---------------------------------------------------------------------- the adapter
 
 
@@ -465,6 +496,8 @@ class LsfScheduler(Scheduler):
     ``bf_queues``: bftrainer's own preemptible queues; hosts held only by their jobs count
     as idle (one ``bjobs`` per queue and poll), and their pending jobs' plan entries are
     ignored (from the previous poll's ``bjobs``, since claims are read before nodes).
+
+    ``read_gpus``: also read each host's GPU count (``lsload -gpu -w``, one per poll).
     """
 
     name = "lsf"
@@ -477,6 +510,7 @@ class LsfScheduler(Scheduler):
         bf_queues: Sequence[str] = (),
         plan_recheck_s: float = 600.0,
         plan_overdue_s: float = 600.0,
+        read_gpus: bool = False,
     ) -> None:
         for queue in bf_queues:
             if not _QUEUE_NAME.fullmatch(queue):
@@ -495,6 +529,7 @@ class LsfScheduler(Scheduler):
         self.bf_queues = tuple(bf_queues)
         self.plan_recheck_s = plan_recheck_s
         self.plan_overdue_s = plan_overdue_s
+        self.read_gpus = read_gpus
         self._known_hosts: set[str] = set()
         self._listed_hosts: frozenset[str] = frozenset()  # every bhosts row, last reading
         self._own_job_ids: frozenset[str] = frozenset()
@@ -528,6 +563,10 @@ class LsfScheduler(Scheduler):
     def lsid_argv() -> list[str]:
         return ["lsid"]
 
+    @staticmethod
+    def gpus_argv() -> list[str]:
+        return ["lsload", "-gpu", "-w"]
+
     @property
     def plan_path(self) -> str | None:
         """The plan file in use (None: not located yet, or not read)."""
@@ -539,7 +578,8 @@ class LsfScheduler(Scheduler):
     # ------------------------------------------------------------------ nodes
 
     def requirements(self, env: Callable[[str], str | None]) -> tuple[list[str], list[str]]:
-        return ["bhosts", "bslots", *(["bjobs"] if self.bf_queues else [])], []
+        needed = ["bhosts", "bslots", *(["bjobs"] if self.bf_queues else [])]
+        return needed + (["lsload"] if self.read_gpus else []), []
 
     def read_nodes(self, runner: CommandRunner, now_s: float) -> NodeStates:
         argv = self.bhosts_argv()
@@ -560,11 +600,23 @@ class LsfScheduler(Scheduler):
         if not rows:
             raise CommandOutputError(argv, runner.where, "no host matches the host pattern")
         self._known_hosts.update(r.name for r in rows)
-        return NodeStates(
+        states = NodeStates(
             time_s=now_s,
             nodes=frozenset(r.name for r in rows),
             idle=frozenset(r.name for r in rows if r.kind == "idle"),
             set_aside=frozenset(r.name for r in rows if r.kind == "set_aside"),
+        )
+        if not self.read_gpus:
+            return states
+        argv = self.gpus_argv()
+        try:
+            gpus, errors = parse_lsload_gpus(runner.run(argv).stdout)
+        except OutputParseError as exc:
+            raise CommandOutputError(argv, runner.where, f"unparseable output: {exc}") from None
+        return replace(
+            states,
+            gpus={h: gpus.get(h, 0) for h in states.nodes if h not in errors},  # unlisted: none
+            gpu_errors={h: why for h, why in errors.items() if h in states.nodes},
         )
 
     def read_own_jobs(self, runner: CommandRunner) -> tuple[dict[str, int], frozenset[str]]:

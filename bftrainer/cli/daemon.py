@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
     metavar="S|gres",
     help="Slots (GPUs) per held node: trainers share a node, each worker on its own "
     "slot's GPUs or CPUs; --min-nodes/--max-nodes then count slots (default 1: whole "
-    "nodes). 'gres': the GPU count of the bf partition's nodes (Slurm's Gres=gpu:N), "
+    "nodes). 'gres': the GPU count of the bf nodes (Slurm's Gres=gpu:N, LSF's ngpus), "
     "read at start. docs/deployment.md.",
 )
 @click.option(
@@ -168,11 +168,6 @@ def daemon_cmd(
             f"--centre: {shared} slots per node is not supported: a node is held by one "
             "user's holder job, so its slots cannot be shared among users (run the centre "
             "with whole nodes, slots_per_node 1)"
-        )
-    if config.gpu_slots and source["scheduler"] != "slurm":
-        raise UsageError(
-            "--slots-per-node gres reads Slurm's Gres=gpu:N; LSF's GPU counts are not read "
-            "yet: give a number"
         )
     if centre:
         from bftrainer.cli.centre import run_allocator

@@ -201,8 +201,6 @@ def build_source(
     else:
         from bftrainer.idle_monitor.lsf import PLAN_AUTO, LsfScheduler
 
-        if read_gpus:
-            raise UsageError("--slots-per-node gres: LSF's ngpus is not read yet")
         if partitions or sinfo_json or bf_partitions:
             raise UsageError(
                 "--partition, --bf-partition and --sinfo-json are for --scheduler slurm"
@@ -217,6 +215,7 @@ def build_source(
                 host_pattern=host_pattern,
                 plan_file=None if plan_file == "none" else plan_file,
                 bf_queues=bf_queues,
+                read_gpus=read_gpus,
             )
         except re.error as exc:
             raise UsageError(f"--host-pattern {host_pattern!r}: {exc}") from None

@@ -22,7 +22,7 @@ from bftrainer.config import Config, ConfigError
 from bftrainer.daemon import Daemon, load_daemon_config
 from bftrainer.gpu_slots import GresError, slots_from_gpus
 from bftrainer.holders.base import HolderStatus, ReconcileResult
-from bftrainer.idle_monitor.runner import ReplayRunner, recorded
+from bftrainer.idle_monitor.runner import CommandResult, ReplayRunner, recorded
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
 from bftrainer.loop import PoolChange
@@ -145,8 +145,7 @@ def test_the_daemon_reads_s_and_leaves_other_counts_out_in_one_line_each(
         assert lines(caplog) == [
             "node3 is left out of the pool (--slots-per-node gres, 2 slots): it has 1 GPU(s), "
             "not the 2 of the partition's nodes",
-            "node8 is left out of the pool (--slots-per-node gres, 2 slots): it has no GPU "
-            "gres (Gres=gpu:N)",
+            "node8 is left out of the pool (--slots-per-node gres, 2 slots): it has no GPU",
         ]
         caplog.clear()
         assert c.poll() == (set(), set())
@@ -236,16 +235,33 @@ def test_a_scheduler_silent_at_start_is_waited_for(
     assert c.daemon.config.slots_per_node == 2
 
 
-def test_gres_with_lsf_is_refused_in_one_line(tmp_path: Path) -> None:
-    from click.testing import CliRunner
+def test_on_lsf_s_is_the_hosts_ngpus(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The same with LSF: each host's ``ngpus`` from ``lsload -gpu -w`` (recorded)."""
+    from bftrainer.idle_monitor.lsf import LsfScheduler
 
-    from bftrainer.cli import cli
+    def reply(name: str) -> list[CommandResult]:
+        return [recorded((FIXTURES / name).read_text())] * 5
 
-    args = ["daemon", "--scheduler", "lsf", "--bf-queue", "killable"]
-    args += ["--state-dir", str(tmp_path / "state"), "--slots-per-node", "gres"]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 2
-    assert "--slots-per-node gres reads Slurm's Gres=gpu:N; LSF's GPU counts are not read" in (
-        result.output
+    runner = ReplayRunner(
+        {
+            "bhosts": reply("lsf-bhosts-wide.txt"),
+            "bslots": reply("lsf-bslots-long.txt"),
+            "lsload": reply("lsf-lsload-gpu.txt"),
+        }
     )
-    assert not (tmp_path / "state").exists()
+    monitor = LivePoolSource(
+        LsfScheduler(plan_file=None, read_gpus=True),
+        runner,
+        PoolConfig(filter_blips=False),
+        clock=lambda: 1_700_000_000.0,
+    )
+    state_dir = ensure_state_dir(tmp_path / "state")
+    config = load_daemon_config(None, {"slots_per_node": "gres", "poll_interval_s": 1.0})
+    with Store.open(state_dir) as store:
+        daemon = Daemon(store, state_dir, monitor, RunningHolders(), config)  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, logger="bftrainer"):
+            assert daemon.use_gpu_slots()
+    assert daemon.config.slots_per_node == 6  # a01n01-10 but a01n06; 4 on two hosts
+    assert "slots per node: 6, the GPU count of 9 of the 14 node(s) read" in lines(
+        caplog, logging.INFO
+    )

@@ -27,6 +27,7 @@ from bftrainer.idle_monitor.lsf import (
     parse_bslots,
     parse_exec_host,
     parse_lsid_cluster,
+    parse_lsload_gpus,
     parse_plan,
     parse_runtime_s,
     plan_claims,
@@ -706,3 +707,45 @@ def test_trace_record_has_the_lsf_options() -> None:
     result = CliRunner().invoke(cli, ["trace", "record", "--help"])
     assert result.exit_code == 0
     assert "--lsf-plan-file" in result.output and "--bf-queue" in result.output
+
+
+# ---------------------------------------------------------------------- GPUs (ngpus)
+
+
+def test_gpus_are_each_hosts_ngpus_unlisted_hosts_have_none() -> None:
+    """``--slots-per-node gres`` on LSF: ``lsload -gpu -w`` after ``bhosts -w``."""
+    runner = ReplayRunner(
+        {
+            "bhosts": [recorded(fixture("lsf-bhosts-wide.txt"))],
+            "lsload": [recorded(fixture("lsf-lsload-gpu.txt"))],
+        }
+    )
+    states = LsfScheduler(plan_file=None, read_gpus=True).read_nodes(runner, NOW)
+    assert [list(argv) for argv, _ in runner.calls] == [["bhosts", "-w"], ["lsload", "-gpu", "-w"]]
+    assert states.gpus == {
+        **{f"a01n{i:02d}": 6 for i in (1, 2, 3, 4, 5, 7, 8, 9, 10)},
+        LONG: 4,
+        LONG2: 4,
+        "batch1": 0,  # not listed: no GPU
+        "login1": 0,
+    }
+    assert states.gpu_errors == {"a01n06": "ngpus '-' is not a number (status unavail)"}
+
+
+def test_without_gres_no_gpu_command_runs() -> None:
+    runner = ReplayRunner({"bhosts": [recorded(fixture("lsf-bhosts-wide.txt"))]})
+    states = LsfScheduler(plan_file=None).read_nodes(runner, NOW)
+    assert [list(argv) for argv, _ in runner.calls] == [["bhosts", "-w"]] and not states.gpus
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "no header line"),
+        ("HOST_NAME status ngpus_physical\na01n01 ok 6\n", "a header with HOST_NAME and ngpus"),
+        (fixture("lsf-lsload-gpu.txt").replace("     12%", "", 1), "expected 6 columns"),
+    ],
+)
+def test_lsload_gpu_garbage_is_named(text: str, problem: str) -> None:
+    with pytest.raises(OutputParseError, match=problem):
+        parse_lsload_gpus(text)
