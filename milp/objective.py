@@ -174,7 +174,7 @@ def fairness_transform(values: np.ndarray, p: float) -> np.ndarray:
 
 
 def _value_table(
-    problem: Problem, t: TrainerSpec, share: float, group: tuple[int, float] | None = None
+    problem: Problem, t: TrainerSpec, share: float, group: tuple[int, float] | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Steps 1-3 of the module docstring: breakpoints of O_j over 0..curve end.
 
@@ -185,22 +185,25 @@ def _value_table(
     if problem.fair_share_speedup:
         at_share = float(np.interp(min(max(share, t.n_min), t.n_max), xs, ys))
         ys = ys / at_share if at_share > 0 else ys
+    if problem.fairness_p != 1.0:  # f_p is not linear: tabulate at every whole count
+        grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
+        xs, ys = grid, np.interp(grid, xs, ys)
+    return xs, _fair(ys, problem, group)
+
+
+def _fair(values: np.ndarray, problem: Problem, group: tuple[int, float] | None) -> np.ndarray:
+    """Step 3 on values at whole counts: f_p, and by user or account the value of the
+    trainer's group (k_u, w_u) as if all its trainers did as well, (w/k) f_p(k v / w)."""
     if group is None:
-        if problem.fairness_p != 1.0:
-            grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
-            xs, ys = grid, fairness_transform(np.interp(grid, xs, ys), problem.fairness_p)
-        return xs, ys
+        return fairness_transform(values, problem.fairness_p)
     k, w = group
     if problem.fair_share_speedup:
         inner = 1.0  # already relative to the group's share
     elif problem.fairness_p == 1.0:
-        return xs, ys  # (w/k) (k/w) v: the plain sum, whoever owns what
+        return values  # (w/k) (k/w) v: the plain sum, whoever owns what
     else:
         inner = k / w
-    if problem.fairness_p != 1.0:
-        grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
-        xs, ys = grid, fairness_transform(np.interp(grid, xs, ys) * inner, problem.fairness_p)
-    return xs, ys * (w / k)
+    return fairness_transform(values * inner, problem.fairness_p) * (w / k)
 
 
 def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSpec, ...]]:
@@ -221,22 +224,15 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
         return _slot_terms(problem)
     pool_size = len(problem.pool)
     taking_part = admitted(problem)[0]
-    share = pool_size / max(len(taking_part), 1)
-    groups = _group_sizes(problem, taking_part)
-    total_weight = sum(problem.weight_of(g) for g in groups)
     terms = []
-    for t in taking_part:
+    for t, (share, group) in zip(
+        taking_part, _shares(problem, taking_part, pool_size), strict=True
+    ):
         n_max = min(t.n_max, pool_size)
         runnable = t.n_min <= n_max
         if not runnable:
             n_max = 0
-        if groups:
-            g = problem.group_of(t)
-            k, w = groups[g], problem.weight_of(g)
-            # The group's share of the pool, split among its trainers.
-            full_n, full_v = _value_table(problem, t, pool_size * w / total_weight / k, (k, w))
-        else:
-            full_n, full_v = _value_table(problem, t, share)
+        full_n, full_v = _value_table(problem, t, share, group)
         bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
         current = problem.current_nodes(t)
         terms.append(
@@ -256,14 +252,24 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     return terms
 
 
-def _group_sizes(problem: Problem, taking_part: tuple[TrainerSpec, ...]) -> dict[str, int]:
-    """k_u: admitted trainers per group when fair by user or account; empty by trainer."""
-    groups: dict[str, int] = {}
-    if problem.fair_by != "trainer":
-        for t in taking_part:
-            g = problem.group_of(t)
-            groups[g] = groups.get(g, 0) + 1
-    return groups
+def _shares(
+    problem: Problem, taking_part: tuple[TrainerSpec, ...], capacity: int
+) -> list[tuple[float, tuple[int, float] | None]]:
+    """Each admitted trainer's fair share of ``capacity`` (nodes, or slots) and, by user
+    or account, its group's (k_u admitted trainers, weight w_u); by trainer, None."""
+    if problem.fair_by == "trainer":
+        return [(capacity / max(len(taking_part), 1), None)] * len(taking_part)
+    sizes: dict[str, int] = {}
+    for t in taking_part:
+        g = problem.group_of(t)
+        sizes[g] = sizes.get(g, 0) + 1
+    total_weight = sum(problem.weight_of(g) for g in sizes)
+    out: list[tuple[float, tuple[int, float] | None]] = []
+    for t in taking_part:
+        g = problem.group_of(t)
+        k, w = sizes[g], problem.weight_of(g)
+        out.append((capacity * w / total_weight / k, (k, w)))  # the group's, split in k
+    return out
 
 
 def _slot_terms(problem: Problem) -> list[TrainerTerms]:
@@ -273,24 +279,14 @@ def _slot_terms(problem: Problem) -> list[TrainerTerms]:
     S = problem.slots_per_node
     capacity = len(problem.pool) * S
     taking_part = admitted(problem)[0]
-    share = capacity / max(len(taking_part), 1)
-    groups = _group_sizes(problem, taking_part)
-    total_weight = sum(problem.weight_of(g) for g in groups)
     terms = []
-    for t in taking_part:
+    for t, (share, group) in zip(taking_part, _shares(problem, taking_part, capacity), strict=True):
         n_max = min(t.n_max, capacity)
         runnable = t.n_min <= n_max
         if not runnable:
             n_max = 0
         current = problem.current_nodes(t)
-        group = None
-        mine = share
-        if groups:
-            g = problem.group_of(t)
-            group = (groups[g], problem.weight_of(g))
-            # The group's share of the pool's slots, split among its trainers.
-            mine = capacity * group[1] / total_weight / group[0]
-        packed, spread = _slot_values(problem, t, mine, max(n_max, len(current)), group)
+        packed, spread = _slot_values(problem, t, share, max(n_max, len(current)), group)
         c = len(current)
         current_value = float(packed[c] if is_packed(current, S) else spread[c])
         terms.append(
@@ -320,7 +316,7 @@ def _slot_values(
     t: TrainerSpec,
     share: float,
     top: int,
-    group: tuple[int, float] | None = None,
+    group: tuple[int, float] | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """O_j packed and spread at counts 0..top (spread never above packed).
 
@@ -348,22 +344,7 @@ def _slot_values(
         at_share = t.value_at(min(max(share, t.n_min), t.n_max)) / norm
         norm = norm * at_share if at_share > 0 else norm
     packed, spread = packed / norm, spread / norm
-    if group is None:
-        if problem.fairness_p != 1.0:
-            packed = fairness_transform(packed, problem.fairness_p)
-            spread = fairness_transform(spread, problem.fairness_p)
-        return packed, spread
-    k, w = group
-    if problem.fair_share_speedup:
-        inner = 1.0  # already relative to the group's share
-    elif problem.fairness_p == 1.0:
-        return packed, spread  # (w/k) (k/w) v: the plain sum, whoever owns what
-    else:
-        inner = k / w
-    if problem.fairness_p != 1.0:
-        packed = fairness_transform(packed * inner, problem.fairness_p)
-        spread = fairness_transform(spread * inner, problem.fairness_p)
-    return packed * (w / k), spread * (w / k)
+    return _fair(packed, problem, group), _fair(spread, problem, group)
 
 
 def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:
