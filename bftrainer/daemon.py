@@ -81,7 +81,6 @@ DEFAULT_RESCALE_S: dict[str, tuple[float, float]] = {
 }
 UNFINISHED = ("queued", "running", "waiting")
 GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
-GPU_FIELD = {"slurm": "Gres=gpu:N", "lsf": "lsload -gpu's ngpus"}  # where each keeps them
 
 
 @dataclass(frozen=True)
@@ -784,7 +783,7 @@ class Daemon:
                 if slots is None:
                     raise GresError(
                         f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
-                        f"count ({GPU_FIELD.get(self.monitor.scheduler.name, 'GPUs')})"
+                        f"count ({self.monitor.scheduler.gpu_field})"
                         + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
                         + ": give --slots-per-node a number"
                     )

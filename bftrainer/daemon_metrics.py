@@ -242,6 +242,11 @@ class DaemonMetrics:
     def url(self) -> str | None:
         return None if self.port is None else f"http://{HOST}:{self.port}/metrics"
 
+    @property
+    def where(self) -> str:
+        """The textfile and/or the URL, for the start's log line."""
+        return ", ".join(str(w) for w in (self.textfile, self.url) if w is not None)
+
     def update(self, reading: DaemonReading | CentreReading, latency_s: float | None) -> None:
         """The daemon's (or allocator's) figures now; rewrite the textfile. A failed
         write is logged once (and when it works again), never raised: the daemon goes on."""

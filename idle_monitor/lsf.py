@@ -501,6 +501,7 @@ class LsfScheduler(Scheduler):
     """
 
     name = "lsf"
+    gpu_field = "lsload -gpu's ngpus"
 
     def __init__(
         self,

@@ -398,6 +398,7 @@ class SlurmScheduler(Scheduler):
     """
 
     name = "slurm"
+    gpu_field = "Gres=gpu:N"
 
     def __init__(
         self,

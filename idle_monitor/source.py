@@ -95,6 +95,7 @@ class Scheduler(ABC):
     """A main scheduler seen through its commands; one subclass per scheduler."""
 
     name: str
+    gpu_field = "GPU counts"  # where it keeps a node's GPU count, for messages
 
     @abstractmethod
     def read_nodes(self, runner: CommandRunner, now_s: float) -> NodeStates:

@@ -148,10 +148,7 @@ def run_allocator(
         config.agent_lease_s,
     )
     if metrics is not None:
-        log.info(
-            "metrics: %s",
-            ", ".join(str(w) for w in (metrics.textfile, metrics.url) if w is not None),
-        )
+        log.info("metrics: %s", metrics.where)
     try:
         allocator.run()
     except TransportError as exc:

@@ -260,10 +260,7 @@ def serve(
         else "",
     )
     if metrics is not None:
-        log.info(
-            "metrics: %s",
-            ", ".join(str(w) for w in (metrics.textfile, metrics.url) if w is not None),
-        )
+        log.info("metrics: %s", metrics.where)
     try:
         daemon.run()
     except GresError as exc:
