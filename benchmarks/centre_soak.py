@@ -104,24 +104,7 @@ def main() -> int:
         slurm.reset()
         if started:
             subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True)
-    total = CentreReport(seed=-1, users=args.users)
-    for r in reports:
-        total.actions += r.actions
-        total.faults += r.faults
-        total.trainers += r.trainers
-        total.main_jobs += r.main_jobs
-        total.violations += r.violations
-        total.main_delays_s += r.main_delays_s
-        total.cross_user_tried += r.cross_user_tried
-        total.cross_user_accepted += r.cross_user_accepted
-        total.processes_checked += r.processes_checked
-        total.wrong_uid += r.wrong_uid
-        total.holders_checked += r.holders_checked
-        total.wrong_holder += r.wrong_holder
-        total.cancelled += r.cancelled
-        total.wall_s += r.wall_s
-        for kind, n in r.by_kind.items():
-            total.by_kind[kind] = total.by_kind.get(kind, 0) + n
+    total = CentreReport.total(reports, users=args.users)
     faults = {k: n for k, n in total.by_kind.items() if k in FAULTS}
     print("total:", total.summary().split(": ", 1)[1], "; faults by kind:", faults)
     if args.json:

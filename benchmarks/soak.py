@@ -90,15 +90,7 @@ def main() -> int:
         slurm.reset()
         if started:
             subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True)
-    delays = sorted(d for r in reports for d in r.main_delays_s)
-    total = Report(seed=-1)
-    for r in reports:
-        total.actions += r.actions
-        total.faults += r.faults
-        total.trainers += r.trainers
-        total.main_jobs += r.main_jobs
-        total.violations += r.violations
-    total.main_delays_s = delays
+    total = Report.total(reports)
     print("total:", total.summary().split(": ", 1)[1])
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in reports], indent=1))

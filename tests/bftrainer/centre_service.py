@@ -80,6 +80,14 @@ SLOW = ("--step-delay-s", "0.1", "--max-batch", "128")
 FREE = ("--rescale-up", "0", "--rescale-down", "0")
 
 
+def submit_args(max_nodes: int, work: int) -> list[str]:
+    """``bftrainer submit`` of the example, slowed down, on 1 to ``max_nodes`` nodes."""
+    return [
+        "submit", str(EXAMPLE), "--backend", "torchrun", "--min-nodes", "1",
+        "--max-nodes", str(max_nodes), "--work-samples", str(work), *SLOW,
+    ]  # fmt: skip
+
+
 @dataclass
 class User:
     name: str
@@ -181,21 +189,7 @@ class Centre:
         return done.stdout
 
     def submit(self, user: User, max_nodes: int = 4, work: int = WORK) -> str:
-        out = self.ok(
-            user,
-            "submit",
-            str(EXAMPLE),
-            "--backend",
-            "torchrun",
-            "--min-nodes",
-            "1",
-            "--max-nodes",
-            str(max_nodes),
-            "--work-samples",
-            str(work),
-            *FREE,
-            *SLOW,
-        )
+        out = self.ok(user, *submit_args(max_nodes, work), *FREE)
         return out.strip().splitlines()[-1]
 
     def status(self, user: User) -> dict[str, Any]:

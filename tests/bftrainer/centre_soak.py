@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bftrainer.state import daemon_running
-from tests.bftrainer.centre_service import EXAMPLE, SLOW, Centre, User, uid_of
+from tests.bftrainer.centre_service import Centre, User, submit_args, uid_of
 from tests.bftrainer.daemon_service import MAIN_START_LIMIT_S, StartWatch
 from tests.bftrainer.soak import Action, Report
 
@@ -209,20 +209,7 @@ class CentreSoak:
         if sum(len(self.unfinished(u)) for u in self.users) >= MAX_UNFINISHED:
             return
         user = self.users[args["user"]]
-        done = self.c.run(
-            user,
-            "submit",
-            str(EXAMPLE),
-            "--backend",
-            "torchrun",
-            "--min-nodes",
-            "1",
-            "--max-nodes",
-            str(args["max_nodes"]),
-            "--work-samples",
-            str(args["work"]),
-            *SLOW,
-        )
+        done = self.c.run(user, *submit_args(args["max_nodes"], args["work"]))
         if done.returncode != 0:
             self.violate(f"{user.name}: submit failed: {done.stderr.strip()[-300:]}")
             return
@@ -372,14 +359,10 @@ class CentreSoak:
                         f"(w) {user.name}/{t['id']} did {t['samples_done']} samples of "
                         f"{self.work.get(key)}"
                     )
-        for job in self.main_jobs.submitted:
-            delay = self.main_jobs.started.get(job)
-            if delay is None:
-                self.violate(f"(m) main job {job} never started")
-                continue
-            self.report.main_delays_s.append(delay)
-            if delay > MAIN_START_LIMIT_S:
-                self.violate(f"(m) main job {job} started {delay:.1f} s after its submission")
+        delays, late = self.main_jobs.delays(MAIN_START_LIMIT_S)
+        self.report.main_delays_s += delays
+        for what in late:
+            self.violate(f"(m) {what}")
 
     def check_nothing_left(self) -> None:
         """(n): after the agents' and the allocator's stop, nothing of the users is left."""

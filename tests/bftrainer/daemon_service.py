@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,21 @@ class Service:
                 self.cluster.run(["scancel", *jobs], check=False)
 
 
+@contextlib.contextmanager
+def service_in(cluster: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
+    """A :class:`Service` on ``tmp_path/state``, logging to ``tmp_path/logs``; cleaned up
+    after, and the end of each daemon log printed (pytest shows it when a test fails)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    s = Service(cluster, tmp_path / "state", logs)
+    try:
+        yield s
+    finally:
+        s.cleanup()
+        for log in sorted(logs.glob("daemon-*.log")):
+            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
+
+
 def allocations(state_dir: Path) -> dict[str, list[tuple[float, tuple[str, ...]]]]:
     with Store.open(state_dir) as store:
         return {
@@ -263,6 +278,22 @@ class StartWatch:
         """Watch ``job``, submitted just now."""
         with self._lock:
             self.submitted[job] = time.time()
+
+    def delays(self, limit_s: float) -> tuple[list[float], list[str]]:
+        """Each started job's start delay, and one line for each job that never started
+        or started more than ``limit_s`` after its submission."""
+        delays: list[float] = []
+        late: list[str] = []
+        with self._lock:
+            for job in self.submitted:
+                delay = self.started.get(job)
+                if delay is None:
+                    late.append(f"main job {job} never started")
+                    continue
+                delays.append(delay)
+                if delay > limit_s:
+                    late.append(f"main job {job} started {delay:.1f} s after its submission")
+        return delays, late
 
     def _watch(self) -> None:
         while not self._done.is_set():

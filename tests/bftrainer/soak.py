@@ -28,9 +28,9 @@ import random
 import signal
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Self
 
 from bftrainer.live import MAX_SUPERVISOR_RESTARTS
 from bftrainer.trainers import channel
@@ -104,6 +104,23 @@ class Report:
     violations: list[str] = field(default_factory=list)
     main_delays_s: list[float] = field(default_factory=list)
     by_kind: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def total(cls, reports: Sequence[Report], **fixed: Any) -> Self:
+        """The seeds' reports as one: numbers and lists add up, counts by kind merge;
+        ``fixed`` fields (the seed: -1) are set, not added."""
+        out = cls(**{"seed": -1, **fixed})
+        for r in reports:
+            for f in fields(out):
+                if f.name in fixed or f.name == "seed":
+                    continue
+                mine, theirs = getattr(out, f.name), getattr(r, f.name)
+                if isinstance(mine, dict):
+                    for key, n in theirs.items():
+                        mine[key] = mine.get(key, 0) + n
+                else:
+                    setattr(out, f.name, mine + theirs)
+        return out
 
     def summary(self) -> str:
         d = sorted(self.main_delays_s)
@@ -279,14 +296,10 @@ class Soak:
                 self.violate(f"(b) {tid} did {t['samples_done']} samples of {self.work.get(tid)}")
             elif tid in self.crash and state == "done":
                 self.violate(f"{tid} was written to crash, yet is done")
-        for job in self.main_jobs.submitted:
-            delay = self.main_jobs.started.get(job)
-            if delay is None:
-                self.violate(f"(c) main job {job} never started")
-                continue
-            self.report.main_delays_s.append(delay)
-            if delay > MAIN_START_LIMIT_S:
-                self.violate(f"(c) main job {job} started {delay:.1f} s after its submission")
+        delays, late = self.main_jobs.delays(MAIN_START_LIMIT_S)
+        self.report.main_delays_s += delays
+        for what in late:
+            self.violate(f"(c) {what}")
 
     def check_nothing_left(self) -> None:
         """(d): after the daemon's stop, no holder of ours and no trainer process."""

@@ -43,3 +43,19 @@ def test_main_jobs_never_overlap() -> None:
             if a.kind in ("main_job", "allocator_down"):
                 assert a.at_s >= busy_until, a
                 busy_until = a.at_s + a.args["length_s"] + a.args.get("down_s", 0.0)
+
+
+def test_the_total_over_seeds_adds_every_figure_up() -> None:
+    from tests.bftrainer.centre_soak import CentreReport
+
+    a = CentreReport(seed=1, users=3, actions=5, violations=["x"], main_delays_s=[1.0])
+    a.by_kind, a.refusals, a.wall_s = {"submit": 1}, {"by the allocator": 2}, 10.0
+    b = CentreReport(seed=2, users=3, actions=7, main_delays_s=[2.0], wrong_uid=1)
+    b.by_kind, b.refusals, b.wall_s = {"submit": 2, "kill_agent": 1}, {"by the allocator": 1}, 5.0
+    total = CentreReport.total([a, b], users=3)
+    assert isinstance(total, CentreReport) and (total.seed, total.users) == (-1, 3)
+    assert (total.actions, total.violations, total.main_delays_s) == (12, ["x"], [1.0, 2.0])
+    assert total.by_kind == {"submit": 3, "kill_agent": 1}
+    assert total.refusals == {"by the allocator": 3}
+    assert (total.wall_s, total.wrong_uid) == (15.0, 1)
+    assert a.by_kind == {"submit": 1}, "the seeds' own reports are left as they were"

@@ -29,6 +29,7 @@ from tests.bftrainer.daemon_service import (
     daemon_log,
     first_reset_at,
     resets,
+    service_in,
     supervisor_pid,
     wait_done,
 )
@@ -42,16 +43,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
     if (why := horovod_missing()) is not None:
         pytest.skip(why)
-    state = tmp_path / "state"
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    s = Service(slurm, state, logs)
-    try:
+    with service_in(slurm, tmp_path) as s:
         yield s
-    finally:
-        s.cleanup()
-        for log in sorted(logs.glob("daemon-*.log")):
-            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
 
 
 def stepping_on(service: Service, trainer_id: str) -> int | None:

@@ -25,7 +25,7 @@ from bftrainer.gpu_slots import slots_from_gpus
 from bftrainer.idle_monitor.slurm import parse_sinfo_gpus
 from bftrainer.state import Store
 from bftrainer.trainers import channel
-from tests.bftrainer.daemon_service import BFTRAINER, Service, daemon_log, wait_done
+from tests.bftrainer.daemon_service import BFTRAINER, Service, daemon_log, service_in, wait_done
 from tests.conftest import CLUSTER_SCRIPT, SlurmCluster, wait_until
 
 pytestmark = [pytest.mark.slurm]
@@ -108,15 +108,8 @@ def gpu_slurm(gpu_env: dict[str, str], slurm_cluster: SlurmCluster) -> Iterator[
 
 @pytest.fixture
 def service(gpu_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    s = Service(gpu_slurm, tmp_path / "state", logs)
-    try:
+    with service_in(gpu_slurm, tmp_path) as s:
         yield s
-    finally:
-        s.cleanup()
-        for log in sorted(logs.glob("daemon-*.log")):
-            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
 
 
 def test_without_gpus_the_daemon_stops_at_start_in_one_line(

@@ -24,7 +24,7 @@ from bftrainer.config import ConfigError
 from bftrainer.daemon import DaemonReading, HoldCounts, load_daemon_config
 from bftrainer.daemon_metrics import COMMAND_ERROR_KINDS, DaemonMetrics, MetricsError
 from bftrainer.state import TRAINER_STATES
-from tests.bftrainer.daemon_service import BFTRAINER, Service
+from tests.bftrainer.daemon_service import BFTRAINER, Service, service_in
 from tests.conftest import SlurmCluster, wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -240,15 +240,8 @@ def test_without_metrics_the_daemon_does_not_import_prometheus_client() -> None:
 
 @pytest.fixture
 def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    s = Service(slurm, tmp_path / "state", logs)
-    try:
+    with service_in(slurm, tmp_path) as s:
         yield s
-    finally:
-        s.cleanup()
-        for log in sorted(logs.glob("daemon-*.log")):
-            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
 
 
 def running_holders(cluster: SlurmCluster) -> list[str]:

@@ -24,7 +24,13 @@ from bftrainer.state import Store
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.slots import share
-from tests.bftrainer.daemon_service import MAIN_START_LIMIT_S, Service, daemon_log, wait_done
+from tests.bftrainer.daemon_service import (
+    MAIN_START_LIMIT_S,
+    Service,
+    daemon_log,
+    service_in,
+    wait_done,
+)
 from tests.conftest import SlurmCluster, wait_until
 from tests.trainers.elastic_harness import horovod_missing
 
@@ -38,15 +44,8 @@ SLOTS = 2
 def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
     if (why := horovod_missing()) is not None:
         pytest.skip(why)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    s = Service(slurm, tmp_path / "state", logs)
-    try:
+    with service_in(slurm, tmp_path) as s:
         yield s
-    finally:
-        s.cleanup()
-        for log in sorted(logs.glob("daemon-*.log")):
-            print(f"==== {log.name}\n{log.read_text()[-6000:]}")
 
 
 def cpu_list(text: str) -> list[int]:
