@@ -18,11 +18,17 @@ FIXTURE_PREFIX = "bftrainer/idle_monitor/fixtures/"
 # setuptools' note on every editable install with a package-dir mapping ("Editable
 # installation. Please be careful with folders..."): information, not a fault of ours.
 EDITABLE_NOTE = "BuildBackendWarning: Editable installation."
+HOLDER_SCRIPTS = (
+    "bftrainer/scripts/slurm/hold-nodes.sbatch",
+    "bftrainer/scripts/lsf/bsub-hold.lsf",
+)
 FOLDERS = {
     "bftrainer": "bftrainer",
     "milp": "bftrainer.milp",
     "idle_monitor": "bftrainer.idle_monitor",
     "trainers": "bftrainer.trainers",
+    "scripts/slurm": "bftrainer.scripts.slurm",  # the holder job scripts (package data)
+    "scripts/lsf": "bftrainer.scripts.lsf",
 }
 
 
@@ -55,6 +61,7 @@ def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> N
     fixtures = {p.name for p in (ROOT / "idle_monitor" / "fixtures").iterdir()}
     shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith(FIXTURE_PREFIX)}
     assert fixtures == shipped, "the wheel carries every recorded scheduler output"
+    assert set(HOLDER_SCRIPTS) <= set(names), "the wheel carries the holder job scripts"
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
@@ -86,6 +93,51 @@ def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> N
     )
     assert run.returncode == 0, run.stderr
     assert "status optimal" in run.stdout
+
+    # The daemon submits the installed copy of its holder script, not the source tree's.
+    where = subprocess.run(
+        [
+            py,
+            "-c",
+            "from bftrainer.holders import lsf, slurm; print(slurm.SCRIPT); print(lsf.SCRIPT)",
+        ],
+        cwd=tmp_path,
+        env=deps,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    scripts = [Path(line) for line in where.stdout.splitlines()]
+    site = Path(out.stdout).parents[2]  # site-packages
+    assert scripts == [site / name for name in HOLDER_SCRIPTS]
+    assert all(
+        s.read_bytes() == (ROOT / s.relative_to(site / "bftrainer")).read_bytes() for s in scripts
+    )
+    # Without it, the daemon stops at start in one line naming it (it would otherwise fail
+    # every holder, poll after poll).
+    scripts[0].unlink()
+    daemon = subprocess.run(
+        [
+            env_dir / "bin" / "bftrainer",
+            "daemon",
+            "--scheduler",
+            "slurm",
+            "--bf-partition",
+            "bf",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        cwd=tmp_path,
+        env=deps,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert daemon.returncode == 2
+    assert daemon.stderr.strip().splitlines() == [
+        f"Error: this installation has no holder job script ({scripts[0]}); give the login "
+        "node's copy with --holder-script"
+    ]
 
 
 def pinned() -> dict[str, str]:

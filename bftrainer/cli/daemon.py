@@ -306,22 +306,36 @@ def _holder_factory(
 ) -> Callable[[CommandRunner], Holders]:
     """A function of the runner that builds the scheduler's holders; checks the flags."""
     common: dict[str, Any] = {"job_name": job_name, "extra_args": holder_args, "slack_s": slack_s}
-    if holder_script is not None:
-        common["script"] = holder_script
     if source["scheduler"] == "slurm":
-        from bftrainer.holders.slurm import SlurmHolders
+        from bftrainer.holders.slurm import SCRIPT, SlurmHolders
 
         if len(source["bf_partitions"]) != 1:
             raise UsageError(
                 "--bf-partition: give exactly one, the preemptible partition where holder "
                 "jobs run (scripts/slurm/README.md)"
             )
-        return partial(SlurmHolders, partition=source["bf_partitions"][0], **common)
-    from bftrainer.holders.lsf import LsfHolders
+        script = _holder_script(holder_script, SCRIPT, source)
+        return partial(SlurmHolders, partition=source["bf_partitions"][0], script=script, **common)
+    from bftrainer.holders.lsf import SCRIPT, LsfHolders
 
     if len(source["bf_queues"]) != 1:
         raise UsageError(
             "--bf-queue: give exactly one, the preemptible queue where holder jobs run "
             "(scripts/lsf/README.md)"
         )
-    return partial(LsfHolders, queue=source["bf_queues"][0], **common)
+    script = _holder_script(holder_script, SCRIPT, source)
+    return partial(LsfHolders, queue=source["bf_queues"][0], script=script, **common)
+
+
+def _holder_script(given: Path | None, default: Path, source: dict[str, Any]) -> Path:
+    """The holder job script, checked at start where the scheduler's commands run here:
+    a missing one would otherwise fail every holder, one poll after another."""
+    script = default if given is None else given
+    if source.get("ssh_target") or script.is_file():
+        return script  # over SSH it is a path on the other machine
+    if given is None:
+        raise UsageError(
+            f"this installation has no holder job script ({script}); give the login "
+            "node's copy with --holder-script"
+        )
+    raise UsageError(f"--holder-script {script}: not a file")

@@ -24,6 +24,7 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
@@ -38,6 +39,18 @@ MIN_WINDOW_S = 60.0  # schedulers count time limits in whole minutes
 WINDOW_SLACK_S = 60.0
 DEFAULT_JOB_NAME = "bftrainer-hold"
 HOLDER_STATES = ("pending", "running", "ended")
+
+
+def job_script(folder: str, name: str) -> Path:
+    """This installation's holder job script ``scripts/<folder>/<name>``.
+
+    A wheel carries it inside the package (``bftrainer/scripts/...``, pyproject.toml);
+    a source checkout, editable or not, keeps it in the tree's ``scripts/``. The path may
+    not exist (a damaged installation): the daemon's start checks it and names it.
+    """
+    package = Path(__file__).resolve().parents[1]
+    root = package if (package / "scripts").is_dir() else package.parent
+    return root / "scripts" / folder / name
 
 
 class HolderError(Exception):

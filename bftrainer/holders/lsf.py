@@ -25,11 +25,17 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders, HolderStatus
+from bftrainer.holders.base import (
+    DEFAULT_JOB_NAME,
+    WINDOW_SLACK_S,
+    Holders,
+    HolderStatus,
+    job_script,
+)
 from bftrainer.idle_monitor.lsf import bjobs_records
 from bftrainer.idle_monitor.runner import CommandResult, CommandRunner
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "lsf" / "bsub-hold.lsf"
+SCRIPT = job_script("lsf", "bsub-hold.lsf")
 BJOBS_FIELDS = "jobid stat queue exec_host job_name"
 _SUBMITTED = re.compile(r"Job <(\d+)> is submitted")
 _NO_JOBS = re.compile(r"No (?:unfinished )?job found")

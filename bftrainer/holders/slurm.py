@@ -31,11 +31,12 @@ from bftrainer.holders.base import (
     Holders,
     HolderStatus,
     HolderSubmitError,
+    job_script,
 )
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "hold-nodes.sbatch"
+SCRIPT = job_script("slurm", "hold-nodes.sbatch")
 STATUS_FIELDS = ("JobID", "State", "ReqNodes", "NodeList", "PreemptTime", "Reason")
 _PENDING = frozenset(
     {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -128,9 +129,9 @@ def slurm_step_argv(job_id: str, node: str, command: Sequence[str]) -> list[str]
 class SlurmHolders(Holders):
     """Holders in Slurm partition ``partition`` (the one the main partitions preempt).
 
-    ``script``: the holder batch script where ``sbatch`` runs (default: this source
-    tree's ``scripts/slurm/hold-nodes.sbatch``; give the login node's copy when the
-    commands run over SSH or bftrainer is installed from a wheel). ``extra_args``: more
+    ``script``: the holder batch script where ``sbatch`` runs (default: this
+    installation's ``scripts/slurm/hold-nodes.sbatch``, in the source tree or the wheel;
+    give the login node's copy when the commands run over SSH). ``extra_args``: more
     ``sbatch`` options a site needs (``--account=...``, ``--qos=...``).
     """
 

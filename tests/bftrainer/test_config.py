@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,33 @@ def test_the_daemon_takes_slots_per_node_from_its_table_or_the_flag(tmp_path: Pa
     )
     assert result.exit_code == 2 and "--slots-per-node" in result.output
     assert len([line for line in result.output.splitlines() if "Error" in line]) == 1
+
+
+@pytest.mark.parametrize(
+    "scheduler", [["slurm", "--bf-partition", "bf"], ["lsf", "--bf-queue", "q"]]
+)
+def test_the_daemon_refuses_a_missing_holder_script_at_start(
+    tmp_path: Path, scheduler: list[str]
+) -> None:
+    """Else sbatch/bsub would fail on every holder, one poll after another, for good."""
+    missing = tmp_path / "hold.sbatch"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bftrainer",
+            "daemon",
+            "--scheduler",
+            *scheduler,
+            "--holder-script",
+            str(missing),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == [f"Error: --holder-script {missing}: not a file"]
+    assert not (tmp_path / "state").exists(), "nothing is started or written"
