@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("single", "torchrun", "horovod")
+# How long a preempted Horovod worker waits for its shut-down with the others: under a
+# second when they agree; a main job waits for the process to be gone.
+LEAVE_SHUTDOWN_S = 2.0
 
 
 class BackendError(RuntimeError):
@@ -83,6 +87,16 @@ class Comm(Protocol):
 
     def commit(self) -> None: ...
 
+    def regroup(self) -> None:
+        """Another rank left at this step, after the common commit: re-form without it
+        before the next collective (or let that collective fail, where it fails fast)."""
+        ...
+
+    def leave(self) -> None:
+        """This rank leaves at this step, after the common commit: let the others know
+        (bounded: the process exits right after, and a main job waits for it)."""
+        ...
+
     @property
     def hosts_updated(self) -> bool: ...
 
@@ -125,6 +139,12 @@ class SingleComm:
         return train()
 
     def commit(self) -> None:
+        return None
+
+    def regroup(self) -> None:
+        return None
+
+    def leave(self) -> None:
         return None
 
 
@@ -194,6 +214,14 @@ class TorchDistComm:
     def commit(self) -> None:
         return None
 
+    def regroup(self) -> None:
+        # The next all_reduce fails at once on the closed connection (CommLostError),
+        # and torchrun restarts every worker on the hosts that remain.
+        return None
+
+    def leave(self) -> None:
+        return None
+
 
 class HorovodComm:
     """An Elastic Horovod worker (``horovodrun --host-discovery-script``)."""
@@ -246,6 +274,22 @@ class HorovodComm:
         # No interrupt: this rank's notifications were drained and rank 0 saw nothing
         # newer (a stale one), so stop asking for a commit at every step.
         self._state.update_pending = False
+
+    def regroup(self) -> None:
+        """Reset now (shut down, then join the new ring), as for a host change, together
+        with the leaver's own shut-down (``leave``)."""
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+
+        raise HostsUpdatedInterrupt(False)  # False: sync the state after the reset
+
+    def leave(self) -> None:
+        """Shut Horovod down with the others (``regroup``) before exiting. A rank that
+        exits without it breaks its peers' background loops in mid-cycle: one lost its
+        loop ("Connection reset by peer") with its connections still open, and the others
+        waited out Gloo's whole timeout for it (tests/trainers/test_elastic_horovod.py)."""
+        down = threading.Thread(target=self._hvd.shutdown, daemon=True)
+        down.start()
+        down.join(LEAVE_SHUTDOWN_S)
 
     def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
         from horovod.common.elastic import State

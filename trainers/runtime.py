@@ -440,7 +440,10 @@ class ElasticRuntime:
                     self._last_stop_check_t = now
                     if self._stop_file.exists():
                         stop = 1.0
-            if self._leaving:
+            # Read once: a SIGTERM that lands after this step's flags were agreed on is
+            # acted on at the next step, so the worker never leaves without the commit.
+            leaving_here = self._leaving
+            if leaving_here:
                 leaving = 1.0
             if comm.hosts_updated:
                 hosts_updated = 1.0
@@ -475,9 +478,12 @@ class ElasticRuntime:
                 or (every_steps is not None and p.step - p.committed_step >= every_steps)
             ):
                 self._commit()  # Horovod: raises HostsUpdatedInterrupt after a host change
-            if self._leaving and not done:
+            if leaving_here and not done:
                 logger.info("SIGTERM: leaving at step %d (committed)", p.step)
+                comm.leave()
                 raise WorkerLeaving(f"rank {rank} left at step {p.step} on SIGTERM")
+            if leaving and not done:
+                comm.regroup()  # another rank leaves at this commit
             if stop and not done:
                 self.stopped = True
                 logger.info("stopped at step %d (checkpointed)", p.step)

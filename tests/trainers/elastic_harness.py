@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -423,3 +424,52 @@ def assert_failed_cleanly(rc: int, err: str, trainer_dir: Path, reason: str) -> 
     assert exit_ is not None and exit_["state"] == "failed" and reason in exit_["reason"]
     log = (trainer_dir / channel.SUPERVISOR_LOG).read_text()
     assert "Traceback (most recent call last)" in log and reason in log
+
+
+def worker_host(pid: int) -> str | None:
+    """The host Horovod started a worker for (``HOROVOD_HOSTNAME``)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"HOROVOD_HOSTNAME="):
+            return item.split(b"=", 1)[1].decode()
+    return None
+
+
+def scenario_worker_leaves(launched: list[Trainer], tmp_path: Path, backend: str) -> float:
+    """A worker that gets SIGTERM (its node taken back) leaves at its next step, after
+    the common commit; the others go on from that very commit on the hosts that remain,
+    with nothing lost. Returns the seconds from the signal to the survivors' reset."""
+    hosts = list(LOCAL_HOSTS)
+    t = start_trainer(
+        tmp_path,
+        backend,
+        hosts,
+        work=40_000,
+        args=(*FAST_COMMITS, "--step-delay-s", "0.02", "--max-batch", "192"),
+        # Gloo's timeout above the wait below: a survivor stuck in a collective with the
+        # leaver (seen on the local Slurm: 120 s) fails the test instead of recovering.
+        env={"HOROVOD_GLOO_TIMEOUT_SECONDS": "180"},
+    )
+    launched.append(t)
+    first = t.wait_reset(3, 0)
+    t.wait_for(lambda: t.committed_steps() >= first["step"] + 20, "20 committed steps", 60)
+    (victim,) = [p for p in t.worker_pids() if t.worker_rank(p) == 2]
+    host = worker_host(victim)
+    assert host in hosts, host
+    seen = len(t.resets())
+    signalled = time.monotonic()
+    os.kill(victim, signal.SIGTERM)
+    # As the daemon does once it sees the node go; the survivors must not wait for it.
+    t.launcher.set_hosts([h for h in hosts if h != host])
+    after = t.wait_reset(2, seen, timeout_s=60)
+    reset_s = time.monotonic() - signalled
+    left = [e["to_step"] for e in ledger_chain(t.ledger) if e["to_step"] <= after["step"]]
+    assert after["step"] == left[-1], "the survivors resume from the leaver's last commit"
+    assert f"rank 2 left at step {after['step']} on SIGTERM" in t.log_tail(200)
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert_exact_epochs(t, DATASET)
+    return reset_s

@@ -18,6 +18,7 @@ from tests.trainers.elastic_harness import (
     scenario_rescale,
     scenario_two_slots_per_host,
     scenario_worker_killed,
+    scenario_worker_leaves,
     scenario_zero_hosts_and_restart,
     start_trainer,
 )
@@ -107,3 +108,11 @@ def test_kill_reaches_a_worker_started_over_ssh(
     assert outside, "no process of the trainer outside the supervisor's tree (none over ssh?)"
     t.launcher.kill()
     wait_until(lambda: not t.processes_anywhere(), 30, "every process of the trainer gone")
+
+
+@pytest.mark.slow
+def test_a_worker_given_sigterm_leaves_and_the_others_go_on_at_once(
+    launched: list[Trainer], tmp_path: Path
+) -> None:
+    reset_s = scenario_worker_leaves(launched, tmp_path, "horovod")
+    print(f"SIGTERM -> survivors' reset on 2 hosts: {reset_s:.1f} s")
