@@ -125,15 +125,9 @@ class Trainer:
         return remote.processes_of(self.dir)
 
     def worker_rank(self, pid: int) -> int | None:
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        for item in env:
-            for name in (b"HOROVOD_RANK=", b"RANK="):
-                if item.startswith(name):
-                    return int(item[len(name) :])
-        return None
+        env = environ_of(pid)
+        rank = env.get("HOROVOD_RANK", env.get("RANK"))
+        return None if rank is None else int(rank)
 
     def checkpoint_step(self) -> int:
         """The step of the checkpoint on disk; 0 before the first."""
@@ -426,16 +420,14 @@ def assert_failed_cleanly(rc: int, err: str, trainer_dir: Path, reason: str) -> 
     assert "Traceback (most recent call last)" in log and reason in log
 
 
-def worker_host(pid: int) -> str | None:
-    """The host Horovod started a worker for (``HOROVOD_HOSTNAME``)."""
+def environ_of(pid: int) -> dict[str, str]:
+    """A process's environment; empty once it is gone."""
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return None
-    for item in env:
-        if item.startswith(b"HOROVOD_HOSTNAME="):
-            return item.split(b"=", 1)[1].decode()
-    return None
+        return {}
+    pairs = (item.decode(errors="replace").partition("=") for item in items if item)
+    return {name: value for name, _, value in pairs}
 
 
 def scenario_worker_leaves(launched: list[Trainer], tmp_path: Path, backend: str) -> float:
@@ -457,7 +449,7 @@ def scenario_worker_leaves(launched: list[Trainer], tmp_path: Path, backend: str
     first = t.wait_reset(3, 0)
     t.wait_for(lambda: t.committed_steps() >= first["step"] + 20, "20 committed steps", 60)
     (victim,) = [p for p in t.worker_pids() if t.worker_rank(p) == 2]
-    host = worker_host(victim)
+    host = environ_of(victim).get("HOROVOD_HOSTNAME")
     assert host in hosts, host
     seen = len(t.resets())
     signalled = time.monotonic()
