@@ -240,7 +240,8 @@ def _draw_plots(trace: Trace, directory: Path) -> list[Path]:
     ax.set_ylabel("cumulative share")
     ax.set_ylim(0, 1)
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right")
+    if x.size:  # no curve, no legend (matplotlib warns on an empty one)
+        ax.legend(loc="lower right")
     ax.set_title(f"{title}: {x.size} idle fragments")
     fig.tight_layout()
     path = directory / "fragments_cdf.png"
