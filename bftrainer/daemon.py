@@ -72,13 +72,6 @@ from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
 
-# Seconds a grow / a shrink costs a trainer when the user does not say (the allocator's
-# scale-up and scale-down costs), per backend: measured on 2 cores in
-# ../shared/notes/elastic-backends.md and docs/benchmarks.md.
-DEFAULT_RESCALE_S: dict[str, tuple[float, float]] = {
-    "horovod": (15.0, 5.0),
-    "torchrun": (20.0, 20.0),
-}
 UNFINISHED = ("queued", "running", "waiting")
 GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
 

@@ -57,6 +57,13 @@ _NEXT_STATES: dict[str, frozenset[str]] = {
     "cancelled": frozenset(),
 }
 BACKENDS = ("horovod", "torchrun")
+# Seconds a grow / a shrink costs a trainer when the user does not say (the allocator's
+# scale-up and scale-down costs), per backend: measured on 2 cores in
+# ../shared/notes/elastic-backends.md and docs/benchmarks.md.
+DEFAULT_RESCALE_S: dict[str, tuple[float, float]] = {
+    "horovod": (15.0, 5.0),
+    "torchrun": (20.0, 20.0),
+}
 HOLDER_STATES = ("pending", "running", "ended")
 _HOLDER_NEXT: dict[str, frozenset[str]] = {
     "pending": frozenset({"running", "ended"}),

@@ -10,9 +10,12 @@ weights alone would overstate the objective).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 INF = float("inf")
 
@@ -104,6 +107,8 @@ class MilpBuilder:
         self._sos2.append(np.asarray(members, dtype=np.int64))
 
     def build(self, offset: float = 0.0) -> Milp:
+        import scipy.sparse as sp  # here: importing bftrainer.milp must not load scipy
+
         def cat(parts: list[np.ndarray], dtype: type = float) -> np.ndarray:
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
@@ -162,6 +167,8 @@ def sos2_as_segments(m: Milp) -> Milp:
             row_lb.append([-INF])
             row_ub.append([0.0])
             nrow += 1
+    import scipy.sparse as sp  # here: importing bftrainer.milp must not load scipy
+
     extra = nvar - m.num_vars
     coo = m.A.tocoo()
     A = sp.csr_matrix(

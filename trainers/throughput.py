@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.optimize import minimize
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +259,9 @@ class ThroughputModel:
 
 def fit_throughput(observations: Sequence[StepObservation]) -> ThroughputModel:
     """Fit (T1)-(T4) to observed steps (minimum RMSLE, L-BFGS-B, Pollux's priors)."""
+    # Imported here: only a fit needs scipy, and `bftrainer status` reads this module.
+    from scipy.optimize import minimize
+
     if not observations:
         raise FitError("no step observations to fit the throughput model to")
     n = np.array([o.nodes for o in observations], dtype=float)

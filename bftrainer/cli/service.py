@@ -28,9 +28,9 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, Number
-from bftrainer.daemon import DEFAULT_RESCALE_S
 from bftrainer.state import (
     BACKENDS,
+    DEFAULT_RESCALE_S,
     AllocationRow,
     StateError,
     Store,

@@ -16,8 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from bftrainer.cli import cli
-from bftrainer.daemon import DEFAULT_RESCALE_S
-from bftrainer.state import DaemonLock, Store, ensure_state_dir
+from bftrainer.state import DEFAULT_RESCALE_S, DaemonLock, Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 

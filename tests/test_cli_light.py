@@ -1,0 +1,62 @@
+"""`bftrainer status` and `bftrainer --help` stay light: a user on a busy login node (and
+every wait of the test suite) runs them often, and neither needs a solver, a data frame
+library or torch. Each is run as a user runs it, with Python's import log on stderr."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from bftrainer.cli import COMMANDS, SUMMARIES
+from bftrainer.state import Store, ensure_state_dir
+
+# Top-level packages that cost a second or more to import on 2 loaded cores.
+HEAVY = ("scipy", "torch", "pandas", "matplotlib", "highspy", "pulp", "pyarrow", "horovod")
+
+
+def imported_by(*args: str) -> set[str]:
+    """The top-level packages that ``bftrainer ARGS`` imported (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "bftrainer", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = set()
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--help",), ("status",), ("status", "--json"), ("submit", "--help")],
+    ids=["help", "status", "status-json", "submit-help"],
+)
+def test_status_and_help_import_no_solver_frame_or_torch(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    ensure_state_dir(state)
+    with Store.open(state):
+        pass
+    extra = ("--state-dir", str(state)) if args[0] == "status" else ()
+    heavy = imported_by(*args, *extra) & set(HEAVY)
+    assert not heavy, f"bftrainer {' '.join(args)} imported {sorted(heavy)}"
+
+
+def test_the_help_lists_each_command_with_its_own_first_sentence() -> None:
+    assert set(SUMMARIES) == set(COMMANDS)
+    for name, target in COMMANDS.items():
+        module, attr = target.split(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        assert SUMMARIES[name] == command.get_short_help_str(10_000), name
