@@ -47,8 +47,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy bftrainer milp idle_monitor trainers
 
+# Workers: twice the cores (most of an end-to-end test's time is waiting on a real Slurm
+# and on trainers), each with a local Slurm cluster of its own (tests/conftest.py).
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(max(2, 2 * len(os.sched_getaffinity(0))))')
+
 unit: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Elastic Horovod needs a patched source build (scripts/build-horovod.sh): 3-7 min
 # the first time, then installed from the cached wheel in ~/.cache/bftrainer.

@@ -96,13 +96,36 @@ class SlurmCluster:
         )
 
 
+def worker_cluster_env() -> dict[str, str]:
+    """``local-cluster.sh``'s settings for this pytest-xdist worker's own cluster: its
+    folder and ports keyed on the worker's id, so that workers run cluster tests side by
+    side, each on a cluster no other test touches. Empty outside xdist: the default
+    cluster (a developer's running one is reused)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return {}
+    base = 20000 + 100 * int(worker[2:])  # below Linux's ephemeral ports (32768-)
+    return {
+        "SLURM_LOCAL_DIR": f"/var/tmp/bftrainer-slurm-{worker}",
+        "SLURM_LOCAL_CTLD_PORT": str(base),
+        "SLURM_LOCAL_SLURMD_PORT": str(base + 1),
+        "SLURM_LOCAL_NODE_PORT": str(base + 10),  # node i on base + 10 + i
+    }
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    """Start the local cluster (or reuse a running one); stop it only if started here."""
+    """Start the local cluster (or reuse a running one); stop it only if started here.
+    Under pytest-xdist each worker has a cluster of its own (:func:`worker_cluster_env`)."""
     if not CLUSTER_SCRIPT.exists():
         pytest.skip(f"{CLUSTER_SCRIPT} is missing")
+    env = {**os.environ, **worker_cluster_env()}
     status = subprocess.run(
-        ["bash", str(CLUSTER_SCRIPT), "status"], capture_output=True, text=True, check=False
+        ["bash", str(CLUSTER_SCRIPT), "status"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     started_here = status.returncode != 0
     if started_here:
@@ -114,6 +137,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             text=True,
             timeout=600,
             check=False,
+            env=env,
         )
         if done.returncode == 3:
             pytest.skip(f"no local Slurm: {done.stderr.strip().splitlines()[-1]}")
@@ -129,7 +153,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         if started_here:
-            subprocess.run(["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, check=False)
+            subprocess.run(
+                ["bash", str(CLUSTER_SCRIPT), "stop"], capture_output=True, check=False, env=env
+            )
 
 
 @pytest.fixture
