@@ -43,7 +43,7 @@ from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.live import ExecPlan, LiveDriver, job_of
+from bftrainer.live import RESTART_BACKOFF_S, ExecPlan, LiveDriver, job_of
 from bftrainer.loop import (
     Arrival,
     Cancel,
@@ -86,6 +86,9 @@ class DaemonConfig(Config):
     # poll, by a trainer's supervisor while it runs there): the bound on how long a node
     # stays held for nobody when the daemon is gone.
     holder_lease_s: float = 300.0
+    # A supervisor that died is started again after restart_backoff_s * 2**k seconds
+    # for its k-th restart (bftrainer.live).
+    restart_backoff_s: float = RESTART_BACKOFF_S
     # Centre mode (bftrainer.centre): how often agents sync with the allocator, and how
     # long an agent may stay silent before the allocator gives its trainers' nodes away.
     sync_every_s: float = 1.0
@@ -121,6 +124,7 @@ class DaemonConfig(Config):
             "poll_interval_s",
             "report_every_s",
             "holder_lease_s",
+            "restart_backoff_s",
             "sync_every_s",
             "agent_lease_s",
         ):
@@ -671,6 +675,7 @@ class Daemon:
             env=env,
             report_every_s=config.report_every_s,
             slots_per_node=config.slots_per_node,
+            restart_backoff_s=config.restart_backoff_s,
         )
         self.queue = SubmissionQueue(store)
 

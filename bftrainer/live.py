@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 30.0
 # A supervisor that died (kill -9, the OOM killer, a reboot) or gave up for a reason
 # other than the trainer's script is started again from the trainer's checkpoint, at
-# most this many times, after RESTART_BACKOFF_S * 2**k seconds for the k-th restart.
+# most this many times, after RESTART_BACKOFF_S * 2**k seconds for the k-th restart
+# (the daemon's `restart_backoff_s`).
 MAX_SUPERVISOR_RESTARTS = 3
 RESTART_BACKOFF_S = 10.0
 
@@ -112,8 +113,10 @@ class LiveDriver:
         env: Mapping[str, str] | None = None,
         report_every_s: float = 5.0,
         slots_per_node: int = 1,
+        restart_backoff_s: float = RESTART_BACKOFF_S,
     ) -> None:
         self.store = store
+        self.restart_backoff_s = restart_backoff_s
         self.book = SlotBook(slots_per_node)
         self.trainers_dir = Path(state_dir) / "trainers"
         self.exec_plan = exec_plan
@@ -229,7 +232,7 @@ class LiveDriver:
             return
         if launcher is not None:
             launcher.kill()  # whatever the dead supervisor left running here
-        delay_s = RESTART_BACKOFF_S * 2**row.restarts
+        delay_s = self.restart_backoff_s * 2**row.restarts
         self._restarts[trainer_id] = (now_s + delay_s, why)
         self.store.decide_restart(trainer_id)  # counted when decided: a failed start counts too
         log.warning(

@@ -58,7 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ledger", type=Path, help="append each commit's sample ids here")
     parser.add_argument(
-        "--step-delay-s", type=float, default=0.0, help="sleep per step (slows tests down)"
+        "--step-delay-s",
+        type=float,
+        default=0.0,
+        help="sleep per step (tests: a trainer still running when the test looks)",
+    )
+    parser.add_argument(
+        "--hold-file",
+        type=Path,
+        help="sleep --step-delay-s per step only while this file exists: a test holds the "
+        "trainer running while it watches, then deletes the file to let it finish at full speed",
     )
     parser.add_argument(
         "--fail-at-step", type=int, help="raise at this step (for tests of failures)"
@@ -82,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         steps += 1
         if args.fail_at_step is not None and runtime.progress.step >= args.fail_at_step:
             raise RuntimeError(f"failing on purpose at step {runtime.progress.step}")
-        if args.step_delay_s:
+        if args.step_delay_s and (args.hold_file is None or args.hold_file.exists()):
             time.sleep(args.step_delay_s)
         inputs, labels = batch
         return nn.functional.cross_entropy(model(inputs), labels)

@@ -7,6 +7,7 @@ Both skip (with the reason) where they cannot run: Slurm needs its Debian packag
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -52,6 +53,12 @@ class SlurmCluster:
     @property
     def env(self) -> dict[str, str]:
         return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def bf_interval_s(self) -> float:
+        """Seconds between two backfill passes, from its slurm.conf."""
+        match = re.search(r"bf_interval=(\d+)", self.conf.read_text())
+        return float(match.group(1)) if match else 30.0  # Slurm's default
 
     def run(self, argv: Sequence[str], check: bool = True) -> str:
         done = subprocess.run(
@@ -110,6 +117,10 @@ def worker_cluster_env() -> dict[str, str]:
         "SLURM_LOCAL_CTLD_PORT": str(base),
         "SLURM_LOCAL_SLURMD_PORT": str(base + 1),
         "SLURM_LOCAL_NODE_PORT": str(base + 10),  # node i on base + 10 + i
+        # Shorter than a developer's cluster (5 and 10): planned starts appear sooner,
+        # and a job step that ignores SIGTERM is killed sooner.
+        "SLURM_LOCAL_BF_INTERVAL": "2",
+        "SLURM_LOCAL_KILL_WAIT": "3",
     }
 
 

@@ -12,7 +12,9 @@
 # SLURM_LOCAL_CTLD_PORT (16817), SLURM_LOCAL_SLURMD_PORT (16818),
 # SLURM_LOCAL_NODE_PORT (17000: node i listens on NODE_PORT+i), SLURM_LOCAL_INSTALL (1:
 # apt-get install missing packages when root), GRES_GPUS (unset: no GRES; N: every node
-# declares Gres=gpu:N, without devices).
+# declares Gres=gpu:N, without devices), SLURM_LOCAL_BF_INTERVAL (5: seconds between
+# backfill passes), SLURM_LOCAL_KILL_WAIT (10: seconds from SIGTERM to SIGKILL when a job
+# ends; the test suite's clusters use shorter ones).
 # Only the SLURM_CONF line goes to stdout; progress and errors go to stderr.
 # Exit codes: 0 ok, 1 failure, 3 Slurm absent and cannot be installed (not root).
 #
@@ -34,6 +36,14 @@ CTLD_PORT=${SLURM_LOCAL_CTLD_PORT:-16817}
 SLURMD_PORT=${SLURM_LOCAL_SLURMD_PORT:-16818}
 NODE_PORT=${SLURM_LOCAL_NODE_PORT:-17000}
 INSTALL=${SLURM_LOCAL_INSTALL:-1}
+BF_INTERVAL=${SLURM_LOCAL_BF_INTERVAL:-5}
+KILL_WAIT=${SLURM_LOCAL_KILL_WAIT:-10}
+for setting in "SLURM_LOCAL_BF_INTERVAL=$BF_INTERVAL" "SLURM_LOCAL_KILL_WAIT=$KILL_WAIT"; do
+  if [[ ! "${setting#*=}" =~ ^[1-9][0-9]{0,3}$ ]]; then
+    echo "local-cluster: $setting: expected whole seconds, 1 to 9999" >&2
+    exit 1
+  fi
+done
 HERE=$(cd "$(dirname "$0")" && pwd)
 CONF="$STATE_DIR/slurm.conf"
 PACKAGES=(slurmctld slurmd slurm-client)
@@ -141,6 +151,7 @@ write_conf() {
   sed -e "s|@CTLD_HOST@|$(hostname -s)|" -e "s|@CTLD_PORT@|$CTLD_PORT|" \
       -e "s|@SLURMD_PORT@|$SLURMD_PORT|" -e "s|@STATE_DIR@|$STATE_DIR|g" \
       -e "s|@NODE_LIST@|node[1-$NNODES]|g" -e "s|@GRES_TYPES@|$gres_types|" \
+      -e "s|@BF_INTERVAL@|$BF_INTERVAL|" -e "s|@KILL_WAIT@|$KILL_WAIT|" \
       -e "/@NODE_LINES@/{r $STATE_DIR/node-lines" -e "d}" \
       "$HERE/slurm.conf.in" >"$tmp"
   mv "$tmp" "$CONF"

@@ -73,18 +73,20 @@ def python_for_all() -> Iterator[str]:
 
 
 WORK = 60_000
-SLOW = ("--step-delay-s", "0.1", "--max-batch", "128")
+STEP_DELAY_S = "0.1"
 # Free rescales for the allocator: the fairness rule alone decides the split (with the
 # backend's costs, a decision right after a start moves nodes only if the look-ahead,
 # short then, pays for it).
 FREE = ("--rescale-up", "0", "--rescale-down", "0")
 
 
-def submit_args(max_nodes: int, work: int) -> list[str]:
-    """``bftrainer submit`` of the example, slowed down, on 1 to ``max_nodes`` nodes."""
+def submit_args(max_nodes: int, work: int, hold: Path) -> list[str]:
+    """``bftrainer submit`` of the example on 1 to ``max_nodes`` nodes, slowed down while
+    the file ``hold`` exists (every user must be able to see it)."""
     return [
         "submit", str(EXAMPLE), "--backend", "torchrun", "--min-nodes", "1",
-        "--max-nodes", str(max_nodes), "--work-samples", str(work), *SLOW,
+        "--max-nodes", str(max_nodes), "--work-samples", str(work),
+        "--step-delay-s", STEP_DELAY_S, "--hold-file", str(hold), "--max-batch", "128",
     ]  # fmt: skip
 
 
@@ -115,6 +117,14 @@ class Centre:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.config = CONFIG  # the allocator's configuration file, as text
+        # Trainers sleep per step while this file exists (in the socket directory, which
+        # every user can search): still running while the test watches; release() lets
+        # them finish at full speed.
+        self.hold = sockets / "hold"
+        self.hold.touch()
+
+    def release(self) -> None:
+        self.hold.unlink(missing_ok=True)
 
     def env(self, user: User | None = None) -> dict[str, str]:
         env = {
@@ -189,7 +199,7 @@ class Centre:
         return done.stdout
 
     def submit(self, user: User, max_nodes: int = 4, work: int = WORK) -> str:
-        out = self.ok(user, *submit_args(max_nodes, work), *FREE)
+        out = self.ok(user, *submit_args(max_nodes, work, self.hold), *FREE)
         return out.strip().splitlines()[-1]
 
     def status(self, user: User) -> dict[str, Any]:

@@ -209,7 +209,7 @@ class CentreSoak:
         if sum(len(self.unfinished(u)) for u in self.users) >= MAX_UNFINISHED:
             return
         user = self.users[args["user"]]
-        done = self.c.run(user, *submit_args(args["max_nodes"], args["work"]))
+        done = self.c.run(user, *submit_args(args["max_nodes"], args["work"], self.c.hold))
         if done.returncode != 0:
             self.violate(f"{user.name}: submit failed: {done.stderr.strip()[-300:]}")
             return
@@ -409,6 +409,7 @@ class CentreSoak:
             for user in self.users:  # as a user unit would: each user's agent runs
                 if user.state_dir.is_dir() and daemon_running(user.state_dir) is None:
                     self.start_agent(user)
+            self.c.release()  # the drain: every trainer's rest at full speed
 
             def ended() -> bool:
                 self.check_uids()

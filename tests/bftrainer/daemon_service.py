@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bftrainer.cli.service import open_store, status_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import Launcher, LaunchError
@@ -23,6 +24,11 @@ from tests.conftest import REPO, SlurmCluster, wait_until
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 BFTRAINER = [sys.executable, "-m", "bftrainer"]
 POLL_S = 1.0
+# The production delays that tests shorten (one test keeps them: start(production=True)):
+# a dead supervisor's restart backoff (10 s) and the supervisor's settle time after
+# losing workers (3 s).
+TEST_RESTART_BACKOFF_S = 1.0
+TEST_DELAYS_ENV = {"BFTRAINER_RESTART_SETTLE_S": "0.5"}
 # A main job must start this soon after submission (measured: 1-4 s; the holder's
 # workers exit on SIGTERM at once).
 MAIN_START_LIMIT_S = 15.0
@@ -38,6 +44,19 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.main_jobs: list[str] = []
+        # Trainers given paced() sleep per step while this file exists: they are still
+        # running while the test watches, and finish at full speed once it is released.
+        self.hold = log_dir / "hold"
+        self.hold.touch()
+        self.production = False  # start(production=True): the daemon's own delays
+
+    def paced(self, step_delay_s: float) -> tuple[str, ...]:
+        """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`."""
+        return ("--step-delay-s", str(step_delay_s), "--hold-file", str(self.hold))
+
+    def release(self) -> None:
+        """Let every paced trainer finish its work at full speed."""
+        self.hold.unlink(missing_ok=True)
 
     @property
     def env(self) -> dict[str, str]:
@@ -53,6 +72,7 @@ class Service:
             # Gloo's rendezvous waits 30 s by default: at a load average of 12 on these
             # 2 cores a re-forming Horovod job hit it and restarted whole.
             "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+            **({} if self.production else TEST_DELAYS_ENV),
         }
 
     def start(
@@ -61,16 +81,20 @@ class Service:
         poll_s: float = POLL_S,
         lease_s: float = 300.0,
         extra: Sequence[str] = (),
+        production: bool = False,
     ) -> None:
         """Start the daemon at its default log level; ``policy`` milp decides from the
         trainers' reported curves (speedup), equal gives each trainer an equal share
         whatever they report. ``lease_s``: how long holders outlive the daemon;
-        ``extra``: more flags of ``bftrainer daemon``."""
+        ``extra``: more flags of ``bftrainer daemon``; ``production``: the restart
+        backoff and settle times a centre runs with, not the tests' short ones."""
         self.starts += 1
+        self.production = production
+        backoff_s = "" if production else f"restart_backoff_s = {TEST_RESTART_BACKOFF_S}\n"
         config = self.log_dir / "daemon.toml"
         config.write_text(
             f'[policy]\npolicy = "{policy}"\nobjective = "speedup"\nredecide_every_s = 10.0\n'
-            f"[daemon]\nholder_lease_s = {lease_s}\n"
+            f"[daemon]\nholder_lease_s = {lease_s}\n{backoff_s}"
         )
         log = (self.log_dir / f"daemon-{self.starts}.log").open("ab")
         self.proc = subprocess.Popen(
@@ -129,7 +153,15 @@ class Service:
         return done.stdout
 
     def status(self) -> dict[str, Any]:
-        return json.loads(self.cli("status", "--json"))
+        """What ``bftrainer status --json`` prints, read in this process through the
+        command's own code (waits poll it: a subprocess each time cost 1 s of CPU on 2
+        cores, taken from the trainers waited on)."""
+        with open_store(self.state_dir, need_daemon=False) as store:
+            return dict(json.loads(json.dumps(status_json(store, self.state_dir))))
+
+    def status_cli(self) -> dict[str, Any]:
+        """``bftrainer status --json`` as a user runs it: a subprocess, its stdout parsed."""
+        return dict(json.loads(self.cli("status", "--json")))
 
     def trainer(self, trainer_id: str) -> dict[str, Any]:
         return next(t for t in self.status()["trainers"] if t["id"] == trainer_id)
@@ -236,7 +268,8 @@ def wait_done(service: Service, trainer_id: str, timeout_s: float) -> dict[str, 
         timeout_s,
         f"trainer {trainer_id} to finish",
     )
-    t = service.trainer(trainer_id)
+    # Read once as a user reads it: the command, its JSON parsed.
+    t = next(t for t in service.status_cli()["trainers"] if t["id"] == trainer_id)
     log = service.state_dir / "trainers" / trainer_id / channel.SUPERVISOR_LOG
     assert t["state"] == "done", f"{trainer_id}: {t}\n{log.read_text()[-4000:]}"
     return t

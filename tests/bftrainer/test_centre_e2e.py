@@ -175,7 +175,8 @@ def test_two_users_share_the_centre_each_with_their_own_rights(
     )
     assert int((bob.state_dir / "trainers" / b1 / "supervisor.pid").read_text()) == supervisor
 
-    # Every trainer finishes with exactly its work.
+    # Every trainer finishes with exactly its work (at full speed from here).
+    centre.release()
     for user, tids in ((alice, (a1, a2)), (bob, (b1,))):
         for tid in tids:
             wait_until(
@@ -230,6 +231,7 @@ def test_a_silent_agent_loses_its_nodes_after_its_lease_never_before(
     # Bob's agent answers again: registered anew, the pool split again.
     wait_until(lambda: assigned(bob) == 4 and assigned(alice) == 4, 120, "split 4/4 again")
     assert f"{bob.name}/{b1}~1" in centre.allocator_log()
+    centre.release()
     for user, tid, work in ((alice, a1, 3 * WORK), (bob, b1, 2 * WORK)):
         wait_until(
             lambda u=user, t=tid: centre.trainer(u, t)["state"] in ("done", "failed"),

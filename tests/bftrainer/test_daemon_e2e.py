@@ -62,7 +62,7 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
     # this 2-core machine slow them down (measured: 8 workers, each fit turned flat).
     service.start("equal")
     work = 60_000
-    slow = ("--step-delay-s", "0.1", "--max-batch", "128")
+    slow = (*service.paced(0.1), "--max-batch", "128")
     # One after the other: Horovod's start took 2.5 min on a loaded CI machine, and a
     # torchrun trainer submitted with it had finished its work before the main job came.
     a = service.submit("horovod", work, 4, *slow)
@@ -112,6 +112,7 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
         180,
         "a trainer to grow back to 4 nodes",
     )
+    service.release()  # all seen: the rest of the work at full speed
     for t in trainers:
         done = wait_done(service, t, 600)
         assert done["samples_done"] == work
@@ -156,8 +157,9 @@ def test_a_crashing_trainer_is_failed_with_its_log_and_frees_its_nodes(service: 
 def test_a_trainer_submitted_right_after_another_ended_runs(service: Service) -> None:
     # The first trainer's end frees its nodes; the daemon releases the holders no
     # trainer needs. A trainer submitted at once must never be handed those nodes. At
-    # the default 10 s poll the submission lands in the step that releases them.
-    service.start(poll_s=10.0)
+    # the default 10 s poll the submission lands in the step that releases them. The one
+    # end-to-end test at the production delays (poll, restart backoff, settle time).
+    service.start(poll_s=10.0, production=True)
     first = service.submit("torchrun", 2_000, 8)
     assert wait_done(service, first, 300)["samples_done"] == 2_000
     second = service.submit("torchrun", 2_000, 8)
@@ -176,7 +178,7 @@ def test_a_trainer_shrinks_by_itself_when_preempted_while_the_daemon_is_down(
 ) -> None:
     service.start("equal")
     work = 40_000
-    t = service.submit("torchrun", work, 4, "--step-delay-s", "0.1", "--max-batch", "128")
+    t = service.submit("torchrun", work, 4, *service.paced(0.1), "--max-batch", "128")
     wait_until(lambda: len(service.trainer(t)["nodes"]) == 4, 120, "the trainer on 4 nodes")
     wait_until(lambda: service.trainer(t)["samples_done"] > 0, 240, "the trainer training")
     supervisor = supervisor_pid(service, t)
@@ -193,6 +195,7 @@ def test_a_trainer_shrinks_by_itself_when_preempted_while_the_daemon_is_down(
     )
     assert not (service.state_dir / "trainers" / t / channel.EXIT).exists()
     service.start("equal")
+    service.release()
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 0
     assert supervisor_pid(service, t) == supervisor  # never restarted: it never failed
@@ -202,10 +205,11 @@ def test_a_trainer_shrinks_by_itself_when_preempted_while_the_daemon_is_down(
 def test_a_killed_supervisor_is_started_again_from_its_checkpoint(service: Service) -> None:
     service.start()
     work = 20_000
-    t = service.submit("torchrun", work, 2, "--step-delay-s", "0.05")
+    t = service.submit("torchrun", work, 2, *service.paced(0.05))
     wait_until(lambda: service.trainer(t)["samples_done"] > 2_000, 240, "the trainer training")
     os.kill(supervisor_pid(service, t), signal.SIGKILL)
     wait_until(lambda: service.trainer(t)["restarts"] == 1, 120, "the supervisor restarted")
+    service.release()
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 1
     assert "restart 1" in daemon_log(service) or "started again" in daemon_log(service)
@@ -217,12 +221,13 @@ def test_a_deleted_trainer_directory_is_one_line_and_the_trainer_starts_over(
 ) -> None:
     service.start()
     work = 20_000
-    t = service.submit("torchrun", work, 2, "--step-delay-s", "0.05")
+    t = service.submit("torchrun", work, 2, *service.paced(0.05))
     wait_until(lambda: service.trainer(t)["samples_done"] > 2_000, 240, "the trainer training")
     old = supervisor_pid(service, t)
     shutil.rmtree(service.state_dir / "trainers" / t)
     wait_until(lambda: service.trainer(t)["restarts"] == 1, 120, "the trainer started over")
     wait_until(lambda: not remote.alive(old), 30, f"the old supervisor {old} stopped")
+    service.release()
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 1
     lines = [ln for ln in daemon_log(service).splitlines() if "was deleted" in ln]

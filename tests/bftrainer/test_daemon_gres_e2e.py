@@ -26,7 +26,7 @@ from bftrainer.idle_monitor.slurm import parse_sinfo_gpus
 from bftrainer.state import Store
 from bftrainer.trainers import channel
 from tests.bftrainer.daemon_service import BFTRAINER, Service, daemon_log, service_in, wait_done
-from tests.conftest import CLUSTER_SCRIPT, SlurmCluster, wait_until
+from tests.conftest import CLUSTER_SCRIPT, SlurmCluster, wait_until, worker_cluster_env
 
 pytestmark = [pytest.mark.slurm]
 
@@ -60,8 +60,9 @@ def free_port_run(count: int) -> int:
 def gpu_env(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
     """The environment of ``local-cluster.sh`` for a cluster whose nodes have GPUs: the
     default one if it declares them, else a second one started here (and stopped)."""
+    worker = worker_cluster_env()  # this worker's cluster under pytest-xdist, else {}
     if slots_from_gpus(gpus(slurm_cluster)) is not None:
-        yield {}
+        yield worker
         return
     base = free_port_run(len(slurm_cluster.nodes) + 3)
     env = {
@@ -72,6 +73,7 @@ def gpu_env(slurm_cluster: SlurmCluster) -> Iterator[dict[str, str]]:
         "SLURM_LOCAL_NODE_PORT": str(base + 2),
         "NNODES": str(len(slurm_cluster.nodes)),
         "GRES_GPUS": str(GPUS_PER_NODE),
+        **{k: v for k, v in worker.items() if k.endswith(("_BF_INTERVAL", "_KILL_WAIT"))},
     }
     try:
         done = script(env, "start", timeout_s=600)
@@ -199,7 +201,7 @@ def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_los
     )
     service.start("equal", extra=["--slots-per-node", "gres"])
     work = 60_000
-    t = service.submit("torchrun", work, slots, "--step-delay-s", "0.2", "--max-batch", "128")
+    t = service.submit("torchrun", work, slots, *service.paced(0.2), "--max-batch", "128")
     wait_until(lambda: service.trainer(t)["samples_done"] > 0, 300, f"{t} training")
     assert service.trainer(t)["slots"] == {node: list(range(slots))}
     changed = False
@@ -218,6 +220,7 @@ def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_los
         if changed:
             set_gpus(gpu_env, node, slots)  # leave the cluster as it was found
     wait_until(lambda: service.trainer(t)["nodes"] != [], 180, f"{t} back on {node}")
+    service.release()
     done = wait_done(service, t, 600)
     assert done["samples_done"] == work and done["restarts"] == 0
     result = channel.read_result(service.state_dir / "trainers" / t)

@@ -117,7 +117,7 @@ def test_two_trainers_share_a_node_each_on_its_slot_through_its_departure_and_re
         "the main job on the other nodes",
     )
     service.start("equal", extra=["--slots-per-node", str(SLOTS)])
-    slow = ("--step-delay-s", "0.2", "--max-batch", "128")
+    slow = (*service.paced(0.2), "--max-batch", "128")
     work = {"horovod": 90_000, "torchrun": 60_000}
     # Horovod alone first: both slots of the node (host:2, two workers).
     a = service.submit("horovod", work["horovod"], SLOTS, *slow)
@@ -164,6 +164,7 @@ def test_two_trainers_share_a_node_each_on_its_slot_through_its_departure_and_re
         "both trainers back on the node",
     )
     print(f"main job start {start_s:.1f} s; back on the node {time.time() - t_submit:.0f} s after")
+    service.release()
     for t in (a, b):
         done = wait_done(service, t, 600)
         want = work[done["backend"]]

@@ -223,7 +223,7 @@ def test_holder_on_a_busy_node_stays_pending_and_never_preempts_main(
     holder = holders.acquire(node, None)
     held = wait_states(holders, {holder: "pending"}, 15)
     assert held[holder].node == node
-    time.sleep(6)  # more than one backfill pass (bf_interval=5)
+    time.sleep(slurm_cluster.bf_interval_s + 1)  # more than one backfill pass
     assert holders.held()[holder].state == "pending"  # the node is not usable
     assert job_state(slurm_cluster, main) == "RUNNING"  # and the main job is untouched
     holders.release(holder)

@@ -33,7 +33,8 @@ _NOT_PREEMPTED = frozenset({"", "n/a", "none", "unknown", "(null)"})
 _ALIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING"})
 
 
-def _setting_s(name: str, default: float) -> float:
+def env_seconds(name: str, default: float) -> float:
+    """A delay from the environment (tests shorten production delays so), else ``default``."""
     try:
         value = float(os.environ.get(name, default))
     except ValueError:
@@ -82,7 +83,7 @@ class HostWatch:
 
     def __init__(self, trainer_dir: Path) -> None:
         self.dir = trainer_dir
-        self.check_every_s = _setting_s("BFTRAINER_HOLDER_CHECK_S", 10.0)
+        self.check_every_s = env_seconds("BFTRAINER_HOLDER_CHECK_S", 10.0)
         self._gone: set[tuple[str, str]] = set()  # (host, holder job) never usable again
         self._next_check = 0.0
         self._renewed_at = -float("inf")

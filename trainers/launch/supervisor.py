@@ -63,7 +63,7 @@ from typing import Any
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
-from bftrainer.trainers.launch.hostwatch import HostWatch
+from bftrainer.trainers.launch.hostwatch import HostWatch, env_seconds
 from bftrainer.trainers.launch.worker import FAILURE
 
 logger = logging.getLogger("bftrainer.supervisor")
@@ -72,9 +72,7 @@ POLL_S = 0.25
 # Workers lost without a user error are restarted from the last commit, this many times
 # in a row without progress, after waiting this long for the driver to drop lost hosts.
 MAX_RESTARTS_WITHOUT_PROGRESS = 3
-RESTART_SETTLE_S = 3.0
-# Seconds between two looks at the hosts' holder jobs (slurm mode), when nothing died.
-HOLDER_CHECK_S = 10.0
+RESTART_SETTLE_S = 3.0  # BFTRAINER_RESTART_SETTLE_S overrides it
 WORKER = ("-m", "bftrainer.trainers.launch.worker")
 Hosts = list[tuple[str, int]]
 
@@ -442,7 +440,7 @@ class Supervisor:
                                 ", ".join(lost),
                                 len(hosts),
                             )
-                            time.sleep(RESTART_SETTLE_S)
+                            time.sleep(env_seconds("BFTRAINER_RESTART_SETTLE_S", RESTART_SETTLE_S))
                             continue
                         if not self._may_restart():
                             return self.finish("failed", rc, why, "infrastructure")
@@ -455,7 +453,7 @@ class Supervisor:
                             self._restarts,
                             MAX_RESTARTS_WITHOUT_PROGRESS,
                         )
-                        time.sleep(RESTART_SETTLE_S)
+                        time.sleep(env_seconds("BFTRAINER_RESTART_SETTLE_S", RESTART_SETTLE_S))
                         continue
                     logger.info(
                         "%s: workers stopped (code %d); hosts now %s", backend.name, rc, hosts
