@@ -29,6 +29,28 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 CLUSTER_SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
 
 
+# Tests whose trainers train flat out on several local worker processes: under
+# pytest-xdist (`--dist loadgroup`, as `make test` runs it) each group runs on one worker,
+# one test at a time, so that no two of a group starve each other on a 2-core machine
+# (Horovod's and Gloo's timeouts then fire). Two groups: together they take a quarter
+# of the suite's time, too much for one worker.
+TORCH_GROUPS = {
+    "test_elastic_horovod": "torch-a",
+    "test_elastic_remote": "torch-a",
+    "test_run_trainer_dir": "torch-a",
+    "test_elastic_torchrun": "torch-b",
+    "test_elastic_errors": "torch-b",
+    "test_slots_pin": "torch-b",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = TORCH_GROUPS.get(item.path.stem)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``predicate`` until true; fail naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -82,10 +104,16 @@ class SlurmCluster:
         out = self.run(["sinfo", "-N", "-h", "-o", "%N|%T"])
         return dict(line.split("|") for line in out.split())
 
-    def reset(self) -> None:
-        """Cancel every job, drop reservations, resume nodes; wait for all idle."""
-        self.run(["scancel", "--full", "--user", os.environ.get("USER", "root")], check=False)
-        self.run(["scancel", "--full", "-u", "root"], check=False)
+    def jobs(self) -> set[str]:
+        """The ids of every job the cluster still knows (any user, any state but gone)."""
+        return set(self.run(["squeue", "-h", "-o", "%i"], check=False).split())
+
+    def reset(self, keep: frozenset[str] = frozenset()) -> None:
+        """Cancel every job but ``keep``, drop reservations, resume nodes; wait until no
+        job but ``keep`` is left and every node is idle (``keep`` empty) or answers."""
+        ours = sorted(self.jobs() - keep)
+        if ours:
+            self.run(["scancel", "--full", *ours], check=False)
         for line in self.run(["scontrol", "show", "res", "-o"], check=False).splitlines():
             if line.startswith("ReservationName="):
                 name = line.split()[0].split("=", 1)[1]
@@ -95,11 +123,11 @@ class SlurmCluster:
                 self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
         wait_until(
             lambda: (
-                not self.run(["squeue", "-h", "-o", "%i"]).strip()
-                and all(s == "idle" for s in self.states().values())
+                not (self.jobs() - keep)
+                and (bool(keep) or all(s == "idle" for s in self.states().values()))
             ),
             40,
-            "all jobs gone and all nodes idle",
+            "the test's jobs gone and all nodes idle",
         )
 
 
@@ -171,10 +199,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 @pytest.fixture
 def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The cluster, clean (no jobs, no reservations, all idle) before and after the test."""
+    """The cluster, clean (no jobs, no reservations, all idle) before the test; after it,
+    the jobs it started (submitted by the test or by what it ran) are cancelled, and only
+    those. Under pytest-xdist the cluster is the worker's own (one test at a time), so
+    before a test it holds nothing but what an earlier, failed clean-up left."""
     slurm_cluster.reset()
+    before = frozenset(slurm_cluster.jobs())
     yield slurm_cluster
-    slurm_cluster.reset()
+    slurm_cluster.reset(keep=before)
 
 
 # ---------------------------------------------------------------------- sshd
