@@ -381,7 +381,7 @@ class HeldPool:
         if reason == "timeout":
             return "reached its time limit"
         if reason == "not listed":
-            return "is no longer listed by the scheduler"
+            return f"is no longer listed by {self.holders.status_argv()[0]}"
         lease = self._lease_until.get(holder.node)
         if reason == "completed" and lease is not None and lease <= now_s:
             return "ended by itself: its lease expired"
@@ -429,11 +429,21 @@ class HeldPool:
             released = set(plan.release)
         if view.growth_held:
             return released  # the pool is stale: take nothing new on old information
+        try:
+            self._acquire(plan.acquire, view, now_s)
+        except HolderError as exc:  # a read all holders need (the partition's MaxTime)
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not submitted, trying again at a later poll: %s", exc)
+        return released
+
+    def _acquire(self, nodes: Sequence[str], view: PoolView, now_s: float) -> None:
+        """Submit a holder for each of ``nodes``; a refused one is logged and tried at a
+        later poll. Raises ``HolderError`` when no holder can be submitted at all."""
         # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
         # calls): 200 nodes one after another took 9 s (docs/holders.md).
         windows: dict[str, float | None] = {}
         limits_s: dict[str, float | None] = {}
-        for node in plan.acquire:
+        for node in nodes:
             window = view.windows_s.get(node)
             try:
                 minutes = self.holders.time_limit_min(window)
@@ -455,9 +465,18 @@ class HeldPool:
                 self.store.add_holder(got, node, limit_s=limits_s[node], now_s=now_s)
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, got)
-                self.holders.release(got)
-                self.counts.released += 1
-        return released
+                self._cancel_unrecorded(got)
+
+    def _cancel_unrecorded(self, job_id: str) -> None:
+        """Cancel a holder the store refused; if the scheduler refuses too, the next
+        poll's reconcile cancels it (the store does not know it)."""
+        try:
+            self.holders.release(job_id)
+        except HolderError as exc:
+            self.counts.errors["holder_cancel"] += 1
+            log.warning("%s; the next poll cancels it", exc)
+            return
+        self.counts.released += 1
 
     def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
         """Cancel holders and record them ended; False (and logged) when refused."""

@@ -293,12 +293,13 @@ class Holders(ABC):
             if job_id not in listed:
                 out.gone[job_id] = HolderStatus(node, "ended", "not listed", "")
         if out.cancelled:
+            cancelled = sorted(out.cancelled.items())
+            ids = [j for j, _ in cancelled]
             log.warning(
-                "%s: cancelling holder(s) %s",
+                "%s: cancelling holder(s) %s with %s",
                 self.scheduler,
-                ", ".join(
-                    f"{j} ({s.node}, {s.scheduler_state})" for j, s in sorted(out.cancelled.items())
-                ),
+                ", ".join(f"{j} ({c.node}, {c.scheduler_state})" for j, c in cancelled),
+                self.cancel_argv(ids)[0],
             )
             self.release(*out.cancelled)
         return out

@@ -20,6 +20,7 @@ docs/holders.md):
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -163,10 +164,16 @@ class SlurmHolders(Holders):
             argv = ["scontrol", "show", "partition", self.partition, "-o"]
             try:
                 text = self.runner.run(argv).stdout
-                self._max_minutes = (parse_partition_max_minutes(text),)
-            except (CommandError, ValueError) as exc:
+            except CommandError as exc:
                 raise HolderSubmitError(
                     f"cannot read partition {self.partition}'s MaxTime: {exc}"
+                ) from None
+            try:
+                self._max_minutes = (parse_partition_max_minutes(text),)
+            except ValueError as exc:
+                raise HolderSubmitError(
+                    f"cannot read partition {self.partition}'s MaxTime: {shlex.join(argv)} "
+                    f"({self.runner.where}): unusable reply: {exc}"
                 ) from None
         return self._max_minutes[0]
 
