@@ -34,12 +34,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from bftrainer.acquisition import plan_assigned, plan_holders
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
 from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
-from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
+from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
+from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
@@ -169,6 +170,7 @@ class HoldCounts:
     preempted: int = 0  # ended by a main job
     released: int = 0  # cancelled by the daemon (pending or running)
     lost: int = 0  # ended otherwise: cancelled outside, time limit, lease, requeued
+    failed: int = 0  # ended without holding: the script or the node failed
     # Scheduler operations that failed, by kind: holder_status, holder_submit,
     # holder_cancel, pool (the pool source's own failed reads are counted there).
     errors: Counter[str] = field(default_factory=Counter)
@@ -211,6 +213,8 @@ class HeldPool:
         self._view: PoolView | None = None  # the last poll's
         self._replan = False  # polled since the last hold plan
         self.counts = HoldCounts()
+        # Nodes whose last holder failed wait before the next (holders/failures.py).
+        self.backoff = HolderBackoff(2 * poll_interval_s)
         # --slots-per-node gres: nodes whose GPU count is not S stay out (set at start).
         self.gate: GpuSlotGate | None = None
         self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
@@ -359,11 +363,16 @@ class HeldPool:
                 self.counts.lost += 1
                 continue
             was = known[job_id]
+            if status.state == "running":
+                self.backoff.held(status.node)
             if status.state == "running" and was.state == "pending":
                 limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
                 log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
         for job_id, status in result.gone.items():
-            if job_id in known:
+            if job_id in known and failed_to_hold(known[job_id].state, status.reason):
+                self._failed(known[job_id], status, now_s)
+            elif job_id in known:
+                self.holders.forget(job_id)
                 why = self._why_ended(known[job_id], status.reason, now_s)
                 self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
                 if status.reason == "preempted":
@@ -371,6 +380,32 @@ class HeldPool:
                 else:
                     self.counts.lost += 1
                 log.info("lost %s: its holder %s %s", status.node, job_id, why)
+
+    def _failed(self, holder: HolderRow, status: HolderStatus, now_s: float) -> None:
+        """A holder that failed to hold: its cause in one line, its node backed off."""
+        cause = self.holders.why_failed(holder.job_id, status)
+        self.store.set_holder_state(holder.job_id, "ended", reason=f"failed: {cause}", now_s=now_s)
+        self.counts.failed += 1
+        entry = self.backoff.failed(holder.node, holder.job_id, cause, now_s)
+        log.warning(
+            "holder %s for %s failed: %s; %s is tried again in %.3g s (failure %d in a row)",
+            holder.job_id,
+            holder.node,
+            cause,
+            holder.node,
+            entry.retry_s - now_s,
+            entry.failures,
+        )
+        stderr = self.holders.stderr_file(holder.job_id)
+        if stderr is not None and status.reason == "failed" and not stderr.exists():
+            # Slurm fails a job whose --error folder the node cannot see: the state
+            # directory is not shared with the nodes. Holders go on without the file.
+            log.warning(
+                "holder stderr is not written to %s (a folder the nodes do not see?): "
+                "holders keep no stderr from now on",
+                stderr.parent,
+            )
+            self.holders.stderr_dir = None
 
     def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
         """Why a holder ended, in an operator's words (the scheduler's state as given)."""
@@ -405,11 +440,16 @@ class HeldPool:
         demand, allocated = self.demand()
         running = [h.node for h in live if h.state == "running"]
         pending = [h.node for h in live if h.state == "pending"]
+        # Nodes whose last holder failed and that wait for their next try: out of the
+        # plan, so that it holds others meanwhile (they have no live holder).
+        self.backoff.keep_only(view.pool)
+        waiting = self.backoff.waiting(now_s)
         if self.assigned is not None:
             plan = plan_assigned(view.pool, running, pending, allocated, self.assigned())
+            plan = replace(plan, acquire=tuple(n for n in plan.acquire if n not in waiting))
         else:
             plan = plan_holders(
-                pool=sorted(view.pool),
+                pool=sorted(view.pool - waiting),
                 windows_s=view.windows_s,
                 running=running,
                 pending=pending,
@@ -441,6 +481,12 @@ class HeldPool:
         later poll. Raises ``HolderError`` when no holder can be submitted at all."""
         # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
         # calls): 200 nodes one after another took 9 s (docs/holders.md).
+        if nodes and self.holders.stderr_dir is not None:
+            try:
+                self.holders.stderr_dir.mkdir(mode=0o700, exist_ok=True)
+            except OSError as exc:
+                log.warning("holders keep no stderr: cannot create %s: %s", exc.filename, exc)
+                self.holders.stderr_dir = None
         windows: dict[str, float | None] = {}
         limits_s: dict[str, float | None] = {}
         for node in nodes:
@@ -488,6 +534,7 @@ class HeldPool:
             return False
         for job_id in jobs:
             self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+            self.holders.forget(job_id)
         self.counts.released += len(jobs)
         return True
 
@@ -523,7 +570,15 @@ class HeldPool:
             if n in nodes or n in self._idle:
                 empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
                 nodes.setdefault(n, empty)["left_out"] = why
-        self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
+        self.store.set_setting(
+            "pool",
+            {
+                "time_s": now_s,
+                "stale": view.stale,
+                "nodes": nodes,
+                "holders_failing": self.backoff.summary(),
+            },
+        )
 
 
 def leave_by_s(
@@ -587,6 +642,9 @@ class DaemonReading:
     rescales: int
     command_errors: Mapping[str, int]  # failed scheduler operations, by kind
     pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
+    # Holders failing to hold (HolderBackoff.summary: the latest cause, the nodes, the
+    # next try); None: none failing.
+    holders_failing: Mapping[str, Any] | None = None
 
 
 class CentreLink(Protocol):
@@ -687,6 +745,8 @@ class Daemon:
             lease_s=config.holder_lease_s,
             assigned=centre.assigned_nodes if centre is not None else None,
         )
+        if holders.runner.where == "local":  # the nodes may see it: kept if they do
+            holders.stderr_dir = state_dir / "holders"
         # A centre agent: the allocator decides (centre.policy follows it), the link
         # reports this user's trainers to it; None: this daemon decides alone.
         self.centre = centre
@@ -867,6 +927,7 @@ class Daemon:
             rescales=self.driver.rescales,
             command_errors=dict(counts.errors + self.monitor.failed_reads),
             pool_read_s=last.time_s if last is not None else None,
+            holders_failing=self.pool.backoff.summary(),
         )
 
     def _publish_metrics(self, step: Step | None) -> None:

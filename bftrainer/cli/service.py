@@ -264,6 +264,8 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
         # "gres": read from the nodes' GPU counts (--slots-per-node gres); else "config".
         "slots_from": store.get_setting("slots_from", "config"),
         "pool_time_s": pool["time_s"],
+        # Holders failing to hold (the latest cause, the nodes, the next try): null if none.
+        "holders_failing": pool.get("holders_failing"),
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
         "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
     }
@@ -322,6 +324,14 @@ def status_cmd(
     free = len(data["pool"]) - held - asked - out
     left = f", {out} left out for their GPU count" if out else ""
     click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held{left}")
+    failing = data["holders_failing"]
+    if failing:
+        wait_s = max(0.0, failing["next_try_s"] - time.time())
+        click.echo(
+            f"holders failing: {failing['cause']} (holder {failing['job_id']}; "
+            f"{len(failing['nodes'])} node(s): {', '.join(failing['nodes'])}; "
+            f"next try in {wait_s:.0f} s)"
+        )
     shared = data["slots_per_node"] > 1
     if shared or data["slots_from"] == "gres":
         source = " (the nodes' GPU count: gres)" if data["slots_from"] == "gres" else ""

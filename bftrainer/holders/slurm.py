@@ -82,6 +82,24 @@ def parse_partition_max_minutes(text: str) -> int | None:
     return parse_duration_min(m.group(1))
 
 
+def parse_job_account(text: str) -> str:
+    """ "FAILED, exit code 13, reason NonZeroExitCode" from ``scontrol show job ID -o``
+    (``ExitCode=0:9``: "signal 9"); raises ``ValueError`` without a ``JobState``."""
+    fields = dict(re.findall(r"(?:^|\s)(JobState|ExitCode|Reason)=(\S+)", text))
+    if "JobState" not in fields:
+        raise ValueError(f"no JobState= in {text.strip()[:200]!r}")
+    words = [fields["JobState"]]
+    code, _, signal = fields.get("ExitCode", "").partition(":")
+    if code not in ("", "0"):
+        words.append(f"exit code {code}")
+    if signal not in ("", "0"):
+        words.append(f"signal {signal}")
+    reason = fields.get("Reason", "")
+    if reason.lower() not in _NO_VALUE:
+        words.append(f"reason {reason}")
+    return ", ".join(words)
+
+
 def classify(state: str, preempted: bool, reason: str) -> tuple[str, str, bool]:
     """(our state, reason, lingering) for a Slurm job state."""
     s = state.strip().upper().rstrip("+")
@@ -177,6 +195,12 @@ class SlurmHolders(Holders):
                 ) from None
         return self._max_minutes[0]
 
+    def job_account(self, job_id: str) -> str:
+        """``scontrol show job`` while Slurm still knows the job (``MinJobAge``; sacct
+        may be absent): its state, exit code and reason."""
+        argv = ["scontrol", "show", "job", job_id, "-o"]
+        return parse_job_account(self.runner.run(argv).stdout)
+
     def acquire_many(
         self, windows_s: Mapping[str, float | None], leases: Mapping[str, str] | None = None
     ) -> dict[str, str | HolderError]:
@@ -218,6 +242,7 @@ class SlurmHolders(Holders):
             "--nodes=1",
             f"--job-name={self.job_name}",
             f"--time={'UNLIMITED' if minutes is None else minutes}",
+            *([f"--error={self.stderr_dir / '%j.err'}"] if self.stderr_dir else []),
             *self.extra_args,
             self.script,
             *([lease] if lease else []),

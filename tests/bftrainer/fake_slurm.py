@@ -62,9 +62,18 @@ class FakeSlurm:
     def set_job(self, job_id: str, *fields: str) -> None:
         (self.root / "jobs" / job_id).write_text(" ".join(fields) + "\n")
 
-    def calls(self, command: str) -> int:
-        text = (self.root / "calls").read_text()
-        return sum(line.split(" ", 1)[0] == command for line in text.splitlines())
+    def calls(self, command: str) -> list[tuple[float, list[str]]]:
+        """Each call of ``command``: (epoch s, its arguments)."""
+        out = []
+        for line in (self.root / "calls").read_text().splitlines():
+            name, when, *args = line.split(" ")
+            if name == command:
+                out.append((float(when), args))
+        return out
+
+    def fail_jobs(self, exit_code: int, reason: str, stderr: str) -> None:
+        """Every holder submitted from now fails so (None: they wait, pending)."""
+        (self.root / "job_fails").write_text(f"{exit_code} {reason} {stderr}\n")
 
 
 class FakeDaemon:

@@ -2,14 +2,16 @@
 # A scripted Slurm for tests of how the daemon takes scheduler failures: installed as
 # sinfo, squeue, scontrol, sbatch and scancel (links to this file) first on PATH.
 # State in $FAKE_SLURM: nodes (one "NAME|STATE" line each), jobs/<id> ("STATE NODE
-# [EXIT REASON]"), next_id, calls (every call, one line). mode/<command> makes that
+# [EXIT REASON]"), next_id, calls (every call, one line: command, epoch s, arguments),
+# job_fails ("EXIT REASON stderr line": every holder submitted fails so, its stderr
+# written to sbatch's --error file, as slurmd fails a job script it cannot run). mode/<command> makes that
 # command fail: error (exit 1), empty (exit 0, no output), garbage (exit 0, nonsense)
 # or hang (longer than any test's --timeout). The one place a fake Slurm is right: a
 # real one cannot fail on demand.
 set -u
 cmd=$(basename "$0")
 dir=${FAKE_SLURM:?FAKE_SLURM is not set}
-echo "$cmd $*" >> "$dir/calls"
+echo "$cmd $(date +%s.%N) $*" >> "$dir/calls"
 mode=$(cat "$dir/mode/$cmd" 2>/dev/null || true)
 case "$mode" in
   error) echo "$cmd: error: Socket timed out on send/recv operation" >&2; exit 1 ;;
@@ -52,7 +54,15 @@ case "$cmd" in
     id=$(cat "$dir/next_id" 2>/dev/null || echo 100)
     echo $((id + 1)) > "$dir/next_id"
     mkdir -p "$dir/jobs"
-    echo "PENDING $node" > "$dir/jobs/$id"
+    if [ -s "$dir/job_fails" ]; then
+      # Every new holder fails as slurmd would fail it: "EXIT REASON stderr line".
+      read -r code reason message < "$dir/job_fails"
+      echo "FAILED $node $code $reason" > "$dir/jobs/$id"
+      err=$(echo "$args" | sed -nE 's/.*--error=([^ ]+).*/\1/p')
+      [ -n "$err" ] && echo "$message" > "${err//%j/$id}"
+    else
+      echo "PENDING $node" > "$dir/jobs/$id"
+    fi
     echo "$id" ;;
   scancel)
     for id in "$@"; do rm -f "$dir/jobs/$id"; done ;;
