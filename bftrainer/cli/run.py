@@ -23,7 +23,8 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, SECONDS, InputFile
+from bftrainer.cli.params import NODES, SECONDS, InputFile
+from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
@@ -99,8 +100,14 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
     return "resume"
 
 
-def _read_host_file(path: Path) -> list[str]:
-    return [f"{h}:{s}" for h, s in channel.parse_hosts(path.read_text(), str(path))]
+def _parse_host_file(data: bytes, path: Path) -> list[str]:
+    """``host:slots`` entries of a hosts file's bytes; ``ChannelError`` naming the file
+    (and line) when one is not UTF-8 or not a usable host."""
+    try:
+        text = decode_text(data, path)
+    except BadNameError as e:
+        raise channel.ChannelError(str(e)) from None
+    return [f"{h}:{s}" for h, s in channel.parse_hosts(text, str(path))]
 
 
 @click.command(
@@ -125,8 +132,8 @@ def _read_host_file(path: Path) -> list[str]:
     is_flag=True,
     help="Start afresh in an existing trainer directory: its earlier run's files go.",
 )
-@click.option("--max-hosts", type=COUNT, default=64, show_default=True)
-@click.option("--min-hosts", type=COUNT, default=1, show_default=True)
+@click.option("--max-hosts", type=NODES, default=64, show_default=True)
+@click.option("--min-hosts", type=NODES, default=1, show_default=True)
 @click.option(
     "--exec-mode",
     type=click.Choice(channel.EXEC_MODES),
@@ -159,8 +166,14 @@ def run_cmd(
     """Run SCRIPT [ARGS] elastically on the hosts listed in --hosts-file."""
     if not script.is_file():
         raise UsageError(f"trainer script not found: {script}")
+    if trainer_id is not None:
+        try:
+            check_trainer_id(trainer_id, "--trainer-id")
+        except BadNameError as e:
+            raise UsageError(str(e)) from None
     try:
-        hosts = _read_host_file(hosts_file)
+        last_data = hosts_file.read_bytes()
+        hosts = _parse_host_file(last_data, hosts_file)
     except OSError as e:
         raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
     except channel.ChannelError as e:
@@ -169,7 +182,7 @@ def run_cmd(
         raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
     trainer_dir = trainer_dir or Path(f"bftrainer-run-{script.stem}")
     spec = LaunchSpec(
-        trainer_id=trainer_id or script.stem,
+        trainer_id=trainer_id or trainer_id_from(script.stem),
         script=script,
         args=args,
         trainer_dir=trainer_dir,
@@ -192,23 +205,22 @@ def run_cmd(
     except LaunchError as e:
         raise UsageError(str(e)) from None
     click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
-    last_text = hosts_file.read_text()
     try:
         while (outcome := launcher.poll()) is None:
             time.sleep(POLL_S)
             try:
-                text = hosts_file.read_text()
+                data = hosts_file.read_bytes()
             except OSError:
                 continue  # being replaced; read it next time
-            if text != last_text:
+            if data != last_data:
                 try:
-                    new = _read_host_file(hosts_file)
+                    new = _parse_host_file(data, hosts_file)
                 except channel.ChannelError as e:
                     logger.error("%s; keeping the previous hosts", e)
                 else:
                     logger.info("hosts now %s", new)
                     launcher.set_hosts(new)
-                last_text = text
+                last_data = data
     except KeyboardInterrupt:
         click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
         launcher.stop(stop_grace_s)

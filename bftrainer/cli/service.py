@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, Number
+from bftrainer.cli.params import COUNT, NODES, Number
 from bftrainer.daemon import DEFAULT_RESCALE_S
+from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.state import (
     BACKENDS,
     AllocationRow,
@@ -79,6 +80,10 @@ def own_trainer(trainer_id: str, socket_dir: Path | None) -> str:
     """The local id of ``trainer_id`` (``t0001`` or, in centre mode, ``alice/t0001``);
     another user's trainer is asked of the allocator, which refuses it in one line."""
     user, sep, local = trainer_id.rpartition("/")
+    try:
+        check_trainer_id(local, "TRAINER_ID")
+    except BadNameError as exc:
+        raise UsageError(str(exc)) from None
     if not sep or socket_dir is None:
         return trainer_id
     if user != my_user():
@@ -133,8 +138,8 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
 )
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--min-nodes", type=COUNT, default=1, show_default=True)
-@click.option("--max-nodes", type=COUNT, default=1, show_default=True)
+@click.option("--min-nodes", type=NODES, default=1, show_default=True)
+@click.option("--max-nodes", type=NODES, default=1, show_default=True)
 @click.option(
     "--work-samples",
     type=COUNT,
@@ -415,6 +420,10 @@ def _print_centre(centre: Mapping[str, Any]) -> None:
 @socket_dir_option
 def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None) -> None:
     """Cancel a trainer: a queued one never starts, a running one checkpoints and stops."""
+    try:
+        check_trainer_id(trainer_id.rpartition("/")[2], "TRAINER_ID")
+    except BadNameError as exc:
+        raise UsageError(str(exc)) from None
     if socket_dir is not None:
         from bftrainer.centre import protocol
         from bftrainer.cli.centre import ask

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 
@@ -80,6 +81,10 @@ class LaunchSpec:
 
     def check(self) -> None:
         """Raise :class:`LaunchError` naming the first field that cannot work."""
+        try:
+            check_trainer_id(self.trainer_id, "trainer id")
+        except BadNameError as e:
+            raise LaunchError(str(e)) from None
         if self.backend not in BACKENDS:
             raise LaunchError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if not 1 <= self.min_hosts <= self.max_hosts:
