@@ -12,6 +12,7 @@ the allocator decided (bftrainer.cli.centre).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
@@ -120,13 +121,34 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
     except sqlite3.OperationalError as exc:
         if "readonly" in str(exc):
             raise click.ClickException(f"state directory {path} is not writable ({exc})") from None
+        if disk_full(exc):
+            raise click.ClickException(_full(path, exc)) from None
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
+    except OSError as exc:
+        if disk_full(exc):
+            raise click.ClickException(_full(path, exc)) from None
+        raise
     except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, AttributeError) as exc:
         # A missing table or column, bad JSON in a column, a setting of another shape:
         # the store is not as bftrainer wrote it. Named, never changed.
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     finally:
         store.close()
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system (or the user's quota) has no room left."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full(path: Path, exc: BaseException) -> str:
+    what = "over quota" if getattr(exc, "errno", None) == errno.EDQUOT else "full"
+    return (
+        f"the disk holding state directory {path} is {what} ({exc}): nothing was changed; "
+        "free some space and try again"
+    )
 
 
 # ---------------------------------------------------------------------- submit

@@ -48,9 +48,9 @@ class HolderBackoff:
     """Per-node exponential backoff of failed holders (see the module docstring)."""
 
     def __init__(self, first_s: float, max_s: float = BACKOFF_MAX_S) -> None:
-        if not (math.isfinite(first_s) and first_s > 0 and max_s >= first_s):
+        if not (math.isfinite(first_s) and first_s > 0 and max_s > 0):
             raise ValueError(f"holder backoff {first_s!r} s up to {max_s!r} s")
-        self.first_s = first_s
+        self.first_s = min(first_s, max_s)  # a poll interval longer than the cap
         self.max_s = max_s
         self.nodes: dict[str, NodeFailing] = {}
 

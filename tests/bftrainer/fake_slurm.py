@@ -85,7 +85,7 @@ class FakeDaemon:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *extra: str) -> None:
+    def start(self, *extra: str, poll_s: float = POLL_S) -> None:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -98,7 +98,7 @@ class FakeDaemon:
                     "--state-dir",
                     str(self.state_dir),
                     "--poll-interval",
-                    str(POLL_S),
+                    str(poll_s),
                     "--timeout",
                     str(TIMEOUT_S),
                     "--retries",
@@ -112,8 +112,12 @@ class FakeDaemon:
                 env=self.slurm.env,
                 start_new_session=True,
             )
-        wait_until(lambda: (self.state_dir / "daemon.lock").exists(), 60, "the daemon's lock")
-        wait_until(lambda: self.status()["pool_time_s"] is not None, 60, "the daemon's pool")
+        wait_until(lambda: self._up() and (self.state_dir / "daemon.lock").exists(), 60, "lock")
+        wait_until(lambda: self._up() and self.status()["pool_time_s"] is not None, 60, "pool")
+
+    def _up(self) -> bool:
+        assert self.alive(), f"the daemon exited:\n{self.log()[-3000:]}"
+        return True
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -78,6 +78,8 @@ def test_backoff_doubles_per_node_up_to_its_cap_and_ends_when_a_holder_runs() ->
     backoff.keep_only(frozenset({"a"}))  # b left the pool
     assert backoff.summary() is None
     assert backoff.failed("a", "10", "z", 0.0).failures == 1  # counted again from one
+    # A poll interval longer than the cap: the cap.
+    assert HolderBackoff(7200.0, max_s=1800.0).failed("a", "1", "x", 0.0).retry_s == 1800.0
 
 
 @pytest.mark.parametrize(
