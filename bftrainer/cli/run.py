@@ -14,10 +14,12 @@ the same command again to resume).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -34,13 +36,23 @@ POLL_S = 0.5
 
 
 def _same_work(old: LaunchSpec, new: LaunchSpec) -> bool:
-    """The checkpoint continues only the same script, arguments (the work among them)
-    and trainer id."""
-    return (old.script, old.args, old.trainer_id) == (
+    """The checkpoint continues only the same script (path and content), arguments (the
+    work among them) and trainer id. A spec that recorded no content (an earlier
+    version's) is taken at its path."""
+    same_content = not old.script_sha256 or old.script_sha256 == new.script_sha256
+    return same_content and (old.script, old.args, old.trainer_id) == (
         new.script.resolve(),
         new.args,
         new.trainer_id,
     )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _attached_alive(trainer_dir: Path) -> bool:
@@ -79,6 +91,13 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
             f"bftrainer run: starting afresh in {d} (the earlier run's files removed)", err=True
         )
         return None
+    edited = old is not None and not _same_work(old, spec)
+    if edited and old is not None and _same_work(replace(old, script_sha256=""), spec):
+        raise UsageError(
+            f"--trainer-dir {d} holds an earlier run of {old.script.name} whose content "
+            "has changed since (an edited script is new work): add --fresh to start "
+            "afresh there, or choose another --trainer-dir"
+        )
     if old is None or not _same_work(old, spec):
         what = "unreadable spec" if old is None else f"{old.script.name} {' '.join(old.args)}"
         raise UsageError(
@@ -181,6 +200,10 @@ def run_cmd(
     if min_hosts > max_hosts:
         raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
     trainer_dir = trainer_dir or Path(f"bftrainer-run-{script.stem}")
+    try:
+        script_sha256 = _sha256(script)
+    except OSError as e:
+        raise UsageError(f"trainer script {script}: {e.strerror}") from None
     spec = LaunchSpec(
         trainer_id=trainer_id or trainer_id_from(script.stem),
         script=script,
@@ -189,6 +212,7 @@ def run_cmd(
         backend=backend,
         min_hosts=min_hosts,
         max_hosts=max_hosts,
+        script_sha256=script_sha256,
     )
     earlier = _earlier_run(spec, fresh)
     if earlier == "done":

@@ -48,6 +48,9 @@ class LaunchSpec:
     max_hosts: int = 1
     python: str = sys.executable
     env: Mapping[str, str] = field(default_factory=dict)
+    # The script's content when launched (hex SHA-256; "": not recorded): part of the
+    # work's identity, so that an edited script is new work (bftrainer run).
+    script_sha256: str = ""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -73,6 +76,7 @@ class LaunchSpec:
                 max_hosts=int(d["max_hosts"]),
                 python=str(d["python"]),
                 env={str(k): str(v) for k, v in d["env"].items()},
+                script_sha256=str(d.get("script_sha256", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LaunchError(f"{source}: not a launch spec: {e!r}") from None
