@@ -4,9 +4,10 @@
 
 The host file (one ``host[:slots]`` per line, Horovod's discovery format) is re-read as
 it changes and copied to the trainer directory's ``hosts``; an empty file stops the
-workers (they checkpoint) until hosts come back. Inside an ``salloc``, write the
-allocation's nodes to the file and use ``--exec-mode slurm`` only through the daemon;
-by hand, ssh reaches the other nodes. Exits with the trainer's outcome: 0 done (the
+workers (they checkpoint) until hosts come back, and says so. Inside an ``salloc``
+(or ``sbatch``), write the allocation's nodes to the file: ``--exec-mode slurm`` runs
+the workers as steps of that allocation (outside one it is refused); by hand, ssh
+reaches the other nodes. Exits with the trainer's outcome: 0 done (the
 result line is printed), 1 failed (the reason in one line; the traceback is in the
 trainer directory's supervisor.log), 130 stopped by Ctrl-C (workers checkpointed: run
 the same command again to resume).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -26,6 +28,7 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SECONDS, InputFile
+from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
@@ -129,6 +132,37 @@ def _parse_host_file(data: bytes, path: Path) -> list[str]:
     return [f"{h}:{s}" for h, s in channel.parse_hosts(text, str(path))]
 
 
+def _allocation() -> tuple[str, set[str]]:
+    """``--exec-mode slurm`` by hand: the Slurm allocation ``run`` is inside (salloc or
+    sbatch), whose nodes the workers run on as its job steps; its job id and nodes."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        raise UsageError(
+            "--exec-mode slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run it "
+            "inside salloc or sbatch, whose nodes the workers run on as job steps, or use "
+            "--exec-mode ssh"
+        )
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        return job, set(expand_hostlist(nodelist))
+    except HostlistError as e:
+        raise UsageError(f"--exec-mode slurm: SLURM_JOB_NODELIST={nodelist!r}: {e}") from None
+
+
+def _outside(hosts: list[str], nodes: set[str]) -> list[str]:
+    return [h for h in (e.rpartition(":")[0] for e in hosts) if h not in nodes]
+
+
+def _say_waiting(hosts: list[str], hosts_file: Path) -> None:
+    """A wait with no host says so (else run would print nothing until hosts come)."""
+    if not hosts:
+        click.echo(
+            f"bftrainer run: {hosts_file} lists no host: the trainer waits (checkpointed) "
+            "until it lists some",
+            err=True,
+        )
+
+
 @click.command(
     "run",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -199,6 +233,15 @@ def run_cmd(
         raise UsageError(str(e)) from None
     if min_hosts > max_hosts:
         raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
+    allocation = None
+    if exec_mode == "slurm":
+        allocation = _allocation()
+        outside = _outside(hosts, allocation[1])
+        if outside:
+            raise UsageError(
+                f"--hosts-file {hosts_file}: {', '.join(outside)} not in this allocation "
+                f"(job {allocation[0]}: {', '.join(sorted(allocation[1]))})"
+            )
     trainer_dir = trainer_dir or Path(f"bftrainer-run-{script.stem}")
     try:
         script_sha256 = _sha256(script)
@@ -223,12 +266,14 @@ def run_cmd(
     except OSError as e:
         raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror}") from None
     if exec_mode or ssh_args:
-        channel.write_exec(trainer_dir, exec_mode or "ssh", {}, ssh_args)
+        jobs = dict.fromkeys(allocation[1], allocation[0]) if allocation else {}
+        channel.write_exec(trainer_dir, exec_mode or "ssh", jobs, ssh_args)
     try:
         launcher = Launcher.start(spec, hosts)
     except LaunchError as e:
         raise UsageError(str(e)) from None
     click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
+    _say_waiting(hosts, hosts_file)
     try:
         while (outcome := launcher.poll()) is None:
             time.sleep(POLL_S)
@@ -242,8 +287,18 @@ def run_cmd(
                 except channel.ChannelError as e:
                     logger.error("%s; keeping the previous hosts", e)
                 else:
+                    outside = _outside(new, allocation[1]) if allocation else []
+                    if outside:
+                        logger.error(
+                            "%s: %s not in this allocation (job %s): left out",
+                            hosts_file,
+                            ", ".join(outside),
+                            allocation[0] if allocation else "",
+                        )
+                        new = [h for h in new if h.rpartition(":")[0] not in outside]
                     logger.info("hosts now %s", new)
                     launcher.set_hosts(new)
+                    _say_waiting(new, hosts_file)
                 last_data = data
     except KeyboardInterrupt:
         click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
