@@ -331,7 +331,13 @@ class HeldPool:
         if not (self._replan or decided) or self._view is None:
             return ()
         self._replan = False
-        released = self._plan(self._view, now_s) & self.usable
+        try:
+            released = self._plan(self._view, now_s) & self.usable
+        except (HolderError, CommandError) as exc:  # each is handled where it arises;
+            # this is the step's guard: no scheduler reply ends the daemon
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not planned at this poll, trying again at the next: %s", exc)
+            released = set()
         self.usable -= released
         for n in released:
             self._told.pop(n, None)
@@ -996,6 +1002,7 @@ class Daemon:
             else:
                 for h in spare:
                     self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
+                    self.pool.holders.forget(h.job_id)
                 self.pool.counts.released += len(spare)
 
 

@@ -354,10 +354,11 @@ def status_cmd(
     failing = data["holders_failing"]
     if failing:
         wait_s = max(0.0, failing["next_try_s"] - time.time())
+        nodes = failing["nodes"]
+        shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
         click.echo(
             f"holders failing: {failing['cause']} (holder {failing['job_id']}; "
-            f"{len(failing['nodes'])} node(s): {', '.join(failing['nodes'])}; "
-            f"next try in {wait_s:.0f} s)"
+            f"{len(nodes)} node(s): {shown}; next try in {wait_s:.0f} s)"
         )
     shared = data["slots_per_node"] > 1
     if shared or data["slots_from"] == "gres":
