@@ -85,7 +85,8 @@ class FakeDaemon:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, *extra: str, poll_s: float = POLL_S) -> None:
+    def start(self, *extra: str, poll_s: float = POLL_S, wait: bool = True) -> None:
+        """Start the daemon; ``wait``: until it has published its first pool."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
@@ -113,6 +114,10 @@ class FakeDaemon:
                 start_new_session=True,
             )
         wait_until(lambda: self._up() and (self.state_dir / "daemon.lock").exists(), 60, "lock")
+        if wait:
+            self.wait_pool()
+
+    def wait_pool(self) -> None:
         wait_until(lambda: self._up() and self.status()["pool_time_s"] is not None, 60, "pool")
 
     def _up(self) -> bool:

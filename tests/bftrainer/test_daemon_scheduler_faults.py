@@ -34,7 +34,18 @@ def test_the_daemon_survives_every_scheduler_command_failing(
     how: str,
 ) -> None:
     daemon, slurm = fake_daemon, fake_daemon.slurm
-    daemon.start()
+    # The scheduler fails from the start. The holders are read first (squeue; an empty
+    # reply is no holder, a good one), then the pool (sinfo).
+    for command in ("sinfo", "squeue", "scontrol"):
+        slurm.fail(command, how)
+    daemon.start(wait=False)
+    if how != "empty":
+        daemon.wait_line(0, r"\bsqueue\b", f"a line naming squeue at start ({how})")
+        slurm.fail("squeue", None)
+    daemon.wait_line(0, r"\bsinfo\b", f"a line naming sinfo at start ({how})")
+    for command in ("sinfo", "squeue", "scontrol"):
+        slurm.fail(command, None)
+    daemon.wait_pool()
 
     # scontrol: the bf partition's MaxTime is read when the first holder is asked for.
     _fails_then_heals(
