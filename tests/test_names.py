@@ -129,14 +129,23 @@ def test_node_counts_and_ssh_targets_are_refused_in_one_line(tmp_path: Path) -> 
     )
     line = one_error_line(done)
     assert "--ssh" in line, line
-    done = subprocess.run(
-        [*BFTRAINER, "submit", str(EXAMPLE), "--max-nodes", "1e30", "--state-dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert "--max-nodes" in one_error_line(done)
+    for flag in ("--max-nodes", "--min-nodes", "--work-samples"):
+        done = subprocess.run(
+            [
+                *BFTRAINER,
+                "submit",
+                str(EXAMPLE),
+                flag,
+                "1" + "0" * 30,
+                "--state-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert flag in one_error_line(done)
 
 
 @pytest.mark.slow

@@ -93,6 +93,7 @@ SECONDS = Number(min=0.0)
 POSITIVE = Number(min=0.0, min_open=True)
 COUNT = Number(integer=True, min=1)
 NODES = Number(integer=True, min=1, max=MAX_NODES)  # node, host and slot counts of a trainer
+SAMPLES = Number(integer=True, min=1, max=2**53)  # exact as a float; fits SQLite's INTEGER
 SEED = Number(integer=True, min=0)
 # A synthetic trace is generated event by event: a year at most, so a typo cannot run
 # for ever.

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, NODES, Number
+from bftrainer.cli.params import NODES, SAMPLES, Number
 from bftrainer.daemon import DEFAULT_RESCALE_S
 from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.state import (
@@ -164,7 +164,7 @@ def _full(path: Path, exc: BaseException) -> str:
 @click.option("--max-nodes", type=NODES, default=1, show_default=True)
 @click.option(
     "--work-samples",
-    type=COUNT,
+    type=SAMPLES,
     help="Samples to train; passed to the trainer as --work-samples (else its own stop).",
 )
 @click.option("--backend", type=click.Choice(BACKENDS), default="horovod", show_default=True)
