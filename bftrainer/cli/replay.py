@@ -331,6 +331,8 @@ def replay_cmd(
     except ConfigError as e:
         raise UsageError(str(e)) from None
     _refuse_workload_with_jobs(jobs_path)
+    if workload != "pollux" or jobs_path:
+        _refuse_given(("pollux_data", "batch_adapt"), "needs --workload pollux (and no --jobs)")
     factory = None
     if workload == "pollux" and not jobs_path:
         jobs, factory = _pollux(
@@ -526,19 +528,31 @@ def _load(
 _BUILT_IN_ONLY = ("workload", "jobs_count", "model", "interval_s")
 
 
+def _given(names: tuple[str, ...]) -> str | None:
+    """The flag of the first of ``names`` given on the command line, or None."""
+    ctx = click.get_current_context()
+    for name in names:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            param = next(p for p in ctx.command.params if p.name == name)
+            return "/".join([max(param.opts, key=len), *param.secondary_opts])
+    return None
+
+
+def _refuse_given(names: tuple[str, ...], why: str) -> None:
+    flag = _given(names)
+    if flag is not None:
+        raise UsageError(f"{flag} {why}")
+
+
 def _refuse_workload_with_jobs(jobs_path: str | None) -> None:
     """--jobs with an option of the built-in workloads given too: one line (the option
     was ignored without a word)."""
-    if not jobs_path:
-        return
-    ctx = click.get_current_context()
-    for name in _BUILT_IN_ONLY:
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
-            flag = "--" + name.removesuffix("_s").replace("_", "-")
-            raise UsageError(
-                f"{flag} and --jobs conflict: --jobs replays a paper job set, {flag} "
-                "shapes a built-in workload; give one of them"
-            )
+    flag = _given(_BUILT_IN_ONLY) if jobs_path else None
+    if flag is not None:
+        raise UsageError(
+            f"{flag} and --jobs conflict: --jobs replays a paper job set, {flag} "
+            "shapes a built-in workload; give one of them"
+        )
 
 
 def _workload_record(

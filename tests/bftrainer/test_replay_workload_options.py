@@ -49,6 +49,16 @@ def test_a_built_in_workload_option_with_jobs_is_refused(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("option", [("--no-batch-adapt",), ("--pollux-data", "/tmp")])
+def test_a_pollux_option_without_the_pollux_workload_is_refused(
+    tmp_path: Path, option: tuple[str, ...]
+) -> None:
+    out = tmp_path / "out"
+    line = error_line(replay("--synthetic-nodes", "8", *option, "--out", str(out)))
+    assert "needs --workload pollux" in line and option[0].lstrip("-no") in line, line
+    assert not out.exists()
+
+
 def test_summary_records_the_workload(tmp_path: Path) -> None:
     trace, jobs = write_inputs(tmp_path, 1000.0)
     done = replay(str(trace), "--jobs", str(jobs), "--policy", "equal", "--out", f"{tmp_path}/a")
