@@ -265,13 +265,15 @@ def run_cmd(
         trainer_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror}") from None
-    if exec_mode or ssh_args:
-        jobs = dict.fromkeys(allocation[1], allocation[0]) if allocation else {}
-        channel.write_exec(trainer_dir, exec_mode or "ssh", jobs, ssh_args)
     try:
+        if exec_mode or ssh_args:
+            jobs = dict.fromkeys(allocation[1], allocation[0]) if allocation else {}
+            channel.write_exec(trainer_dir, exec_mode or "ssh", jobs, ssh_args)
         launcher = Launcher.start(spec, hosts)
     except LaunchError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:  # a full disk, a folder made read-only meanwhile
+        raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror or e}") from None
     click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
     _say_waiting(hosts, hosts_file)
     try:

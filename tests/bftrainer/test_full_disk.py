@@ -9,6 +9,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,3 +74,23 @@ def test_submit_and_cancel_on_a_full_disk_say_the_disk_is_full(
         assert list(trainers) == [first] and trainers[first]["state"] == "queued"
     finally:
         daemon.kill()
+
+
+def test_run_on_a_full_disk_says_so_in_one_line(tmp_path: Path, tiny_fs: Path) -> None:
+    (tmp_path / "hosts").write_text("localhost\n")
+    fill(tiny_fs)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bftrainer", "run"),
+            *("--backend", "torchrun", "--hosts-file", "hosts"),
+            *("--trainer-dir", str(tiny_fs / "t"), str(TRAINER)),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    assert "No space left on device" in line and str(tiny_fs / "t") in line, line
