@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bftrainer.idle_monitor.lsf import parse_bhosts
 from bftrainer.idle_monitor.runner import SshTarget
 from bftrainer.idle_monitor.slurm import parse_sinfo_kinds
 from bftrainer.idle_monitor.source import OutputParseError
@@ -60,10 +61,12 @@ def test_a_bad_host_is_refused_everywhere(host: str) -> None:
         channel.parse_hosts(f"{host}:2\n", "hosts")
     with pytest.raises(ValueError):
         SshTarget.parse(f"alice@{host}")
-    line = f"{host}|idle\n".replace("\x00", "")
-    if "|" not in host and host.strip() and "\x00" not in host:
-        with pytest.raises(OutputParseError):
-            parse_sinfo_kinds(line)
+    if not any(c.isspace() or c == "\x00" for c in host):  # one field of the scheduler's
+        with pytest.raises(OutputParseError, match="host name"):
+            parse_sinfo_kinds(f"{host}|idle\n")
+        bhosts = "HOST_NAME STATUS JL/U MAX NJOBS RUN SSUSP USUSP RSV\n"
+        with pytest.raises(OutputParseError, match="host name"):
+            parse_bhosts(bhosts + f"{host} ok - 4 0 0 0 0 0\n")
 
 
 @pytest.mark.parametrize("trainer_id", ["../evil", "/abs", "a/b", "..", ".", "-rf", "", "a b"])
