@@ -1,7 +1,7 @@
 """A failing holder on the real local Slurm: a holder job script that writes to its
 stderr and exits 13 (as slurmd's "Permission denied" does) is named, with Slurm's state,
 exit code and reason and that stderr line, in one daemon line; backed off; shown in
-status (written for the lead's real-Slurm run: not run in this session)."""
+status."""
 
 from __future__ import annotations
 
