@@ -487,12 +487,6 @@ class HeldPool:
         later poll. Raises ``HolderError`` when no holder can be submitted at all."""
         # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
         # calls): 200 nodes one after another took 9 s (docs/holders.md).
-        if nodes and self.holders.stderr_dir is not None:
-            try:
-                self.holders.stderr_dir.mkdir(mode=0o700, exist_ok=True)
-            except OSError as exc:
-                log.warning("holders keep no stderr: cannot create %s: %s", exc.filename, exc)
-                self.holders.stderr_dir = None
         windows: dict[str, float | None] = {}
         limits_s: dict[str, float | None] = {}
         for node in nodes:
@@ -540,7 +534,6 @@ class HeldPool:
             return False
         for job_id in jobs:
             self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
-            self.holders.forget(job_id)
         self.counts.released += len(jobs)
         return True
 
@@ -751,8 +744,6 @@ class Daemon:
             lease_s=config.holder_lease_s,
             assigned=centre.assigned_nodes if centre is not None else None,
         )
-        if holders.runner.where == "local":  # the nodes may see it: kept if they do
-            holders.stderr_dir = state_dir / "holders"
         # A centre agent: the allocator decides (centre.policy follows it), the link
         # reports this user's trainers to it; None: this daemon decides alone.
         self.centre = centre
@@ -1002,7 +993,6 @@ class Daemon:
             else:
                 for h in spare:
                     self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
-                    self.pool.holders.forget(h.job_id)
                 self.pool.counts.released += len(spare)
 
 

@@ -307,6 +307,8 @@ class Holders(ABC):
                 result.returncode,
                 (result.stderr or result.stdout).strip()[:300],
             )
+        for job_id in ids:
+            self.forget(job_id)
         log.debug("%s holder(s) cancelled: %s", self.scheduler, ", ".join(ids))
 
     def held(self) -> dict[str, HolderStatus]:

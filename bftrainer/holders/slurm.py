@@ -19,6 +19,7 @@ docs/holders.md):
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,8 @@ from bftrainer.holders.base import (
 )
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
+
+log = logging.getLogger(__name__)
 
 SCRIPT = job_script("slurm", "hold-nodes.sbatch")
 STATUS_FIELDS = ("JobID", "State", "ReqNodes", "NodeList", "PreemptTime", "Reason")
@@ -205,6 +208,12 @@ class SlurmHolders(Holders):
         self, windows_s: Mapping[str, float | None], leases: Mapping[str, str] | None = None
     ) -> dict[str, str | HolderError]:
         """One ``sbatch`` per node, ``workers`` of them in flight at once."""
+        if windows_s and self.stderr_dir is not None:
+            try:
+                self.stderr_dir.mkdir(mode=0o700, exist_ok=True)  # sbatch --error's folder
+            except OSError as exc:
+                log.warning("holders keep no stderr: cannot create %s: %s", self.stderr_dir, exc)
+                self.stderr_dir = None
         if self.workers == 1 or len(windows_s) <= 1:
             return super().acquire_many(windows_s, leases)
         self.max_minutes()  # read once, before the threads need it
