@@ -21,7 +21,8 @@ exits, leaving running trainers and their holders as they are for the next start
 
 A bad scheduler reply never stops the daemon: the monitor keeps the last good pool
 (stale), a failed holder status keeps the last known holders, a refused holder is
-logged and tried again at a later poll.
+logged and tried again at a later poll. A holder that fails to hold its node is named
+with its cause, and its node waits longer before each next try (holders/failures.py).
 """
 
 from __future__ import annotations
