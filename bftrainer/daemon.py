@@ -21,7 +21,8 @@ exits, leaving running trainers and their holders as they are for the next start
 
 A bad scheduler reply never stops the daemon: the monitor keeps the last good pool
 (stale), a failed holder status keeps the last known holders, a refused holder is
-logged and tried again at a later poll.
+logged and tried again at a later poll. A holder that fails to hold its node is named
+with its cause, and its node waits longer before each next try (holders/failures.py).
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from bftrainer.acquisition import plan_assigned, plan_holders
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
 from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
-from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
+from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
+from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
@@ -166,6 +168,7 @@ class HoldCounts:
     preempted: int = 0  # ended by a main job
     released: int = 0  # cancelled by the daemon (pending or running)
     lost: int = 0  # ended otherwise: cancelled outside, time limit, lease, requeued
+    failed: int = 0  # ended without holding: the script or the node failed
     # Scheduler operations that failed, by kind: holder_status, holder_submit,
     # holder_cancel, pool (the pool source's own failed reads are counted there).
     errors: Counter[str] = field(default_factory=Counter)
@@ -208,6 +211,8 @@ class HeldPool:
         self._view: PoolView | None = None  # the last poll's
         self._replan = False  # polled since the last hold plan
         self.counts = HoldCounts()
+        # Nodes whose last holder failed wait before the next (holders/failures.py).
+        self.backoff = HolderBackoff(2 * poll_interval_s)
         # --slots-per-node gres: nodes whose GPU count is not S stay out (set at start).
         self.gate: GpuSlotGate | None = None
         self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
@@ -324,7 +329,13 @@ class HeldPool:
         if not (self._replan or decided) or self._view is None:
             return ()
         self._replan = False
-        released = self._plan(self._view, now_s) & self.usable
+        try:
+            released = self._plan(self._view, now_s) & self.usable
+        except (HolderError, CommandError) as exc:  # each is handled where it arises;
+            # this is the step's guard: no scheduler reply ends the daemon
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not planned at this poll, trying again at the next: %s", exc)
+            released = set()
         self.usable -= released
         for n in released:
             self._told.pop(n, None)
@@ -356,11 +367,16 @@ class HeldPool:
                 self.counts.lost += 1
                 continue
             was = known[job_id]
+            if status.state == "running":
+                self.backoff.held(status.node)
             if status.state == "running" and was.state == "pending":
                 limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
                 log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
         for job_id, status in result.gone.items():
-            if job_id in known:
+            if job_id in known and failed_to_hold(known[job_id].state, status.reason):
+                self._failed(known[job_id], status, now_s)
+            elif job_id in known:
+                self.holders.forget(job_id)
                 why = self._why_ended(known[job_id], status.reason, now_s)
                 self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
                 if status.reason == "preempted":
@@ -368,6 +384,32 @@ class HeldPool:
                 else:
                     self.counts.lost += 1
                 log.info("lost %s: its holder %s %s", status.node, job_id, why)
+
+    def _failed(self, holder: HolderRow, status: HolderStatus, now_s: float) -> None:
+        """A holder that failed to hold: its cause in one line, its node backed off."""
+        cause = self.holders.why_failed(holder.job_id, status)
+        self.store.set_holder_state(holder.job_id, "ended", reason=f"failed: {cause}", now_s=now_s)
+        self.counts.failed += 1
+        entry = self.backoff.failed(holder.node, holder.job_id, cause, now_s)
+        log.warning(
+            "holder %s for %s failed: %s; %s is tried again in %.3g s (failure %d in a row)",
+            holder.job_id,
+            holder.node,
+            cause,
+            holder.node,
+            entry.retry_s - now_s,
+            entry.failures,
+        )
+        stderr = self.holders.stderr_file(holder.job_id)
+        if stderr is not None and status.reason == "failed" and not stderr.exists():
+            # Slurm fails a job whose --error folder the node cannot see: the state
+            # directory is not shared with the nodes. Holders go on without the file.
+            log.warning(
+                "holder stderr is not written to %s (a folder the nodes do not see?): "
+                "holders keep no stderr from now on",
+                stderr.parent,
+            )
+            self.holders.stderr_dir = None
 
     def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
         """Why a holder ended, in an operator's words (the scheduler's state as given)."""
@@ -378,7 +420,7 @@ class HeldPool:
         if reason == "timeout":
             return "reached its time limit"
         if reason == "not listed":
-            return "is no longer listed by the scheduler"
+            return f"is no longer listed by {self.holders.status_argv()[0]}"
         lease = self._lease_until.get(holder.node)
         if reason == "completed" and lease is not None and lease <= now_s:
             return "ended by itself: its lease expired"
@@ -402,11 +444,16 @@ class HeldPool:
         demand, allocated = self.demand()
         running = [h.node for h in live if h.state == "running"]
         pending = [h.node for h in live if h.state == "pending"]
+        # Nodes whose last holder failed and that wait for their next try: out of the
+        # plan, so that it holds others meanwhile (they have no live holder).
+        self.backoff.keep_only(view.pool)
+        waiting = self.backoff.waiting(now_s)
         if self.assigned is not None:
             plan = plan_assigned(view.pool, running, pending, allocated, self.assigned())
+            plan = replace(plan, acquire=tuple(n for n in plan.acquire if n not in waiting))
         else:
             plan = plan_holders(
-                pool=sorted(view.pool),
+                pool=sorted(view.pool - waiting),
                 windows_s=view.windows_s,
                 running=running,
                 pending=pending,
@@ -426,11 +473,21 @@ class HeldPool:
             released = set(plan.release)
         if view.growth_held:
             return released  # the pool is stale: take nothing new on old information
+        try:
+            self._acquire(plan.acquire, view, now_s)
+        except HolderError as exc:  # a read all holders need (the partition's MaxTime)
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not submitted, trying again at a later poll: %s", exc)
+        return released
+
+    def _acquire(self, nodes: Sequence[str], view: PoolView, now_s: float) -> None:
+        """Submit a holder for each of ``nodes``; a refused one is logged and tried at a
+        later poll. Raises ``HolderError`` when no holder can be submitted at all."""
         # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
         # calls): 200 nodes one after another took 9 s (docs/holders.md).
         windows: dict[str, float | None] = {}
         limits_s: dict[str, float | None] = {}
-        for node in plan.acquire:
+        for node in nodes:
             window = view.windows_s.get(node)
             try:
                 minutes = self.holders.time_limit_min(window)
@@ -452,9 +509,18 @@ class HeldPool:
                 self.store.add_holder(got, node, limit_s=limits_s[node], now_s=now_s)
             except HolderConflictError as exc:
                 log.error("%s: cancelling the new holder %s", exc, got)
-                self.holders.release(got)
-                self.counts.released += 1
-        return released
+                self._cancel_unrecorded(got)
+
+    def _cancel_unrecorded(self, job_id: str) -> None:
+        """Cancel a holder the store refused; if the scheduler refuses too, the next
+        poll's reconcile cancels it (the store does not know it)."""
+        try:
+            self.holders.release(job_id)
+        except HolderError as exc:
+            self.counts.errors["holder_cancel"] += 1
+            log.warning("%s; the next poll cancels it", exc)
+            return
+        self.counts.released += 1
 
     def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
         """Cancel holders and record them ended; False (and logged) when refused."""
@@ -501,7 +567,15 @@ class HeldPool:
             if n in nodes or n in self._idle:
                 empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
                 nodes.setdefault(n, empty)["left_out"] = why
-        self.store.set_setting("pool", {"time_s": now_s, "stale": view.stale, "nodes": nodes})
+        self.store.set_setting(
+            "pool",
+            {
+                "time_s": now_s,
+                "stale": view.stale,
+                "nodes": nodes,
+                "holders_failing": self.backoff.summary(),
+            },
+        )
 
 
 def leave_by_s(
@@ -565,6 +639,9 @@ class DaemonReading:
     rescales: int
     command_errors: Mapping[str, int]  # failed scheduler operations, by kind
     pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
+    # Holders failing to hold (HolderBackoff.summary: the latest cause, the nodes, the
+    # next try); None: none failing.
+    holders_failing: Mapping[str, Any] | None = None
 
 
 class CentreLink(Protocol):
@@ -846,6 +923,7 @@ class Daemon:
             rescales=self.driver.rescales,
             command_errors=dict(counts.errors + self.monitor.failed_reads),
             pool_read_s=last.time_s if last is not None else None,
+            holders_failing=self.pool.backoff.summary(),
         )
 
     def _publish_metrics(self, step: Step | None) -> None:

@@ -104,6 +104,20 @@ class _ReadingCollector(Collector):
             "Holder jobs that ended otherwise: cancelled outside bftrainer, time limit, lease.",
             h.lost,
         )
+        yield _counter(
+            "holders_failed",
+            "Holder jobs that failed to hold their node (the script or the node failed).",
+            h.failed,
+        )
+        failing = GaugeMetricFamily(
+            f"{PREFIX}_holders_failing_nodes",
+            "Nodes whose last holder failed, waiting for their next try; cause: the latest "
+            "failure's, as bftrainer status shows it.",
+            labels=["cause"],
+        )
+        f = r.holders_failing or {"cause": "", "nodes": ()}
+        failing.add_metric([str(f["cause"])], len(f["nodes"]))
+        yield failing
         yield _counter("rescales", "Trainers' node-count changes made by decisions.", r.rescales)
         yield _command_errors(r.command_errors)
         yield self._pool_age(r.pool_read_s)

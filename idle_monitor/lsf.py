@@ -58,6 +58,7 @@ from bftrainer.idle_monitor.source import (
     Scheduler,
     merge_claims,
 )
+from bftrainer.names import BadNameError, check_host
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,15 @@ _NO_JOBS = re.compile(r"^\s*No (?:\w+ )*job found", re.MULTILINE)
 _HOLDING_STATES = frozenset({"RUN", "SSUSP", "USUSP", "PROV"})
 # bhosts statuses that a host has only because of the jobs on it.
 _JOB_STATUSES = frozenset({"ok", "closed_Full", "closed_Excl"})
-_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def _is_host(name: str) -> bool:
+    try:
+        check_host(name)
+    except BadNameError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -129,6 +137,10 @@ def parse_bhosts(text: str, known_hosts: Iterable[str] = ()) -> list[HostState]:
         name = f[0]
         if name.endswith("*"):
             name = _resolve_truncated(name, known, line_no, line)
+        try:
+            check_host(name)  # it reaches ssh's command line (bftrainer.names)
+        except BadNameError as exc:
+            raise OutputParseError(f"host name: {exc}", line_no, line) from None
         max_slots = None if f[3] == "-" else _count(f[3], "MAX", line_no, line)
         counts = [
             _count(v, c, line_no, line) for v, c in zip(f[4:], BHOSTS_COLUMNS[4:], strict=True)
@@ -323,7 +335,7 @@ def parse_plan(text: str) -> list[PlannedJob]:
         hosts: list[str] = []
         for entry in alloc:
             host = entry.get("HOST") if isinstance(entry, dict) else None
-            if not isinstance(host, str) or not _HOST_NAME.fullmatch(host):
+            if not isinstance(host, str) or not _is_host(host):
                 raise OutputParseError(f"{where}: ALLOC entry without a host name: {entry!r:.100}")
             hosts.append(host)
         rank_text = str(plan.get("RANK", "")).strip()

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from bftrainer.names import check_host
+
 if TYPE_CHECKING:
     import paramiko
 
@@ -322,6 +324,10 @@ class SshTarget:
             raise ValueError(f"bad SSH target {text!r} (expected user@host or user@host:port)")
         user = m.group(1) or os.environ.get("USER") or "root"
         host = m.group(2).strip("[]")
+        if user.startswith("-"):
+            raise ValueError(f"bad SSH user {user!r} in {text!r}: it starts with '-'")
+        if not m.group(2).startswith("["):  # an IPv6 address in brackets is left as given
+            check_host(host, f"SSH target {text!r}")
         port = int(m.group(3) or 22)
         if not 0 < port < 65536:
             raise ValueError(f"bad SSH port {port} in {text!r}")

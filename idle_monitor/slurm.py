@@ -33,6 +33,7 @@ from bftrainer.idle_monitor.source import (
     Scheduler,
     merge_claims,
 )
+from bftrainer.names import BadNameError, check_host
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,14 @@ def classify_state(state: str) -> str:
     return "busy"
 
 
+def _check_node(name: str, line_no: int | None, line: str | None) -> None:
+    """A node name that can reach a command line (bftrainer.names), or the line refused."""
+    try:
+        check_host(name)
+    except BadNameError as exc:
+        raise OutputParseError(f"node name: {exc}", line_no, line) from None
+
+
 def parse_sinfo_kinds(text: str) -> dict[str, str]:
     """Node -> ``classify_state`` kind from ``sinfo -N -h -o '%N|%T'`` (a node appears
     once per partition)."""
@@ -155,8 +164,7 @@ def parse_sinfo_kinds(text: str) -> dict[str, str]:
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise OutputParseError("expected 'NODE|STATE'", line_no, line)
         name, state = parts[0].strip(), parts[1].strip()
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
-            raise OutputParseError(f"bad node name {name!r}", line_no, line)
+        _check_node(name, line_no, line)
         kind = classify_state(state)
         if name in nodes and nodes[name] != kind:
             # A node has one state; two different ones mean the output is not what we think.
@@ -183,6 +191,7 @@ def parse_sinfo_json_kinds(text: str, partitions: Sequence[str] = ()) -> dict[st
     for i, node in enumerate(data["nodes"]):
         if not isinstance(node, dict) or not isinstance(node.get("name"), str):
             raise OutputParseError(f"node entry {i} has no name")
+        _check_node(node["name"], None, None)
         if partitions and not set(node.get("partitions") or ()) & set(partitions):
             continue
         state = str(node.get("state", "")).lower()
@@ -258,8 +267,9 @@ def parse_sinfo_gpus(text: str) -> tuple[dict[str, int], dict[str, str]]:
             continue
         name, sep, gres = line.partition("|")
         name = name.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        if not sep:
             raise OutputParseError("expected 'NODE|GRES'", line_no, line)
+        _check_node(name, line_no, line)
         try:
             gpus[name] = gpu_count(gres)
         except ValueError as exc:

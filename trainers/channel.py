@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bftrainer.names import BadNameError, check_host, check_slots, read_text
 from bftrainer.trainers.checkpoint import write_atomic
 from bftrainer.trainers.metrics import MetricsRecord
 
@@ -73,13 +74,14 @@ def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        host, _, slots_text = line.partition(":")
+        host, sep, slots_text = line.partition(":")
         try:
-            slots = int(slots_text) if slots_text else 1
-        except ValueError:
-            slots = 0
-        if not host or any(c.isspace() for c in host) or slots < 1:
-            raise ChannelError(f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw!r}")
+            check_host(host)
+            slots = check_slots(slots_text) if sep else 1
+        except BadNameError as e:
+            raise ChannelError(
+                f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw[:120]!r}: {e}"
+            ) from None
         out.append((host, slots))
     return out
 
@@ -107,9 +109,11 @@ def read_hosts(trainer_dir: Path) -> list[tuple[str, int]]:
     """The trainer's current hosts; [] when the file is empty or absent."""
     path = Path(trainer_dir) / HOSTS
     try:
-        text = path.read_text()
+        text = read_text(path)
     except FileNotFoundError:
         return []
+    except BadNameError as e:
+        raise ChannelError(str(e)) from None
     return parse_hosts(text, str(path))
 
 

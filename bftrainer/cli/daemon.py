@@ -218,11 +218,14 @@ def serve(
         raise
     monitor = build_source(**source, read_gpus=config.gpu_slots)
     store = Store.open(path)
+    holders = holders_of(monitor.runner)
+    if not source.get("ssh_target"):  # the nodes may see the state directory: kept if so
+        holders.stderr_dir = path / "holders"
     daemon = Daemon(
         store,
         path,
         monitor,
-        holders_of(monitor.runner),
+        holders,
         config,
         env=parse_env(source["env_pairs"]),
         metrics=metrics,

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from bftrainer.milp.problem import T_FWD_MAX_S
+from bftrainer.names import MAX_NODES, MAX_SLOTS
 
 
 class Number(click.ParamType):
@@ -91,6 +92,8 @@ class Number(click.ParamType):
 SECONDS = Number(min=0.0)
 POSITIVE = Number(min=0.0, min_open=True)
 COUNT = Number(integer=True, min=1)
+NODES = Number(integer=True, min=1, max=MAX_NODES)  # node, host and slot counts of a trainer
+SAMPLES = Number(integer=True, min=1, max=2**53)  # exact as a float; fits SQLite's INTEGER
 SEED = Number(integer=True, min=0)
 # A synthetic trace is generated event by event: a year at most, so a typo cannot run
 # for ever.
@@ -172,7 +175,7 @@ class SlotsPerNode(click.ParamType):
     the scheduler's GPU counts; the daemon only)."""
 
     name = "S|gres"
-    _number = Number(integer=True, min=1, max=1024)
+    _number = Number(integer=True, min=1, max=MAX_SLOTS)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str) and value.strip().lower() == "gres":

@@ -330,6 +330,9 @@ def replay_cmd(
         base = with_overrides(base, flags, FLAG_NAMES)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    _refuse_workload_with_jobs(jobs_path)
+    if workload != "pollux" or jobs_path:
+        _refuse_given(("pollux_data", "batch_adapt"), "needs --workload pollux (and no --jobs)")
     factory = None
     if workload == "pollux" and not jobs_path:
         jobs, factory = _pollux(
@@ -415,6 +418,7 @@ def replay_cmd(
         raise click.ClickException(f"every replay failed; --out {out_dir} left as it was")
     results = [r for r, _ in outcomes]
     for r, rep in outcomes:
+        r.summary["workload"] = _workload_record(jobs_path, workload, pollux_workload, len(jobs))
         if rep is not None:
             end_s = r.metrics.start_s + r.summary["hours"] * 3600
             r.summary.update(pollux_summary(r.trainers, end_s, rep))
@@ -518,6 +522,46 @@ def _load(
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
+
+
+# Options of the built-in workloads, which a paper job set (--jobs) replaces.
+_BUILT_IN_ONLY = ("workload", "jobs_count", "model", "interval_s")
+
+
+def _given(names: tuple[str, ...]) -> str | None:
+    """The flag of the first of ``names`` given on the command line, or None."""
+    ctx = click.get_current_context()
+    for name in names:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            param = next(p for p in ctx.command.params if p.name == name)
+            return "/".join([max(param.opts, key=len), *param.secondary_opts])
+    return None
+
+
+def _refuse_given(names: tuple[str, ...], why: str) -> None:
+    flag = _given(names)
+    if flag is not None:
+        raise UsageError(f"{flag} {why}")
+
+
+def _refuse_workload_with_jobs(jobs_path: str | None) -> None:
+    """--jobs with an option of the built-in workloads given too: one line (the option
+    was ignored without a word)."""
+    flag = _given(_BUILT_IN_ONLY) if jobs_path else None
+    if flag is not None:
+        raise UsageError(
+            f"{flag} and --jobs conflict: --jobs replays a paper job set, {flag} "
+            "shapes a built-in workload; give one of them"
+        )
+
+
+def _workload_record(
+    jobs_path: str | None, workload: str, pollux_workload: str | None, count: int
+) -> dict[str, Any]:
+    """What summary.json says was replayed."""
+    if jobs_path:
+        return {"name": "jobs", "file": str(jobs_path), "jobs": count}
+    return {"name": workload, "file": pollux_workload, "jobs": count}
 
 
 def _jobs(

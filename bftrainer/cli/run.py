@@ -4,9 +4,10 @@
 
 The host file (one ``host[:slots]`` per line, Horovod's discovery format) is re-read as
 it changes and copied to the trainer directory's ``hosts``; an empty file stops the
-workers (they checkpoint) until hosts come back. Inside an ``salloc``, write the
-allocation's nodes to the file and use ``--exec-mode slurm`` only through the daemon;
-by hand, ssh reaches the other nodes. Exits with the trainer's outcome: 0 done (the
+workers (they checkpoint) until hosts come back, and says so. Inside an ``salloc``
+(or ``sbatch``), write the allocation's nodes to the file: ``--exec-mode slurm`` runs
+the workers as steps of that allocation (outside one it is refused); by hand, ssh
+reaches the other nodes. Exits with the trainer's outcome: 0 done (the
 result line is printed), 1 failed (the reason in one line; the traceback is in the
 trainer directory's supervisor.log), 130 stopped by Ctrl-C (workers checkpointed: run
 the same command again to resume).
@@ -14,16 +15,21 @@ the same command again to resume).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, SECONDS, InputFile
+from bftrainer.cli.params import NODES, SECONDS, InputFile
+from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
+from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
@@ -33,13 +39,23 @@ POLL_S = 0.5
 
 
 def _same_work(old: LaunchSpec, new: LaunchSpec) -> bool:
-    """The checkpoint continues only the same script, arguments (the work among them)
-    and trainer id."""
-    return (old.script, old.args, old.trainer_id) == (
+    """The checkpoint continues only the same script (path and content), arguments (the
+    work among them) and trainer id. A spec that recorded no content (an earlier
+    version's) is taken at its path."""
+    same_content = not old.script_sha256 or old.script_sha256 == new.script_sha256
+    return same_content and (old.script, old.args, old.trainer_id) == (
         new.script.resolve(),
         new.args,
         new.trainer_id,
     )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _attached_alive(trainer_dir: Path) -> bool:
@@ -78,6 +94,13 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
             f"bftrainer run: starting afresh in {d} (the earlier run's files removed)", err=True
         )
         return None
+    edited = old is not None and not _same_work(old, spec)
+    if edited and old is not None and _same_work(replace(old, script_sha256=""), spec):
+        raise UsageError(
+            f"--trainer-dir {d} holds an earlier run of {old.script.name} whose content "
+            "has changed since (an edited script is new work): add --fresh to start "
+            "afresh there, or choose another --trainer-dir"
+        )
     if old is None or not _same_work(old, spec):
         what = "unreadable spec" if old is None else f"{old.script.name} {' '.join(old.args)}"
         raise UsageError(
@@ -99,8 +122,45 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
     return "resume"
 
 
-def _read_host_file(path: Path) -> list[str]:
-    return [f"{h}:{s}" for h, s in channel.parse_hosts(path.read_text(), str(path))]
+def _parse_host_file(data: bytes, path: Path) -> list[str]:
+    """``host:slots`` entries of a hosts file's bytes; ``ChannelError`` naming the file
+    (and line) when one is not UTF-8 or not a usable host."""
+    try:
+        text = decode_text(data, path)
+    except BadNameError as e:
+        raise channel.ChannelError(str(e)) from None
+    return [f"{h}:{s}" for h, s in channel.parse_hosts(text, str(path))]
+
+
+def _allocation() -> tuple[str, set[str]]:
+    """``--exec-mode slurm`` by hand: the Slurm allocation ``run`` is inside (salloc or
+    sbatch), whose nodes the workers run on as its job steps; its job id and nodes."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job:
+        raise UsageError(
+            "--exec-mode slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run it "
+            "inside salloc or sbatch, whose nodes the workers run on as job steps, or use "
+            "--exec-mode ssh"
+        )
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        return job, set(expand_hostlist(nodelist))
+    except HostlistError as e:
+        raise UsageError(f"--exec-mode slurm: SLURM_JOB_NODELIST={nodelist!r}: {e}") from None
+
+
+def _outside(hosts: list[str], nodes: set[str]) -> list[str]:
+    return [h for h in (e.rpartition(":")[0] for e in hosts) if h not in nodes]
+
+
+def _say_waiting(hosts: list[str], hosts_file: Path) -> None:
+    """A wait with no host says so (else run would print nothing until hosts come)."""
+    if not hosts:
+        click.echo(
+            f"bftrainer run: {hosts_file} lists no host: the trainer waits (checkpointed) "
+            "until it lists some",
+            err=True,
+        )
 
 
 @click.command(
@@ -125,8 +185,8 @@ def _read_host_file(path: Path) -> list[str]:
     is_flag=True,
     help="Start afresh in an existing trainer directory: its earlier run's files go.",
 )
-@click.option("--max-hosts", type=COUNT, default=64, show_default=True)
-@click.option("--min-hosts", type=COUNT, default=1, show_default=True)
+@click.option("--max-hosts", type=NODES, default=64, show_default=True)
+@click.option("--min-hosts", type=NODES, default=1, show_default=True)
 @click.option(
     "--exec-mode",
     type=click.Choice(channel.EXEC_MODES),
@@ -159,23 +219,43 @@ def run_cmd(
     """Run SCRIPT [ARGS] elastically on the hosts listed in --hosts-file."""
     if not script.is_file():
         raise UsageError(f"trainer script not found: {script}")
+    if trainer_id is not None:
+        try:
+            check_trainer_id(trainer_id, "--trainer-id")
+        except BadNameError as e:
+            raise UsageError(str(e)) from None
     try:
-        hosts = _read_host_file(hosts_file)
+        last_data = hosts_file.read_bytes()
+        hosts = _parse_host_file(last_data, hosts_file)
     except OSError as e:
         raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
     except channel.ChannelError as e:
         raise UsageError(str(e)) from None
     if min_hosts > max_hosts:
         raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
+    allocation = None
+    if exec_mode == "slurm":
+        allocation = _allocation()
+        outside = _outside(hosts, allocation[1])
+        if outside:
+            raise UsageError(
+                f"--hosts-file {hosts_file}: {', '.join(outside)} not in this allocation "
+                f"(job {allocation[0]}: {', '.join(sorted(allocation[1]))})"
+            )
     trainer_dir = trainer_dir or Path(f"bftrainer-run-{script.stem}")
+    try:
+        script_sha256 = _sha256(script)
+    except OSError as e:
+        raise UsageError(f"trainer script {script}: {e.strerror}") from None
     spec = LaunchSpec(
-        trainer_id=trainer_id or script.stem,
+        trainer_id=trainer_id or trainer_id_from(script.stem),
         script=script,
         args=args,
         trainer_dir=trainer_dir,
         backend=backend,
         min_hosts=min_hosts,
         max_hosts=max_hosts,
+        script_sha256=script_sha256,
     )
     earlier = _earlier_run(spec, fresh)
     if earlier == "done":
@@ -185,30 +265,43 @@ def run_cmd(
         trainer_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror}") from None
-    if exec_mode or ssh_args:
-        channel.write_exec(trainer_dir, exec_mode or "ssh", {}, ssh_args)
     try:
+        if exec_mode or ssh_args:
+            jobs = dict.fromkeys(allocation[1], allocation[0]) if allocation else {}
+            channel.write_exec(trainer_dir, exec_mode or "ssh", jobs, ssh_args)
         launcher = Launcher.start(spec, hosts)
     except LaunchError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:  # a full disk, a folder made read-only meanwhile
+        raise UsageError(f"--trainer-dir {trainer_dir}: {e.strerror or e}") from None
     click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
-    last_text = hosts_file.read_text()
+    _say_waiting(hosts, hosts_file)
     try:
         while (outcome := launcher.poll()) is None:
             time.sleep(POLL_S)
             try:
-                text = hosts_file.read_text()
+                data = hosts_file.read_bytes()
             except OSError:
                 continue  # being replaced; read it next time
-            if text != last_text:
+            if data != last_data:
                 try:
-                    new = _read_host_file(hosts_file)
+                    new = _parse_host_file(data, hosts_file)
                 except channel.ChannelError as e:
                     logger.error("%s; keeping the previous hosts", e)
                 else:
+                    outside = _outside(new, allocation[1]) if allocation else []
+                    if outside:
+                        logger.error(
+                            "%s: %s not in this allocation (job %s): left out",
+                            hosts_file,
+                            ", ".join(outside),
+                            allocation[0] if allocation else "",
+                        )
+                        new = [h for h in new if h.rpartition(":")[0] not in outside]
                     logger.info("hosts now %s", new)
                     launcher.set_hosts(new)
-                last_text = text
+                    _say_waiting(new, hosts_file)
+                last_data = data
     except KeyboardInterrupt:
         click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
         launcher.stop(stop_grace_s)

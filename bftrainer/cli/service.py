@@ -12,6 +12,7 @@ the allocator decided (bftrainer.cli.centre).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
@@ -27,7 +28,8 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import COUNT, Number
+from bftrainer.cli.params import NODES, SAMPLES, Number
+from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.state import (
     BACKENDS,
     DEFAULT_RESCALE_S,
@@ -79,6 +81,10 @@ def own_trainer(trainer_id: str, socket_dir: Path | None) -> str:
     """The local id of ``trainer_id`` (``t0001`` or, in centre mode, ``alice/t0001``);
     another user's trainer is asked of the allocator, which refuses it in one line."""
     user, sep, local = trainer_id.rpartition("/")
+    try:
+        check_trainer_id(local, "TRAINER_ID")
+    except BadNameError as exc:
+        raise UsageError(str(exc)) from None
     if not sep or socket_dir is None:
         return trainer_id
     if user != my_user():
@@ -115,13 +121,34 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
     except sqlite3.OperationalError as exc:
         if "readonly" in str(exc):
             raise click.ClickException(f"state directory {path} is not writable ({exc})") from None
+        if disk_full(exc):
+            raise click.ClickException(_full(path, exc)) from None
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
+    except OSError as exc:
+        if disk_full(exc):
+            raise click.ClickException(_full(path, exc)) from None
+        raise
     except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, AttributeError) as exc:
         # A missing table or column, bad JSON in a column, a setting of another shape:
         # the store is not as bftrainer wrote it. Named, never changed.
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     finally:
         store.close()
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system (or the user's quota) has no room left."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _full(path: Path, exc: BaseException) -> str:
+    what = "over quota" if getattr(exc, "errno", None) == errno.EDQUOT else "full"
+    return (
+        f"the disk holding state directory {path} is {what} ({exc}): nothing was changed; "
+        "free some space and try again"
+    )
 
 
 # ---------------------------------------------------------------------- submit
@@ -133,11 +160,11 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
 )
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--min-nodes", type=COUNT, default=1, show_default=True)
-@click.option("--max-nodes", type=COUNT, default=1, show_default=True)
+@click.option("--min-nodes", type=NODES, default=1, show_default=True)
+@click.option("--max-nodes", type=NODES, default=1, show_default=True)
 @click.option(
     "--work-samples",
-    type=COUNT,
+    type=SAMPLES,
     help="Samples to train; passed to the trainer as --work-samples (else its own stop).",
 )
 @click.option("--backend", type=click.Choice(BACKENDS), default="horovod", show_default=True)
@@ -264,6 +291,8 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
         # "gres": read from the nodes' GPU counts (--slots-per-node gres); else "config".
         "slots_from": store.get_setting("slots_from", "config"),
         "pool_time_s": pool["time_s"],
+        # Holders failing to hold (the latest cause, the nodes, the next try): null if none.
+        "holders_failing": pool.get("holders_failing"),
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
         "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
     }
@@ -322,6 +351,15 @@ def status_cmd(
     free = len(data["pool"]) - held - asked - out
     left = f", {out} left out for their GPU count" if out else ""
     click.echo(f"pool: {held} node(s) held, {asked} asked for, {free} idle and not held{left}")
+    failing = data["holders_failing"]
+    if failing:
+        wait_s = max(0.0, failing["next_try_s"] - time.time())
+        nodes = failing["nodes"]
+        shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+        click.echo(
+            f"holders failing: {failing['cause']} (holder {failing['job_id']}; "
+            f"{len(nodes)} node(s): {shown}; next try in {wait_s:.0f} s)"
+        )
     shared = data["slots_per_node"] > 1
     if shared or data["slots_from"] == "gres":
         source = " (the nodes' GPU count: gres)" if data["slots_from"] == "gres" else ""
@@ -405,6 +443,10 @@ def _print_centre(centre: Mapping[str, Any]) -> None:
 @socket_dir_option
 def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None) -> None:
     """Cancel a trainer: a queued one never starts, a running one checkpoints and stops."""
+    try:
+        check_trainer_id(trainer_id.rpartition("/")[2], "TRAINER_ID")
+    except BadNameError as exc:
+        raise UsageError(str(exc)) from None
     if socket_dir is not None:
         from bftrainer.centre import protocol
         from bftrainer.cli.centre import ask

@@ -129,6 +129,25 @@ def window_minutes(window_s: float | None, max_minutes: int | None) -> int | Non
     return minutes if max_minutes is None else min(minutes, max_minutes)
 
 
+def stderr_tail(path: Path | None, limit: int = 300) -> str:
+    """The last non-empty line of a job's stderr file, printable and at most ``limit``
+    characters; "" when there is none or it cannot be read."""
+    if path is None:
+        return ""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    line = "".join(c if c.isprintable() else "?" for c in lines[-1])
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
 class Holders(ABC):
     """Holder jobs on one scheduler. Subclasses fill the hooks; the logic lives here.
 
@@ -153,6 +172,10 @@ class Holders(ABC):
         self.runner = runner
         self.job_name = job_name
         self.slack_s = slack_s
+        # Where holder jobs write their stderr (``<job id>.err``), read back when one
+        # fails; None: nowhere (the scheduler's own account only). The daemon sets it to
+        # a folder of its state directory where the scheduler's commands run here.
+        self.stderr_dir: Path | None = None
 
     # ------------------------------------------------------------- hooks
 
@@ -186,6 +209,11 @@ class Holders(ABC):
     def max_minutes(self) -> int | None:
         """The longest time limit the partition/queue allows (None: unlimited/unknown)."""
         return None
+
+    def job_account(self, job_id: str) -> str:
+        """The scheduler's account of an ended job in a few words (state, exit code,
+        reason); "" when it has none. May raise ``CommandError`` or ``ValueError``."""
+        return ""
 
     def status_env(self) -> dict[str, str]:
         return {}
@@ -236,6 +264,31 @@ class Holders(ABC):
                 out[node] = exc
         return out
 
+    def stderr_file(self, job_id: str) -> Path | None:
+        return None if self.stderr_dir is None else self.stderr_dir / f"{job_id}.err"
+
+    def why_failed(self, job_id: str, status: HolderStatus) -> str:
+        """A failed holder's cause in one line: the scheduler's account of the job (its
+        state as listed when it has none) and the last line of its stderr. Never raises:
+        a scheduler that does not answer leaves the listed state."""
+        try:
+            account = self.job_account(job_id)
+        except (CommandError, ValueError) as exc:
+            log.debug("no account of holder %s: %s", job_id, exc)
+            account = ""
+        account = account or status.scheduler_state or status.reason or "no reason given"
+        tail = stderr_tail(self.stderr_file(job_id))
+        return f"{account}: {tail}" if tail else account
+
+    def forget(self, job_id: str) -> None:
+        """Remove the stderr file of a holder that ended well (nothing to keep)."""
+        path = self.stderr_file(job_id)
+        if path is not None:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.debug("cannot remove %s: %s", path, exc)
+
     def release(self, *job_ids: str) -> None:
         """Cancel holders (one command). A holder that already ended is no error."""
         ids = sorted(set(job_ids))
@@ -254,6 +307,8 @@ class Holders(ABC):
                 result.returncode,
                 (result.stderr or result.stdout).strip()[:300],
             )
+        for job_id in ids:
+            self.forget(job_id)
         log.debug("%s holder(s) cancelled: %s", self.scheduler, ", ".join(ids))
 
     def held(self) -> dict[str, HolderStatus]:
@@ -293,12 +348,13 @@ class Holders(ABC):
             if job_id not in listed:
                 out.gone[job_id] = HolderStatus(node, "ended", "not listed", "")
         if out.cancelled:
+            cancelled = sorted(out.cancelled.items())
+            ids = [j for j, _ in cancelled]
             log.warning(
-                "%s: cancelling holder(s) %s",
+                "%s: cancelling holder(s) %s with %s",
                 self.scheduler,
-                ", ".join(
-                    f"{j} ({s.node}, {s.scheduler_state})" for j, s in sorted(out.cancelled.items())
-                ),
+                ", ".join(f"{j} ({c.node}, {c.scheduler_state})" for j, c in cancelled),
+                self.cancel_argv(ids)[0],
             )
             self.release(*out.cancelled)
         return out

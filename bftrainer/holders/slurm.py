@@ -19,7 +19,9 @@ docs/holders.md):
 
 from __future__ import annotations
 
+import logging
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +37,8 @@ from bftrainer.holders.base import (
 )
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
+
+log = logging.getLogger(__name__)
 
 SCRIPT = job_script("slurm", "hold-nodes.sbatch")
 STATUS_FIELDS = ("JobID", "State", "ReqNodes", "NodeList", "PreemptTime", "Reason")
@@ -79,6 +83,24 @@ def parse_partition_max_minutes(text: str) -> int | None:
     if not m:
         raise ValueError(f"no MaxTime= in {text.strip()[:200]!r}")
     return parse_duration_min(m.group(1))
+
+
+def parse_job_account(text: str) -> str:
+    """ "FAILED, exit code 13, reason NonZeroExitCode" from ``scontrol show job ID -o``
+    (``ExitCode=0:9``: "signal 9"); raises ``ValueError`` without a ``JobState``."""
+    fields = dict(re.findall(r"(?:^|\s)(JobState|ExitCode|Reason)=(\S+)", text))
+    if "JobState" not in fields:
+        raise ValueError(f"no JobState= in {text.strip()[:200]!r}")
+    words = [fields["JobState"]]
+    code, _, signal = fields.get("ExitCode", "").partition(":")
+    if code not in ("", "0"):
+        words.append(f"exit code {code}")
+    if signal not in ("", "0"):
+        words.append(f"signal {signal}")
+    reason = fields.get("Reason", "")
+    if reason.lower() not in _NO_VALUE:
+        words.append(f"reason {reason}")
+    return ", ".join(words)
 
 
 def classify(state: str, preempted: bool, reason: str) -> tuple[str, str, bool]:
@@ -163,17 +185,35 @@ class SlurmHolders(Holders):
             argv = ["scontrol", "show", "partition", self.partition, "-o"]
             try:
                 text = self.runner.run(argv).stdout
-                self._max_minutes = (parse_partition_max_minutes(text),)
-            except (CommandError, ValueError) as exc:
+            except CommandError as exc:
                 raise HolderSubmitError(
                     f"cannot read partition {self.partition}'s MaxTime: {exc}"
                 ) from None
+            try:
+                self._max_minutes = (parse_partition_max_minutes(text),)
+            except ValueError as exc:
+                raise HolderSubmitError(
+                    f"cannot read partition {self.partition}'s MaxTime: {shlex.join(argv)} "
+                    f"({self.runner.where}): unusable reply: {exc}"
+                ) from None
         return self._max_minutes[0]
+
+    def job_account(self, job_id: str) -> str:
+        """``scontrol show job`` while Slurm still knows the job (``MinJobAge``; sacct
+        may be absent): its state, exit code and reason."""
+        argv = ["scontrol", "show", "job", job_id, "-o"]
+        return parse_job_account(self.runner.run(argv).stdout)
 
     def acquire_many(
         self, windows_s: Mapping[str, float | None], leases: Mapping[str, str] | None = None
     ) -> dict[str, str | HolderError]:
         """One ``sbatch`` per node, ``workers`` of them in flight at once."""
+        if windows_s and self.stderr_dir is not None:
+            try:
+                self.stderr_dir.mkdir(mode=0o700, exist_ok=True)  # sbatch --error's folder
+            except OSError as exc:
+                log.warning("holders keep no stderr: cannot create %s: %s", self.stderr_dir, exc)
+                self.stderr_dir = None
         if self.workers == 1 or len(windows_s) <= 1:
             return super().acquire_many(windows_s, leases)
         self.max_minutes()  # read once, before the threads need it
@@ -211,6 +251,7 @@ class SlurmHolders(Holders):
             "--nodes=1",
             f"--job-name={self.job_name}",
             f"--time={'UNLIMITED' if minutes is None else minutes}",
+            *([f"--error={self.stderr_dir / '%j.err'}"] if self.stderr_dir else []),
             *self.extra_args,
             self.script,
             *([lease] if lease else []),

@@ -164,7 +164,15 @@ def replay(
     if not jobs:
         raise ReplayError("the workload has no jobs")
     jobs = sorted(jobs, key=lambda j: j.submit_s)
-    start_s = max(trace.start_s, jobs[0].submit_s)
+    if jobs[0].submit_s < trace.start_s:
+        # Its JCT would count time the trace does not cover (a year early: 31.6e6 s).
+        early = sum(j.submit_s < trace.start_s for j in jobs)
+        raise ReplayError(
+            f"{early} job(s) arrive before the trace starts ({format_time(trace.start_s)}), "
+            f"the first ({jobs[0].id}) at {format_time(jobs[0].submit_s)}: give a trace "
+            "that covers the workload, or a workload within the trace"
+        )
+    start_s = jobs[0].submit_s
     if start_s >= trace.end_s:
         raise ReplayError(
             f"the first job arrives at {format_time(jobs[0].submit_s)}, after the trace ends "

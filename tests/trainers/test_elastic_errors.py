@@ -91,7 +91,8 @@ def test_bad_hosts_file_is_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"Error: {hosts}:1: expected 'host' or 'host:slots', got 'node1:many'"
+        f"Error: {hosts}:1: expected 'host' or 'host:slots', got 'node1:many': "
+        "slot count 'many': expected an integer"
     ]
 
 

@@ -77,3 +77,20 @@ def test_a_trainer_dir_that_cannot_be_made_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     (line,) = errors(done.stderr)
     assert "afile/run" in line
+
+
+@pytest.mark.slow
+def test_a_finished_run_whose_script_changed_is_new_work_refused_without_fresh(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "hosts").write_text("localhost\n")
+    script = tmp_path / "train_mlp.py"
+    script.write_bytes(EXAMPLE.read_bytes())
+    first = run(tmp_path, str(script), "--work-samples", "640")
+    assert first.returncode == 0, first.stderr
+    script.write_bytes(EXAMPLE.read_bytes() + b"\n# edited: another model, say\n")
+    again = run(tmp_path, str(script), "--work-samples", "640")
+    assert again.returncode == 2 and again.stdout == ""  # never the old result as the answer
+    (line,) = errors(again.stderr)
+    assert "content has changed" in line and "--fresh" in line, line
+    assert (tmp_path / "bftrainer-run-train_mlp" / "result.json").is_file()

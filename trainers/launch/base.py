@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 
@@ -47,6 +48,9 @@ class LaunchSpec:
     max_hosts: int = 1
     python: str = sys.executable
     env: Mapping[str, str] = field(default_factory=dict)
+    # The script's content when launched (hex SHA-256; "": not recorded): part of the
+    # work's identity, so that an edited script is new work (bftrainer run).
+    script_sha256: str = ""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -72,6 +76,7 @@ class LaunchSpec:
                 max_hosts=int(d["max_hosts"]),
                 python=str(d["python"]),
                 env={str(k): str(v) for k, v in d["env"].items()},
+                script_sha256=str(d.get("script_sha256", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LaunchError(f"{source}: not a launch spec: {e!r}") from None
@@ -80,6 +85,10 @@ class LaunchSpec:
 
     def check(self) -> None:
         """Raise :class:`LaunchError` naming the first field that cannot work."""
+        try:
+            check_trainer_id(self.trainer_id, "trainer id")
+        except BadNameError as e:
+            raise LaunchError(str(e)) from None
         if self.backend not in BACKENDS:
             raise LaunchError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if not 1 <= self.min_hosts <= self.max_hosts:

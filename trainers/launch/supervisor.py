@@ -442,6 +442,8 @@ class Supervisor:
                             )
                             time.sleep(env_seconds("BFTRAINER_RESTART_SETTLE_S", RESTART_SETTLE_S))
                             continue
+                        if rc == 0:  # the script returned, its work not done: its own doing
+                            return self.finish("failed", rc, short_of_work(self.spec), "script")
                         if not self._may_restart():
                             return self.finish("failed", rc, why, "infrastructure")
                         # No user error: workers were lost (a node preempted under them,
@@ -461,6 +463,25 @@ class Supervisor:
                 elif hosts != backend.hosts and not backend.stopping:
                     backend.update(hosts)
             time.sleep(POLL_S)
+
+
+def short_of_work(spec: LaunchSpec) -> str:
+    """Why a trainer whose workers all exited 0 without a result failed, in one line:
+    its samples done (the last metrics record) against those asked (--work-samples)."""
+    records, _ = channel.read_metrics(spec.trainer_dir)
+    done = next((r["samples_done"] for r in reversed(records) if "samples_done" in r), 0)
+    asked = "its work"
+    args = list(spec.args)
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name in ("--work-samples", "--work-epochs"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "?")
+            unit = "samples" if name == "--work-samples" else "epochs"
+            asked = f"{value} {unit} asked"
+    return (
+        f"the trainer script exited 0 short of its work: {done} samples done, {asked} "
+        "(no result.json: it returned before the runtime met its work)"
+    )
 
 
 def main(argv: list[str]) -> int:
