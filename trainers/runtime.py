@@ -52,7 +52,7 @@ from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
 from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
 from bftrainer.trainers.comm import Comm, WorkerLeaving, make_comm
 from bftrainer.trainers.device import model_device
-from bftrainer.trainers.goodput import BatchLimitsError, GoodputConfig, NoFeasibleConfigError
+from bftrainer.trainers.goodput import BatchLimitsError, NoFeasibleConfigError
 from bftrainer.trainers.reducer import GradientReducer, LaggedFlags
 from bftrainer.trainers.runtime_options import (
     RuntimeConfigError,
@@ -78,6 +78,10 @@ CHECKPOINT_VERSION = 1
 STOP_CHECK_EVERY_S = 0.5  # how often rank 0 looks for the supervisor's stop request
 # The step's flags: commit, stop, hosts updated, leaving (summed), rank 0's LR factor.
 NUM_FLAGS = 5
+# The step-time model is refitted when a configuration was timed that the last fit did
+# not see, else at most this often: a fit over several configurations takes about
+# 0.2 s here, which the training loop pays (Pollux refits on its scheduling interval).
+REFIT_EVERY_S = 60.0
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -124,7 +128,10 @@ class ElasticRuntime:
 
     ``loss_fn(model, batch)`` returns the mean loss over ``batch`` (what ``fetch(ids)``
     returns; by default ``dataset[i]`` collated). ``on_commit`` (rank 0) sees each
-    commit's sample ids, at the cost of one gather per commit.
+    commit's sample ids, at the cost of one gather per commit. ``grad_scaler`` (a
+    ``torch.amp.GradScaler``, for mixed precision): the runtime scales the loss before
+    ``backward()``, unscales the summed gradients before the noise probe reads them
+    (the noise scale is of true gradients), and steps through the scaler.
     """
 
     def __init__(
@@ -139,6 +146,7 @@ class ElasticRuntime:
         on_commit: Callable[[CommitInfo], None] | None = None,
         comm: Comm | None = None,
         script: str | None = None,
+        grad_scaler: Any | None = None,
     ) -> None:
         import torch
 
@@ -168,6 +176,7 @@ class ElasticRuntime:
         self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.device = model_device(model)
+        self.grad_scaler = grad_scaler
         self.comm = comm or make_comm(device=self.device)
         nodes = max(1, self.comm.size // max(1, self.comm.local_size))
         self.agent = PolluxAgent(
@@ -181,6 +190,7 @@ class ElasticRuntime:
         self._pending: list[tuple[int, list[int]]] = []
         self._leaving = False
         self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
+        self._last_fit_t = -math.inf
         self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
@@ -209,6 +219,7 @@ class ElasticRuntime:
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "sampler": self.sampler.state_dict(),
             "agent": copy.deepcopy(self.agent.state()),
+            "scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "progress": {
                 "step": p.step,
                 "samples_done": p.samples_done,
@@ -225,6 +236,8 @@ class ElasticRuntime:
         self._lr_factor_set = None  # the loaded groups carry the LR of the snapshot
         self.sampler.load_state_dict(snap["sampler"])
         self.agent.restore(copy.deepcopy(snap["agent"]))
+        if self.grad_scaler is not None and snap.get("scaler"):
+            self.grad_scaler.load_state_dict(snap["scaler"])
         pr = snap["progress"]
         self.progress = _Progress(
             step=int(pr["step"]),
@@ -326,7 +339,7 @@ class ElasticRuntime:
         p = self.progress
         p.batch_sizes.append(config.batch_size)
         if self._writer_of_rank0 is not None:
-            record = self.agent.metrics()
+            record = self.agent.metrics(refit=self._refit_due())
             self._writer_of_rank0.reset(
                 nodes=nodes,
                 batch_size=config.batch_size,
@@ -350,16 +363,28 @@ class ElasticRuntime:
             p.step,
         )
 
-    def _retune_decision(self) -> GoodputConfig | None:
-        """Rank 0, at a commit: the better configuration at this size, if any."""
-        if not self.opts.retune or self.comm.rank != 0:
+    def retune_decision(self) -> tuple[int, int] | None:
+        """Rank 0, at a commit: the (local batch, accumulation) to move to at this size,
+        or None to stay. Pollux's rule on the agent's model (``goodput.retune_choice``);
+        a subclass may decide otherwise (the tests draw random moves): the runtime moves
+        every rank there together all the same."""
+        if not self.opts.retune:
             return None
         self.probe.flush()
         try:
-            return self.agent.retune(self.opts.switch_gain)
+            best = self.agent.retune(self.opts.switch_gain, refit=self._refit_due())
         except (NoFeasibleConfigError, ValueError) as e:
             logger.warning("agent: no re-tuning: %s", e)
             return None
+        return None if best is None else (best.local_bsz, best.accum_steps)
+
+    def _refit_due(self) -> bool:
+        """Refit now: a new configuration was timed, or the last fit is old."""
+        now = time.perf_counter()
+        if self.agent.new_configs or now - self._last_fit_t >= REFIT_EVERY_S:
+            self._last_fit_t = now
+            return True
+        return False
 
     def _set_lr(self, factor: float | None = None) -> None:
         if factor is None:
@@ -413,6 +438,7 @@ class ElasticRuntime:
         work, clock = self.work_samples, time.perf_counter
         model, optimizer, loss_fn, fetch = self.model, self.optimizer, self.loss_fn, self.fetch
         after_backward, observe_step = self.probe.after_backward, agent.observe_step
+        scaler = self.grad_scaler
         while p.samples_done < work:
             t0 = clock()
             plan = sampler.plan(cfg.local_bsz, replicas, cfg.accum_steps, work - p.samples_done)
@@ -426,7 +452,7 @@ class ElasticRuntime:
                     loss = loss_fn(model, fetch(ids))
                     if len(ids) != plan.count:  # the step's mean over all its samples
                         loss = loss * (len(ids) / plan.count)
-                    loss.backward()
+                    (loss if scaler is None else scaler.scale(loss)).backward()
             now = clock()
             # Decisions that depend on a clock, a file or a signal, as flags that ride
             # on the gradient all-reduce: every rank then acts on the same step.
@@ -461,8 +487,14 @@ class ElasticRuntime:
                     if sent_step < p.committed_step:
                         commit_due = 0.0
                     self._set_lr(lr_factor)
-            after_backward()
-            optimizer.step()
+            if scaler is None:
+                after_backward()
+                optimizer.step()
+            else:  # every rank holds the same sums: all skip an overflowing step alike
+                scaler.unscale_(optimizer)
+                after_backward()
+                scaler.step(optimizer)
+                scaler.update()
             sampler.advance(plan)
             p.step += 1
             p.samples_done += plan.count
@@ -502,7 +534,8 @@ class ElasticRuntime:
         writer = self._writer_of_rank0
         if writer is not None:
             self.probe.flush()
-            writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
+            record = self.agent.metrics(refit=self._refit_due())
+            writer.metrics(record, self.progress.samples_done, self.sampler.epoch)
 
     def _commit(self, retune: bool = False) -> None:
         """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy;
@@ -529,8 +562,7 @@ class ElasticRuntime:
                 self.on_commit(info)
             save_checkpoint(self.snapshot(), self._checkpoint)
             if retune:
-                best = self._retune_decision()
-                move = None if best is None else (best.local_bsz, best.accum_steps)
+                move = self.retune_decision()
         # Nobody keeps a commit that rank 0 may not have written (it could die first);
         # the same message carries rank 0's re-tuning, so all ranks move together.
         move = comm.broadcast_object(move)
