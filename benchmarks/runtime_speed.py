@@ -335,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
             f"({one['runtime_sps']:,.0f} / {one['plain_sps']:,.0f} samples/s; goal >= {GOAL})",
             flush=True,
         )
-    if "ddp" in parts:
+    if "ddp" in parts and device.type == "cuda" and torch.cuda.device_count() < 2:
+        print("runtime/DDP     2 processes: skipped (NCCL needs a GPU per process)", flush=True)
+    elif "ddp" in parts:
         two = two_processes(device, args.rounds, args.batch, args.seconds, one["plain_sps"])
         report["two_processes"] = two
         print(
