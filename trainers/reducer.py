@@ -147,7 +147,10 @@ class GradientReducer:
         for bucket in self.buckets[self._next :]:
             self._fill(bucket)
         last = self.buckets[-1]
-        last.flat[-self.nflags :].copy_(torch.tensor(flags, dtype=last.flat.dtype))
+        # From pageable memory: CUDA stages the few bytes at once and the host goes on
+        # (a blocking copy would wait for the whole stream).
+        flags_host = torch.tensor(flags, dtype=last.flat.dtype)
+        last.flat[-self.nflags :].copy_(flags_host, non_blocking=True)
         for bucket in self.buckets[self._next :]:
             self._start(bucket)
         self._next = len(self.buckets)
