@@ -515,7 +515,9 @@ class ElasticRuntime:
                 or commit_due
                 or (every_steps is not None and p.step - p.committed_step >= every_steps)
             ):
-                self._commit(retune=not done)  # Horovod: raises HostsUpdatedInterrupt
+                # A reset or a stop follows those flags: no re-tuning just before it.
+                changing = done or stop or hosts_updated or leaving
+                self._commit(retune=not changing)  # Horovod: HostsUpdatedInterrupt
                 cfg = agent.config
             if leaving_here and not done:
                 logger.info("SIGTERM: leaving at step %d (committed)", p.step)
