@@ -1,8 +1,8 @@
-"""A small, complete elastic trainer: an MLP classifier on synthetic data (CPU).
+"""A small, complete elastic trainer: an MLP classifier on synthetic data.
 
 Run it by hand on one process, or elastically on a host list that changes:
 
-    python examples/train_mlp.py --work-samples 20000
+    python examples/train_mlp.py --work-samples 20000 [--device auto|cpu|cuda]
     bftrainer run --backend torchrun --hosts-file hosts.txt \
         examples/train_mlp.py --work-samples 20000
     bftrainer run --backend horovod --hosts-file hosts.txt \
@@ -10,8 +10,10 @@ Run it by hand on one process, or elastically on a host list that changes:
 
 The model, optimizer, data set and loss are the user's; the runtime
 (bftrainer.trainers.runtime) owns elastic state, batch size, learning rate, commits and
-reporting. ``--ledger FILE`` appends each commit's sample ids to FILE (used by tests to
-check that every epoch covers each sample exactly once).
+reporting. ``--device auto`` trains on the worker's GPU where there is one (its slot's,
+by local rank), else on the CPU; the data set lives on that device, so a step copies
+only its sample ids there. ``--ledger FILE`` appends each commit's sample ids to FILE
+(used by tests to check that every epoch covers each sample exactly once).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from bftrainer.trainers.device import DEVICE_CHOICES, select_device
 from bftrainer.trainers.runtime import CommitInfo, ElasticRuntime, add_runtime_args
 
 
@@ -56,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     parser.add_argument("--ledger", type=Path, help="append each commit's sample ids here")
     parser.add_argument(
         "--step-delay-s",
@@ -77,13 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
 
+    device = select_device(args.device)
     x, y = synthetic_data(args.samples, args.features, args.classes, args.seed)
-    model = build_model(args.features, args.hidden, args.classes)
+    x, y = x.to(device), y.to(device)
+    model = build_model(args.features, args.hidden, args.classes).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     steps = 0
 
-    def fetch(ids: object) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.as_tensor(ids)
+    def fetch(ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.from_numpy(ids).to(device, non_blocking=True)
         return x[idx], y[idx]
 
     def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -120,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         on_commit=on_commit if args.ledger else None,
         script=__file__,
     )
+    assert runtime.device == device  # learnt from the model's parameters
     runtime.run()
     return 0
 

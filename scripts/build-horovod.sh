@@ -10,6 +10,11 @@
 # build isolation, so it compiles against the torch already installed. The first build
 # takes 3-7 min on 2 cores (2.5 min measured here); later runs install the cached wheel in seconds.
 #
+# Where torch is a CUDA build, nvcc runs and NCCL's header is found (NCCL_HOME, the CUDA
+# tree, /usr, or the nvidia-nccl wheel that CUDA torch brings), Horovod is built with
+# its GPU operations on NCCL (HOROVOD_GPU_OPERATIONS=NCCL): GPU gradients are then
+# reduced on the GPU. Otherwise it is built for the CPU (Gloo). The script says which.
+#
 # Settings (environment): BFTRAINER_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/bftrainer),
 # HOROVOD_VERSION (0.28.1). The cache key includes the Python and torch versions, so a
 # wheel built for another torch is never installed.
@@ -27,23 +32,42 @@ log() { echo "build-horovod: $*" >&2; }
 TORCH=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) \
   || { log "torch is not installed in $PY (pip install torch==2.13.0)"; exit 1; }
 PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+
+# NCCL's home (the folder holding include/nccl.h), or nothing.
+nccl_home() {
+  local d
+  for d in ${NCCL_HOME:-} ${CUDA_HOME:-/usr/local/cuda} /usr \
+    "$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)"; do
+    [ -n "$d" ] && [ -f "$d/include/nccl.h" ] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+FLAVOUR=cpu
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null \
+  && command -v nvcc >/dev/null && NCCL=$(nccl_home); then
+  FLAVOUR=nccl
+fi
 KEY="horovod-$VERSION-$PYTAG-torch$TORCH"
+[ "$FLAVOUR" = nccl ] && KEY="$KEY-nccl"
 WHEELS="$CACHE/wheels/$KEY"
 BIN=$(dirname "$PY")
 
 check_build() {
   local out
   out=$("$BIN/horovodrun" --check-build 2>&1) || return 1
-  grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out"
+  grep -q '\[X\] PyTorch' <<<"$out" && grep -q '\[X\] Gloo' <<<"$out" || return 1
+  [ "$FLAVOUR" != nccl ] || grep -q '\[X\] NCCL' <<<"$out"
 }
+WHAT="PyTorch, Gloo; CPU only (no CUDA torch, nvcc or nccl.h here)"
+[ "$FLAVOUR" = nccl ] && WHAT="PyTorch, Gloo, NCCL GPU operations (NCCL from $NCCL)"
 
 if "$PY" -c "import horovod.torch" 2>/dev/null && check_build; then
-  log "Horovod $VERSION already installed in $PY"
+  log "Horovod $VERSION already installed in $PY ($WHAT)"
   exit 0
 fi
 
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
-  log "building Horovod $VERSION for $PYTAG, torch $TORCH (3-7 min on 2 cores)"
+  log "building Horovod $VERSION for $PYTAG, torch $TORCH: $WHAT (3-7 min on 2 cores)"
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
   "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
@@ -57,6 +81,9 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   export CMAKE_POLICY_VERSION_MINIMUM=3.5
   export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)"
+  if [ "$FLAVOUR" = nccl ]; then
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$NCCL"
+  fi
   "$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" \
     wheel packaging setuptools cloudpickle psutil pyyaml cffi
   "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC"
@@ -66,5 +93,5 @@ if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
 fi
 
 "$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" "$WHEELS"/horovod-*.whl
-check_build || { log "horovodrun --check-build does not show PyTorch and Gloo"; "$BIN/horovodrun" --check-build >&2 || true; exit 1; }
-log "Horovod $VERSION installed in $PY (PyTorch, Gloo)"
+check_build || { log "horovodrun --check-build does not show: $WHAT"; "$BIN/horovodrun" --check-build >&2 || true; exit 1; }
+log "Horovod $VERSION installed in $PY ($WHAT)"

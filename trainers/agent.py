@@ -23,7 +23,7 @@ Typical loop (one replica per node; Horovod averages ``.grad`` before the step):
         t0 = time.perf_counter()
         loss_fn(model(x), y).backward()
         optimizer.synchronize()  # Horovod: .grad is now the average over replicas
-        probe.after_backward()
+        probe.after_backward()  # probe.flush() before reading agent.pgns
         with optimizer.skip_synchronize():
             optimizer.step()
         optimizer.zero_grad()
@@ -49,7 +49,13 @@ from bftrainer.trainers.gns import (
     from_consecutive,
     identity,
 )
-from bftrainer.trainers.goodput import BatchLimits, GoodputConfig, GoodputModel
+from bftrainer.trainers.goodput import (
+    DEFAULT_SWITCH_GAIN,
+    BatchLimits,
+    GoodputConfig,
+    GoodputModel,
+    retune_choice,
+)
 from bftrainer.trainers.lr_scaling import LRScalingRule, lr_rule
 from bftrainer.trainers.metrics import MetricsRecord
 from bftrainer.trainers.throughput import StepObservation, ThroughputModel, fit_throughput
@@ -64,6 +70,8 @@ DEFAULT_WARMUP_STEPS = 1
 # longest interval between two measurements that this may stretch to.
 DEFAULT_PROBE_BUDGET = 0.005
 MAX_PROBE_EVERY = 128
+# Estimates the probe keeps on the device before it reads them all at once.
+PENDING_LIMIT = 64
 
 
 class ConfigError(ValueError):
@@ -341,6 +349,24 @@ class PolluxAgent:
         model = self.goodput_model(refit=refit)
         return None if model is None else model.best_config(nodes)
 
+    def retune(
+        self, switch_gain: float = DEFAULT_SWITCH_GAIN, *, refit: bool = True
+    ) -> GoodputConfig | None:
+        """The better configuration at the current size to move to now, or None to stay
+        (Pollux re-tunes between rescales; the rule is :func:`goodput.retune_choice`)."""
+        config = self.config
+        model = self.goodput_model(refit=refit)
+        if model is None:
+            return None
+        return retune_choice(
+            model,
+            config.nodes,
+            config.replicas,
+            config.local_bsz,
+            config.accum_steps,
+            switch_gain=switch_gain,
+        )
+
     def state(self) -> dict[str, Any]:
         """What a restarted process needs to continue (JSON-able): the step-time means,
         the noise averages, and the step and progress counts.
@@ -416,6 +442,9 @@ class TorchGradientProbe:
     large share of a small model's step; so by default ``every`` adapts after each
     cycle to keep the probe's measured cost within ``budget`` of the agent's last step
     time (up to ``MAX_PROBE_EVERY``). A large model gets ``every=1`` (as in Pollux).
+    The norms and products stay on the gradients' device, so a step never waits for
+    the GPU here; :meth:`flush` hands them to the agent in one read (call it before the
+    agent's PGNS is wanted: a report, a choice of batch size).
 
     With an Adam or AdamW optimizer, P is Adam's ``1 / (sqrt(v_hat) + eps)`` from the
     optimizer's state (steps before its first update are skipped). With several
@@ -453,8 +482,10 @@ class TorchGradientProbe:
         self._cycle_cost_s = 0.0
         self._cost_s: float | None = None  # smoothed cost of one measurement cycle
         self._prev: torch.Tensor | None = None
-        self._prev_sqr = 0.0
+        self._prev_sqr: torch.Tensor | None = None
         self._prev_config: TrainerConfig | None = None
+        # (|g1|^2, |g2|^2, g1.g2) on the device, batch size, weight in samples
+        self._pending: list[tuple[torch.Tensor, int, int]] = []
 
     def _flat(self) -> torch.Tensor | None:
         """The (pre-conditioned) gradient as one new flat tensor; None if not formed yet.
@@ -506,7 +537,11 @@ class TorchGradientProbe:
         return None if flat is None else float(flat.dot(flat))
 
     def after_backward(self) -> None:
-        """Call once per step after ``backward()`` and before ``zero_grad()``."""
+        """Call once per step after ``backward()`` and before ``zero_grad()``.
+
+        The products stay on the gradients' device: nothing here waits for the device.
+        The estimates reach the agent at :meth:`flush` (or when ``PENDING_LIMIT`` wait).
+        """
         if self._prev is None and self._skip > 0:
             self._skip -= 1
             return
@@ -516,13 +551,12 @@ class TorchGradientProbe:
             self._prev = None
             return
         config = self.agent.config
-        sqr = float(flat.dot(flat))
+        sqr = flat.dot(flat)
         closing = self._prev is not None
-        if self._prev is not None and self._prev_config == config:
-            dot = float(flat.dot(self._prev))
+        if self._prev is not None and self._prev_sqr is not None and self._prev_config == config:
             b = config.batch_size  # .grad is averaged over the whole step
-            sample = from_consecutive(self._prev_sqr, sqr, dot, b, b)
-            self.agent.gns.update(sample, self.every * b)
+            products = self._torch.stack((self._prev_sqr, sqr, flat.dot(self._prev)))
+            self._pending.append((products, b, self.every * b))
         self._prev = None
         if not closing or self.every == 1:  # open a pair; flat is a fresh tensor
             self._prev = flat
@@ -531,6 +565,18 @@ class TorchGradientProbe:
         self._cycle_cost_s += time.perf_counter() - t0
         if closing:
             self._end_cycle()
+        if len(self._pending) >= PENDING_LIMIT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the estimates kept on the device to the agent's noise estimator: one
+        read of the device for all of them (before the agent's PGNS is used)."""
+        if not self._pending:
+            return
+        values = self._torch.stack([p for p, _, _ in self._pending]).tolist()
+        for (prev_sqr, sqr, dot), (_, b, weight) in zip(values, self._pending, strict=True):
+            self.agent.gns.update(from_consecutive(prev_sqr, sqr, dot, b, b), weight)
+        self._pending = []
 
     def _end_cycle(self) -> None:
         """Choose the next interval from the measured cost and the mean step time."""

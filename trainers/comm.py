@@ -3,7 +3,8 @@
 Three implementations of :class:`Comm`:
 
 * :class:`SingleComm`: one process, no launcher (``python trainer.py``);
-* :class:`TorchDistComm`: a worker started by ``torchrun`` (gloo, ``env://``). Every
+* :class:`TorchDistComm`: a worker started by ``torchrun`` (``env://``; NCCL for a
+  model on a GPU, gloo for one on the CPU and for the small object collectives). Every
   membership change or failure restarts all workers; they resume from the checkpoint
   on disk, so :meth:`Comm.run` simply calls the training function once;
 * :class:`HorovodComm`: Elastic Horovod. :meth:`run` wraps the training function in
@@ -14,7 +15,8 @@ Three implementations of :class:`Comm`:
   rank by broadcast.
 
 The runtime (:mod:`bftrainer.trainers.runtime`) only talks to this interface; torch and
-Horovod are imported when a backend is chosen.
+Horovod are imported when a backend is chosen. Gradients reach :meth:`Comm.allreduce_sum_async`
+on the model's device (:mod:`bftrainer.trainers.reducer`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ class ElasticState(Protocol):
         ...
 
 
+class Pending(Protocol):
+    """A started all-reduce; ``wait`` returns when its result may be used (on a GPU
+    stream: when work queued after it sees the result)."""
+
+    def wait(self) -> Any: ...
+
+
 class Comm(Protocol):
     backend: str
 
@@ -77,7 +86,10 @@ class Comm(Protocol):
     @property
     def local_size(self) -> int: ...
 
-    def allreduce_sum_(self, tensor: torch.Tensor) -> None: ...
+    def allreduce_sum_async(self, tensor: torch.Tensor, name: str) -> Pending:
+        """Start summing ``tensor`` in place over the ranks (``name``: the same on every
+        rank, unique among the sums in flight)."""
+        ...
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
 
@@ -117,6 +129,13 @@ def sync_from_most_advanced(comm: Comm, state: ElasticState) -> None:
         state.load_snapshot(snap)
 
 
+class _Done:
+    """A collective that had nothing to wait for."""
+
+    def wait(self) -> None:
+        return None
+
+
 class SingleComm:
     """One process: collectives are identities; a run is one call."""
 
@@ -126,8 +145,8 @@ class SingleComm:
     local_size = 1
     hosts_updated = False
 
-    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
-        return None
+    def allreduce_sum_async(self, tensor: torch.Tensor, name: str) -> Pending:
+        return _Done()
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         return obj
@@ -148,19 +167,42 @@ class SingleComm:
         return None
 
 
+class _TorchPending:
+    """A torch.distributed work handle whose failure is a lost peer."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def wait(self) -> None:
+        try:
+            self._work.wait()
+        except RuntimeError as e:
+            raise CommLostError(f"all_reduce failed: {e}") from e
+
+
 class TorchDistComm:
-    """A torchrun worker: gloo process group from the environment torchrun sets."""
+    """A torchrun worker: the process group from the environment torchrun sets.
+
+    A model on a GPU gets ``cpu:gloo,cuda:nccl``: its gradients go through NCCL, the
+    object collectives (commits, the state at a reset) through gloo on the CPU, where
+    the objects are. The group is bound to the worker's GPU (``device_id``), so NCCL
+    makes its one communicator as the group forms instead of at the first step.
+    """
 
     backend = "torchrun"
     hosts_updated = False
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         import torch.distributed as dist
 
         self._dist = dist
+        cuda = device is not None and device.type == "cuda"
         if not dist.is_initialized():
             try:
-                dist.init_process_group("gloo")
+                if cuda:
+                    dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+                else:
+                    dist.init_process_group("gloo")
             except RuntimeError as e:  # DistNetworkError, DistStoreError: a peer went away
                 # The group's store lives in rank 0's worker: when its node is preempted
                 # while the others join, they lose it. The backend starts a new group;
@@ -182,9 +224,9 @@ class TorchDistComm:
     def local_size(self) -> int:
         return self._local_size
 
-    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
+    def allreduce_sum_async(self, tensor: torch.Tensor, name: str) -> Pending:
         try:
-            self._dist.all_reduce(tensor)
+            return _TorchPending(self._dist.all_reduce(tensor, async_op=True))
         except RuntimeError as e:
             raise CommLostError(f"all_reduce failed: {e}") from e
 
@@ -228,7 +270,7 @@ class HorovodComm:
 
     backend = "horovod"
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         try:
             import horovod.torch as hvd
         except ImportError as e:
@@ -239,6 +281,9 @@ class HorovodComm:
         self._hvd = hvd
         hvd.init()
         self._state: Any = None
+        # GPU tensors go to Horovod as they are where it was built with GPU operations
+        # (NCCL); otherwise they pass through a pinned host copy.
+        self._staged = device is not None and device.type == "cuda" and not _gpu_ops(hvd)
 
     @property
     def rank(self) -> int:
@@ -252,8 +297,16 @@ class HorovodComm:
     def local_size(self) -> int:
         return int(self._hvd.local_size())
 
-    def allreduce_sum_(self, tensor: torch.Tensor) -> None:
-        self._hvd.allreduce_(tensor, op=self._hvd.Sum, name="bftrainer.grads")
+    def allreduce_sum_async(self, tensor: torch.Tensor, name: str) -> Pending:
+        # Horovod matches the ranks' tensors by name: a bucket's name is the same on
+        # every rank, and a step waits for all its buckets before the next one starts.
+        hvd = self._hvd
+        if not self._staged:
+            handle = hvd.allreduce_async_(tensor, op=hvd.Sum, name=f"bftrainer.{name}")
+            return _HorovodPending(hvd, handle, None)
+        host = tensor.to("cpu").pin_memory()
+        handle = hvd.allreduce_async_(host, op=hvd.Sum, name=f"bftrainer.{name}")
+        return _HorovodPending(hvd, handle, (host, tensor))
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         # One name on every rank: Horovod names it after type(obj) by default, and only
@@ -325,6 +378,25 @@ class HorovodComm:
         return run(self._state)
 
 
+def _gpu_ops(hvd: Any) -> bool:
+    """Horovod was built with GPU all-reduce (NCCL) here."""
+    try:
+        return bool(hvd.nccl_built()) or bool(hvd.cuda_built())
+    except AttributeError:
+        return False
+
+
+class _HorovodPending:
+    def __init__(self, hvd: Any, handle: Any, staged: tuple[Any, Any] | None) -> None:
+        self._hvd, self._handle, self._staged = hvd, handle, staged
+
+    def wait(self) -> None:
+        self._hvd.synchronize(self._handle)
+        if self._staged is not None:
+            host, tensor = self._staged
+            tensor.copy_(host, non_blocking=True)
+
+
 def detect_backend() -> str:
     """The backend of this process: ``BFTRAINER_BACKEND``, else what the launcher set."""
     name = os.environ.get("BFTRAINER_BACKEND")
@@ -339,12 +411,13 @@ def detect_backend() -> str:
     return "single"
 
 
-def make_comm(backend: str | None = None) -> Comm:
+def make_comm(backend: str | None = None, device: torch.device | None = None) -> Comm:
+    """The backend's comm for a model on ``device`` (NCCL where it is a GPU)."""
     name = backend or detect_backend()
     if name == "horovod":
-        return HorovodComm()
+        return HorovodComm(device)
     if name == "torchrun":
-        return TorchDistComm()
+        return TorchDistComm(device)
     if name == "single":
         return SingleComm()
     raise BackendError(f"unknown backend {name!r}; expected one of {BACKENDS}")

@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ACCUM_STEPS = 15
 EXPLORATION_GROWTH = 2  # Pollux: at most twice the largest allocation seen so far.
+# Re-tuning between rescales: move to the best batch only when the model promises this
+# much more goodput (AdaptDL's 5%; the step-time model errs by about 5-9%, and every new
+# configuration costs warm-up steps and a refit).
+DEFAULT_SWITCH_GAIN = 0.05
 
 
 class BatchLimitsError(ValueError):
@@ -325,6 +329,34 @@ class GoodputModel:
             goodput.append((float(n_max), goodput[-1][1] if goodput else 0.0))
             thr.append((float(n_max), thr[-1][1] if thr else 0.0))
         return tuple(goodput), tuple(thr)
+
+
+def retune_choice(
+    model: GoodputModel,
+    nodes: int,
+    replicas: int,
+    local_bsz: int,
+    accum_steps: int,
+    *,
+    best: GoodputConfig | None = None,
+    switch_gain: float = DEFAULT_SWITCH_GAIN,
+) -> GoodputConfig | None:
+    """Pollux's re-tuning between rescales: the configuration to move to at the same
+    size, or None to stay. The one rule of the live runtime (``PolluxAgent.retune``) and
+    of the replay's simulated trainers (``replay/pollux_sim.py``).
+
+    ``best`` is the model's best configuration at (``nodes``, ``replicas``) when the
+    caller has it already. It is taken when its goodput exceeds the current
+    configuration's by more than ``switch_gain`` (a fraction).
+    """
+    if best is None:
+        best = model.best_configs([nodes], replicas=[replicas])[0]
+        if best is None:
+            return None
+    now = float(model.goodput(nodes, local_bsz, accum_steps, replicas=replicas))
+    if best.goodput_sps > now * (1 + switch_gain):
+        return best
+    return None
 
 
 def _thin(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:

@@ -12,13 +12,22 @@ what elasticity needs (see docs/trainers.md):
   batch before the first fit) gives the local batch and accumulation steps, the
   learning rate follows ``--lr-rule``, and the step plan restarts at the sampler's
   position, so no sample is skipped or repeated within an epoch;
+* between resets, at each commit, Pollux's re-tuning: rank 0 asks its agent for the
+  best configuration at the current size and all ranks move there together when it
+  promises ``--switch-gain`` more goodput (``goodput.retune_choice``, the replay's
+  rule too);
 * reporting through the trainer directory (:mod:`bftrainer.trainers.channel`);
 * work: ``--work-samples`` / ``--work-epochs`` met exactly; rank 0 writes
   ``result.json`` and prints it as one JSON line.
 
+The model's device is the runtime's (:attr:`ElasticRuntime.device`): gradients are
+summed there, in buckets that start while ``backward()`` runs
+(:mod:`bftrainer.trainers.reducer`); one process sums nothing and copies nothing.
 Decisions that must agree across ranks but depend on a clock or a signal (commit now,
-stop now, hosts changed) ride on the gradient all-reduce as three extra numbers, so the
-runtime adds no collective to a step.
+stop now, hosts changed, a rank leaving, rank 0's learning-rate factor) ride on the
+gradient all-reduce as extra numbers, so the runtime adds no collective to a step; they
+are read on the host one step later (every rank acts on the same step), so no step
+waits for the device.
 """
 
 from __future__ import annotations
@@ -28,11 +37,10 @@ import copy
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,81 +51,41 @@ from bftrainer.trainers import channel
 from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
 from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
 from bftrainer.trainers.comm import Comm, WorkerLeaving, make_comm
-from bftrainer.trainers.goodput import BatchLimits, BatchLimitsError, NoFeasibleConfigError
-from bftrainer.trainers.lr_scaling import RULES
+from bftrainer.trainers.device import model_device
+from bftrainer.trainers.goodput import BatchLimitsError, NoFeasibleConfigError
+from bftrainer.trainers.reducer import GradientReducer, LaggedFlags
+from bftrainer.trainers.runtime_options import (
+    RuntimeConfigError,
+    RuntimeOptions,
+    add_runtime_args,
+    parse_runtime_args,
+)
 from bftrainer.trainers.sampler import ElasticSampler
+
+__all__ = [
+    "CommitInfo",
+    "ElasticRuntime",
+    "ReplicaDivergenceError",
+    "RuntimeConfigError",
+    "RuntimeOptions",
+    "add_runtime_args",
+    "parse_runtime_args",
+]
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
 STOP_CHECK_EVERY_S = 0.5  # how often rank 0 looks for the supervisor's stop request
-
-
-class RuntimeConfigError(ValueError):
-    """Runtime options that cannot work together (names the option and value)."""
+# The step's flags: commit, stop, hosts updated, leaving (summed), rank 0's LR factor.
+NUM_FLAGS = 5
+# The step-time model is refitted when a configuration was timed that the last fit did
+# not see, else at most this often: a fit over several configurations takes about
+# 0.2 s here, which the training loop pays (Pollux refits on its scheduling interval).
+REFIT_EVERY_S = 60.0
 
 
 class ReplicaDivergenceError(RuntimeError):
     """Ranks hold different models at a commit: a bug, never to be trained through."""
-
-
-@dataclass(frozen=True)
-class RuntimeOptions:
-    """The runtime's options (``add_runtime_args``), with their defaults."""
-
-    work_samples: int | None = None
-    work_epochs: int | None = None
-    commit_every_steps: int | None = None  # by time only unless given
-    commit_every_s: float = 10.0
-    report_every_s: float = 10.0
-    base_batch: int = 64
-    max_batch: int = 1024
-    max_local_batch: int = 256
-    min_local_batch: int = 1
-    max_accum_steps: int = 15
-    lr_rule: str = "adascale"
-    data_seed: int = 0
-    trainer_dir: str | None = None
-    trainer_id: str | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RuntimeOptions:
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in vars(args).items() if k in names})
-
-    def limits(self) -> BatchLimits:
-        return BatchLimits(
-            base_batch_size=self.base_batch,
-            max_batch_size=self.max_batch,
-            max_local_bsz=self.max_local_batch,
-            min_local_bsz=self.min_local_batch,
-            max_accum_steps=self.max_accum_steps,
-        )
-
-
-def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    """Add the runtime's options to a trainer script's parser."""
-    g = parser.add_argument_group("bftrainer runtime")
-    work = g.add_mutually_exclusive_group()
-    work.add_argument("--work-samples", type=int, help="train on exactly N samples, then stop")
-    work.add_argument("--work-epochs", type=int, help="train exactly E epochs (default 1)")
-    d = RuntimeOptions()
-    g.add_argument("--commit-every-steps", type=int, default=d.commit_every_steps)
-    g.add_argument("--commit-every-s", type=float, default=d.commit_every_s)
-    g.add_argument("--report-every-s", type=float, default=d.report_every_s)
-    g.add_argument("--base-batch", type=int, default=d.base_batch, help="M0, the tuned batch")
-    g.add_argument("--max-batch", type=int, default=d.max_batch)
-    g.add_argument("--max-local-batch", type=int, default=d.max_local_batch)
-    g.add_argument("--min-local-batch", type=int, default=d.min_local_batch)
-    g.add_argument("--max-accum-steps", type=int, default=d.max_accum_steps)
-    g.add_argument("--lr-rule", choices=sorted(RULES), default=d.lr_rule)
-    g.add_argument("--data-seed", type=int, default=d.data_seed, help="sampler order seed")
-    g.add_argument(
-        "--trainer-dir",
-        default=os.environ.get("BFTRAINER_TRAINER_DIR"),
-        help="trainer directory (default $BFTRAINER_TRAINER_DIR, else ./bftrainer-run-<script>)",
-    )
-    g.add_argument("--trainer-id", default=os.environ.get("BFTRAINER_TRAINER_ID"))
 
 
 @dataclass
@@ -140,6 +108,7 @@ class _Progress:
     step: int = 0
     samples_done: int = 0
     resets: int = -1  # the first start is not a reset
+    retunes: int = 0  # batch changes between resets
     batch_sizes: list[int] = field(default_factory=list)
     committed_step: int = 0
 
@@ -159,7 +128,10 @@ class ElasticRuntime:
 
     ``loss_fn(model, batch)`` returns the mean loss over ``batch`` (what ``fetch(ids)``
     returns; by default ``dataset[i]`` collated). ``on_commit`` (rank 0) sees each
-    commit's sample ids, at the cost of one gather per commit.
+    commit's sample ids, at the cost of one gather per commit. ``grad_scaler`` (a
+    ``torch.amp.GradScaler``, for mixed precision): the runtime scales the loss before
+    ``backward()``, unscales the summed gradients before the noise probe reads them
+    (the noise scale is of true gradients), and steps through the scaler.
     """
 
     def __init__(
@@ -174,6 +146,7 @@ class ElasticRuntime:
         on_commit: Callable[[CommitInfo], None] | None = None,
         comm: Comm | None = None,
         script: str | None = None,
+        grad_scaler: Any | None = None,
     ) -> None:
         import torch
 
@@ -202,7 +175,9 @@ class ElasticRuntime:
         self.trainer_id = opts.trainer_id or stem
         self.base_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.comm = comm or make_comm()
+        self.device = model_device(model)
+        self.grad_scaler = grad_scaler
+        self.comm = comm or make_comm(device=self.device)
         nodes = max(1, self.comm.size // max(1, self.comm.local_size))
         self.agent = PolluxAgent(
             self.trainer_id,
@@ -215,6 +190,7 @@ class ElasticRuntime:
         self._pending: list[tuple[int, list[int]]] = []
         self._leaving = False
         self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
+        self._last_fit_t = -math.inf
         self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
@@ -243,10 +219,12 @@ class ElasticRuntime:
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "sampler": self.sampler.state_dict(),
             "agent": copy.deepcopy(self.agent.state()),
+            "scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
             "progress": {
                 "step": p.step,
                 "samples_done": p.samples_done,
                 "resets": p.resets,
+                "retunes": p.retunes,
                 "batch_sizes": list(p.batch_sizes),
                 "committed_step": p.committed_step,
             },
@@ -258,11 +236,14 @@ class ElasticRuntime:
         self._lr_factor_set = None  # the loaded groups carry the LR of the snapshot
         self.sampler.load_state_dict(snap["sampler"])
         self.agent.restore(copy.deepcopy(snap["agent"]))
+        if self.grad_scaler is not None and snap.get("scaler"):
+            self.grad_scaler.load_state_dict(snap["scaler"])
         pr = snap["progress"]
         self.progress = _Progress(
             step=int(pr["step"]),
             samples_done=int(pr["samples_done"]),
             resets=int(pr["resets"]),
+            retunes=int(pr.get("retunes", 0)),
             batch_sizes=[int(b) for b in pr["batch_sizes"]],
             committed_step=int(pr["committed_step"]),
         )
@@ -331,6 +312,7 @@ class ElasticRuntime:
         nodes = max(1, replicas // max(1, comm.local_size))
         choice = None
         if comm.rank == 0:
+            self.probe.flush()
             try:
                 choice = self.agent.best_config(nodes)
             except NoFeasibleConfigError as e:
@@ -345,35 +327,64 @@ class ElasticRuntime:
             local, accum, source, agent_state = comm.broadcast_object(mine)
             if comm.rank != 0:
                 self.agent.restore(agent_state)
+        self.progress.resets += 1
+        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
+        self._configure(nodes, local, accum, source)
+
+    def _configure(self, nodes: int, local: int, accum: int, source: str) -> None:
+        """Run (local, accum) from the next step: agent, LR, and the record of it
+        (``reset`` in metrics.jsonl, with ``source`` base, agent or retune)."""
         config = self.agent.set_config(nodes, local, accum)
         self._set_lr()
         p = self.progress
-        p.resets += 1
         p.batch_sizes.append(config.batch_size)
-        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
         if self._writer_of_rank0 is not None:
-            record = self.agent.metrics()
+            record = self.agent.metrics(refit=self._refit_due())
             self._writer_of_rank0.reset(
                 nodes=nodes,
                 batch_size=config.batch_size,
                 local_bsz=local,
                 accum_steps=accum,
                 lr=float(self.optimizer.param_groups[0]["lr"]),
-                replicas=replicas,
+                replicas=config.replicas,
                 step=p.step,
                 samples_done=p.samples_done,
                 source=source,
                 record=record.to_dict(),
             )
         logger.info(
-            "reset: %d node(s), %d replica(s), local batch %d x %d, batch %d, step %d",
+            "%s: %d node(s), %d replica(s), local batch %d x %d, batch %d, step %d",
+            "retune" if source == "retune" else "reset",
             nodes,
-            replicas,
+            config.replicas,
             local,
             accum + 1,
             config.batch_size,
             p.step,
         )
+
+    def retune_decision(self) -> tuple[int, int] | None:
+        """Rank 0, at a commit: the (local batch, accumulation) to move to at this size,
+        or None to stay. Pollux's rule on the agent's model (``goodput.retune_choice``);
+        a subclass may decide otherwise (the tests draw random moves): the runtime moves
+        every rank there together all the same."""
+        if not self.opts.retune:
+            return None
+        self.probe.flush()
+        try:
+            best = self.agent.retune(self.opts.switch_gain, refit=self._refit_due())
+        except (NoFeasibleConfigError, ValueError) as e:
+            logger.warning("agent: no re-tuning: %s", e)
+            return None
+        return None if best is None else (best.local_bsz, best.accum_steps)
+
+    def _refit_due(self) -> bool:
+        """Refit now: a new configuration was timed, or the last fit is old."""
+        now = time.perf_counter()
+        if self.agent.new_configs or now - self._last_fit_t >= REFIT_EVERY_S:
+            self._last_fit_t = now
+            return True
+        return False
 
     def _set_lr(self, factor: float | None = None) -> None:
         if factor is None:
@@ -401,34 +412,47 @@ class ElasticRuntime:
         self._leaving = True
 
     def _train(self) -> dict[str, Any] | None:
-        torch = self.torch
-        comm = self.comm
         self._reset()
+        reducer = None
+        if self.comm.size > 1:
+            reducer = GradientReducer(self.params, self.comm, NUM_FLAGS, device=self.device)
+        try:
+            return self._steps(reducer)
+        finally:
+            if reducer is not None:
+                reducer.close()
+
+    def _steps(self, reducer: GradientReducer | None) -> dict[str, Any] | None:
+        comm = self.comm
         rank, replicas = comm.rank, comm.size
         agent, sampler, p = self.agent, self.sampler, self.progress
         opts = self.opts
         cfg = agent.config
-        nflat = sum(q.numel() for q in self.params)
-        # grads, then: commit, stop, hosts updated, leaving (flags), rank 0's LR factor
-        flat = torch.zeros(nflat + 5)
+        lagged = None
+        if reducer is not None:
+            lagged = LaggedFlags(NUM_FLAGS, self.device, reducer.flags_dtype)
         track_ids = self.on_commit is not None
         every_steps = opts.commit_every_steps
         # The per-step path in locals: every attribute lookup saved is time the user's
-        # step keeps (the runtime's bookkeeping is about 2% of a 0.66 ms step).
+        # step keeps. Nothing here reads the device: the plain loop does not either.
         work, clock = self.work_samples, time.perf_counter
         model, optimizer, loss_fn, fetch = self.model, self.optimizer, self.loss_fn, self.fetch
         after_backward, observe_step = self.probe.after_backward, agent.observe_step
+        scaler = self.grad_scaler
         while p.samples_done < work:
             t0 = clock()
             plan = sampler.plan(cfg.local_bsz, replicas, cfg.accum_steps, work - p.samples_done)
-            optimizer.zero_grad(set_to_none=False)
+            optimizer.zero_grad()
             micro = sampler.micro_batches(plan, rank)
-            for ids in micro:
+            last = len(micro) - 1
+            for j, ids in enumerate(micro):
+                if reducer is not None and j == last:
+                    reducer.arm()  # the step's last backward() starts the buckets
                 if len(ids):
                     loss = loss_fn(model, fetch(ids))
                     if len(ids) != plan.count:  # the step's mean over all its samples
                         loss = loss * (len(ids) / plan.count)
-                    loss.backward()
+                    (loss if scaler is None else scaler.scale(loss)).backward()
             now = clock()
             # Decisions that depend on a clock, a file or a signal, as flags that ride
             # on the gradient all-reduce: every rank then acts on the same step.
@@ -441,22 +465,36 @@ class ElasticRuntime:
                     if self._stop_file.exists():
                         stop = 1.0
             # Read once: a SIGTERM that lands after this step's flags were agreed on is
-            # acted on at the next step, so the worker never leaves without the commit.
+            # acted on later, so the worker never leaves without the commit.
             leaving_here = self._leaving
             if leaving_here:
                 leaving = 1.0
             if comm.hosts_updated:
                 hosts_updated = 1.0
-            if replicas > 1:
+            if reducer is not None and lagged is not None:
                 # Only rank 0's LR factor counts: the ranks' noise estimates differ, and
                 # different learning rates would make their models drift apart.
-                lr_factor = agent.lr_factor if rank == 0 else 0.0
-                flat[nflat:] = torch.tensor((commit_due, stop, hosts_updated, leaving, lr_factor))
-                self._allreduce_grads(flat, nflat)
-                commit_due, stop, hosts_updated, leaving, lr_factor = flat[nflat:].tolist()
-                self._set_lr(lr_factor)
-            after_backward()
-            optimizer.step()
+                lr_mine = agent.lr_factor if rank == 0 else 0.0
+                summed = reducer.finish((commit_due, stop, hosts_updated, leaving, lr_mine))
+                # Act on the previous step's agreed flags (their copy to the host ran
+                # meanwhile); a commit asked for before the last commit is stale.
+                agreed = lagged.exchange(summed, (p.step, leaving_here))
+                commit_due = stop = hosts_updated = leaving = 0.0
+                leaving_here = False
+                if agreed is not None:
+                    (commit_due, stop, hosts_updated, leaving, lr_factor), tag = agreed
+                    sent_step, leaving_here = tag
+                    if sent_step < p.committed_step:
+                        commit_due = 0.0
+                    self._set_lr(lr_factor)
+            if scaler is None:
+                after_backward()
+                optimizer.step()
+            else:  # every rank holds the same sums: all skip an overflowing step alike
+                scaler.unscale_(optimizer)
+                after_backward()
+                scaler.step(optimizer)
+                scaler.update()
             sampler.advance(plan)
             p.step += 1
             p.samples_done += plan.count
@@ -477,7 +515,10 @@ class ElasticRuntime:
                 or commit_due
                 or (every_steps is not None and p.step - p.committed_step >= every_steps)
             ):
-                self._commit()  # Horovod: raises HostsUpdatedInterrupt after a host change
+                # A reset or a stop follows those flags: no re-tuning just before it.
+                changing = done or stop or hosts_updated or leaving
+                self._commit(retune=not changing)  # Horovod: HostsUpdatedInterrupt
+                cfg = agent.config
             if leaving_here and not done:
                 logger.info("SIGTERM: leaving at step %d (committed)", p.step)
                 comm.leave()
@@ -490,37 +531,17 @@ class ElasticRuntime:
                 return None
         return self._finish()
 
-    def _allreduce_grads(self, flat: Any, nflat: int) -> None:
-        # A rank can have no sample in a step (the last step of the work or of an epoch
-        # is cut to what is left): it adds zeros. In a new process (a restart resumed
-        # from the checkpoint) its .grad is then still None: it gets the sum all the same.
-        offset = 0
-        for q in self.params:
-            n = q.numel()
-            if q.grad is None:
-                flat[offset : offset + n] = 0.0
-            else:
-                flat[offset : offset + n] = q.grad.reshape(-1)
-            offset += n
-        self.comm.allreduce_sum_(flat)
-        offset = 0
-        for q in self.params:
-            n = q.numel()
-            summed = flat[offset : offset + n].view_as(q)
-            if q.grad is None:
-                q.grad = summed.clone()
-            else:
-                q.grad.copy_(summed)
-            offset += n
-
     def _report(self) -> None:
         self._last_report_t = time.perf_counter()
         writer = self._writer_of_rank0
         if writer is not None:
-            writer.metrics(self.agent.metrics(), self.progress.samples_done, self.sampler.epoch)
+            self.probe.flush()
+            record = self.agent.metrics(refit=self._refit_due())
+            writer.metrics(record, self.progress.samples_done, self.sampler.epoch)
 
-    def _commit(self) -> None:
-        """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy."""
+    def _commit(self, retune: bool = False) -> None:
+        """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy;
+        then (``retune``) move to a better batch if rank 0's agent finds one."""
         comm, p = self.comm, self.progress
         info = CommitInfo(p.committed_step, p.step, p.samples_done)
         if comm.size > 1:
@@ -537,18 +558,27 @@ class ElasticRuntime:
             info.ids = list(self._pending)
         self._pending = []
         p.committed_step = p.step
+        move = None
         if comm.rank == 0:
             if self.on_commit is not None:
                 self.on_commit(info)
             save_checkpoint(self.snapshot(), self._checkpoint)
-        # Nobody keeps a commit that rank 0 may not have written (it could die first).
-        comm.broadcast_object(True)
+            if retune:
+                move = self.retune_decision()
+        # Nobody keeps a commit that rank 0 may not have written (it could die first);
+        # the same message carries rank 0's re-tuning, so all ranks move together.
+        move = comm.broadcast_object(move)
         self._last_commit_t = time.perf_counter()
+        if move is not None:
+            p.retunes += 1
+            self._configure(self.agent.config.nodes, move[0], move[1], "retune")
+            self._report()
         comm.commit()
 
     def _model_checksum(self) -> float:
         with self.torch.no_grad():
-            return float(sum(float(q.double().sum()) for q in self.params))
+            sums = self.torch.stack([q.detach().double().sum() for q in self.params])
+            return float(sums.sum())
 
     def _finish(self) -> dict[str, Any]:
         p = self.progress
@@ -557,6 +587,7 @@ class ElasticRuntime:
             "samples": p.samples_done,
             "steps": p.step,
             "resets": p.resets,
+            "retunes": p.retunes,
             "batch_sizes": list(p.batch_sizes),
             "epochs": p.samples_done / self.num_samples,
         }
@@ -566,11 +597,3 @@ class ElasticRuntime:
             writer.result(result)
             print(json.dumps(result, sort_keys=True), flush=True)
         return result
-
-
-def parse_runtime_args(
-    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
-) -> argparse.Namespace:
-    """``parser.parse_args`` with the runtime's options added."""
-    add_runtime_args(parser)
-    return parser.parse_args(argv)

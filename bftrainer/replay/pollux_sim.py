@@ -62,7 +62,13 @@ from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_a
 from bftrainer.replay.pollux_series import EfficiencySeries, ratio
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import GradientSample
-from bftrainer.trainers.goodput import EXPLORATION_GROWTH, GoodputConfig, GoodputModel
+from bftrainer.trainers.goodput import (
+    DEFAULT_SWITCH_GAIN,
+    EXPLORATION_GROWTH,
+    GoodputConfig,
+    GoodputModel,
+    retune_choice,
+)
 from bftrainer.trainers.throughput import predict_step_time
 
 log = logging.getLogger(__name__)
@@ -98,14 +104,14 @@ class PolluxSimOptions:
     noise to average and no lag; the library's default for real, noisy estimates,
     0.999, lags a fast-growing noise scale several-fold (docs/goodput-replay.md).
     ``switch_gain``: between rescales, an adapting trainer moves to its model's best
-    batch only when that promises this much more goodput than what it runs (model
-    error is about 5-9%; each new configuration costs a refit).
+    batch only when that promises this much more goodput than what it runs: the live
+    runtime's rule and default (``goodput.retune_choice``).
     """
 
     batch_adapt: bool = True
     start_batch: str = "user"
     gns_smoothing: float = 0.0
-    switch_gain: float = 0.05
+    switch_gain: float = DEFAULT_SWITCH_GAIN
     noise: float = 0.05
     report_interval_s: float = 60.0
     refit_interval_s: float = 60.0
@@ -423,11 +429,17 @@ class PolluxSimDriver:
                 best = best_configs[cfg.nodes - 1] if cfg.nodes <= len(best_configs) else None
                 if best is None:
                     best = gm.best_config(cfg.nodes)
-            now = float(
-                gm.goodput(cfg.nodes, cfg.local_bsz, cfg.accum_steps, replicas=cfg.replicas)
+            move = retune_choice(
+                gm,
+                cfg.nodes,
+                cfg.replicas,
+                cfg.local_bsz,
+                cfg.accum_steps,
+                best=best,
+                switch_gain=self.options.switch_gain,
             )
-            if best.goodput_sps > now * (1 + self.options.switch_gain):
-                tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
+            if move is not None:
+                tr.run(TrainerConfig(move.nodes, move.replicas, move.local_bsz, move.accum_steps))
         reports = [
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),

@@ -128,6 +128,8 @@ def test_torch_probe_matches_the_numpy_estimator() -> None:
         _set_grads(model, flat)
         probe.after_backward()
         reference.observe([flat], 16)
+    assert agent.gns.samples == 0  # the estimates wait on the device for a flush
+    probe.flush()
     assert agent.gns.samples == reference.samples == 29
     assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)
     assert agent.gns.grad_var == pytest.approx(reference.grad_var)
@@ -150,6 +152,7 @@ def test_torch_probe_measures_one_pair_every_k_steps() -> None:
         if i % 4 == 1:  # steps 0-1, 4-5, 8-9 form the pairs; each stands for 4 steps
             a, b = flats[i - 1], flat
             reference.update(from_consecutive(a @ a, b @ b, a @ b, 16, 16), 4 * 16)
+    probe.flush()
     assert agent.gns.samples == reference.samples == 3
     assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)
     assert agent.gns.grad_var == pytest.approx(reference.grad_var)
@@ -158,6 +161,7 @@ def test_torch_probe_measures_one_pair_every_k_steps() -> None:
     probe.after_backward()
     agent.set_config(2, 16)
     probe.after_backward()
+    probe.flush()
     assert agent.gns.samples == 3
 
 
@@ -173,6 +177,7 @@ def test_torch_probe_preconditions_with_adam_state() -> None:
     probe = TorchGradientProbe(agent, model, opt, every=1)
     _set_grads(model, np.ones(10))
     probe.after_backward()  # before Adam's first step: no pre-conditioner yet, skipped
+    probe.flush()
     assert agent.gns.samples == 0
     x, y = torch.randn(8, 4, dtype=torch.double), torch.randn(8, 2, dtype=torch.double)
     for _ in range(3):
@@ -188,6 +193,7 @@ def test_torch_probe_preconditions_with_adam_state() -> None:
         _set_grads(model, flat)
         probe.after_backward()
         reference.observe([flat], 8, pre)
+    probe.flush()
     assert agent.gns.samples == reference.samples == 4
     assert agent.gns.grad_var == pytest.approx(reference.grad_var)
     assert agent.gns.grad_sqr == pytest.approx(reference.grad_sqr)

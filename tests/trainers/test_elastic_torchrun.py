@@ -63,6 +63,7 @@ def test_bftrainer_run_ctrl_c_stops_cleanly_and_resumes(tmp_path: Path) -> None:
         sys.executable, "-m", "bftrainer", "run", "--backend", "torchrun", "--hosts-file",
         str(hosts), "--trainer-dir", str(d), str(EXAMPLE), "--work-samples", "6000",
         "--step-delay-s", "0.02", "--commit-every-s", "1",
+        "--no-retune",  # the base batch throughout: a larger one ends the work before ^C
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
