@@ -73,7 +73,7 @@ def python_for_all() -> Iterator[str]:
 
 
 WORK = 60_000
-STEP_DELAY_S = "0.1"
+STEP_DELAY_S = "0.2"
 # Free rescales for the allocator: the fairness rule alone decides the split (with the
 # backend's costs, a decision right after a start moves nodes only if the look-ahead,
 # short then, pays for it).

@@ -54,7 +54,9 @@ class Service:
         self.production = False  # start(production=True): the daemon's own delays
 
     def paced(self, step_delay_s: float) -> tuple[str, ...]:
-        """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`."""
+        """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`.
+        Trainers re-tune their batch as they go (up to --max-batch), so the delay is
+        sized for the largest batch: the work must outlast what the test watches."""
         return ("--step-delay-s", str(step_delay_s), "--hold-file", str(self.hold))
 
     def release(self) -> None:
