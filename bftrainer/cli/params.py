@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from bftrainer.milp.problem import T_FWD_MAX_S
 from bftrainer.names import MAX_NODES, MAX_SLOTS
 
 
@@ -100,20 +99,6 @@ SEED = Number(integer=True, min=0)
 SYNTHETIC_HOURS = Number(min=0.0, min_open=True, max=366 * 24.0)
 
 
-class TFwd(Number):
-    """T_fwd: ``auto`` (from the pool's churn, bftrainer/churn.py) or seconds."""
-
-    def describe(self) -> str:
-        return f"auto or {super().describe()}"
-
-    def parse(self, value: Any) -> int | float | str | None:  # type: ignore[override]
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            return "auto"
-        return super().parse(value)
-
-
-# T_fwd as the allocator accepts it (docs/allocator.md, "Limits"), or auto.
-T_FWD = TFwd(min=0.0, min_open=True, max=T_FWD_MAX_S)
 # Nodes of a synthetic trace: a machine far beyond any real one still fits in memory.
 SYNTHETIC_NODES = Number(integer=True, min=1, max=1_000_000)
 

@@ -11,13 +11,31 @@ from typing import Any, TypeVar
 
 import click
 
-from bftrainer.cli.params import COUNT, T_FWD, Number
+from bftrainer.cli.params import COUNT, Number
 from bftrainer.config import Config
 from bftrainer.milp import FORMULATIONS, SOLVERS
-from bftrainer.milp.problem import FAIR_BY, FAIRNESS_P_RANGE, OBJECTIVES
+from bftrainer.milp.problem import FAIR_BY, FAIRNESS_P_RANGE, OBJECTIVES, T_FWD_MAX_S
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT = Config()
+
+
+class TFwd(Number):
+    """T_fwd: ``auto`` (from the pool's churn, bftrainer/churn.py) or seconds."""
+
+    def describe(self) -> str:
+        return f"auto or {super().describe()}"
+
+    def parse(self, value: Any) -> int | float | str | None:  # type: ignore[override]
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        return super().parse(value)
+
+
+# T_fwd as the allocator accepts it (docs/allocator.md, "Limits"), or auto. Here, not in
+# bftrainer.cli.params, which `bftrainer status` imports: its limit is the allocator's.
+T_FWD = TFwd(min=0.0, min_open=True, max=T_FWD_MAX_S)
+
 # Config field -> the flag that sets it (for error messages).
 FLAG_NAMES = {
     "t_fwd_s": "--tfwd",

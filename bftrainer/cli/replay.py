@@ -23,12 +23,11 @@ from bftrainer.cli.params import (
     POSITIVE,
     SEED,
     SYNTHETIC_HOURS,
-    T_FWD,
     InputFile,
     Number,
 )
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
-from bftrainer.cli.policy_options import policy_flags, policy_options
+from bftrainer.cli.policy_options import T_FWD, policy_flags, policy_options
 from bftrainer.cli.trace import parse_node_range, parse_time_option
 from bftrainer.config import ConfigError, load_config, with_overrides
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
