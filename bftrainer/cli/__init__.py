@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
 
 import click
 
-from bftrainer import __version__
+from bftrainer import __version__, strict_json
 
 
 class UsageError(click.ClickException):
@@ -101,7 +100,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line, for log collectors on a login node."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
+        return strict_json.dumps(
             {
                 "t": self.formatTime(record),
                 "level": record.levelname,

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from bftrainer import strict_json
+
 MARKER = ".bftrainer-output.json"
 
 
@@ -113,7 +115,7 @@ def replaced_on_success(out: Path, command: str) -> Iterator[Path]:
     try:
         yield tmp
         files = sorted(_written_files(tmp))
-        (tmp / MARKER).write_text(json.dumps({"command": command, "files": files}, indent=1))
+        (tmp / MARKER).write_text(strict_json.dumps({"command": command, "files": files}, indent=1))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700

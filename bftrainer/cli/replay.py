@@ -17,6 +17,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
@@ -450,7 +451,7 @@ def _write_outputs(
         for r in results:
             write_result(r, out_dir / _label(r))
         runs = [json.loads((out_dir / _label(r) / "summary.json").read_text()) for r in results]
-        (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+        (out_dir / "summary.json").write_text(strict_json.dumps({"runs": runs}, indent=2) + "\n")
     _plot(plot_windows, results, out_dir / "utilization_per_window.png")
     _plot(plot_costs, results, out_dir / "costs.png")
     if sweep:

@@ -14,7 +14,6 @@ the same command again to resume).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, SECONDS, InputFile
 from bftrainer.trainers import channel
@@ -179,7 +179,7 @@ def run_cmd(
     )
     earlier = _earlier_run(spec, fresh)
     if earlier == "done":
-        click.echo(json.dumps(channel.read_result(trainer_dir), sort_keys=True))
+        click.echo(strict_json.dumps(channel.read_result(trainer_dir), sort_keys=True))
         return
     try:
         trainer_dir.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,7 @@ def run_cmd(
     log = launcher.trainer_dir / channel.SUPERVISOR_LOG
     if outcome.state == "done":
         result = channel.read_result(launcher.trainer_dir)
-        click.echo(json.dumps(result, sort_keys=True))
+        click.echo(strict_json.dumps(result, sort_keys=True))
         return
     click.echo(f"bftrainer run: trainer {outcome.state}: {outcome.reason} (log: {log})", err=True)
     raise SystemExit(1)

@@ -13,7 +13,6 @@ the allocator decided (bftrainer.cli.centre).
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import os
 import pwd
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, Number
 from bftrainer.daemon import DEFAULT_RESCALE_S
@@ -310,7 +310,7 @@ def status_cmd(
     if centre is not None:
         data["centre"] = centre
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json.dumps(data, indent=2))
         return
     if centre is not None:
         _print_centre(centre)
