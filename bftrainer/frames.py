@@ -216,13 +216,15 @@ def load_store(
     if not times:
         raise FramesError(f"{d}: the store holds no records yet")
     first, last = min(times), max(times)
-    lo = start if start is not None else first
-    hi = end if end is not None else last
-    if lo > last or hi < first:
+    if (start is not None and start > last) or (end is not None and end < first):
         raise FramesError(
-            f"empty time range: nothing between {_fmt(lo)} and {_fmt(hi)} (the store has "
-            f"records from {_fmt(first)} to {_fmt(last)})"
+            f"empty time range: nothing between {_fmt(start or first)} and {_fmt(end or last)} "
+            f"(the store has records from {_fmt(first)} to {_fmt(last)})"
         )
+    # Clamped to the records: the page's series are as long as the span, and --start 0
+    # on a store of seconds asked for 56 years of them.
+    lo = max(start, first) if start is not None else first
+    hi = min(end, last) if end is not None else last
     return Frames(
         source="daemon",
         label=str(d),
