@@ -250,7 +250,7 @@ def load_store(
     if start is not None and end is not None and start >= end:
         raise FramesError(f"empty time range: {_fmt(start)} is not before {_fmt(end)}")
     try:
-        with Store.open(d, create=False) as store:
+        with Store.open(d, read_only=True) as store:
             rows = [vars(r) for r in store.trainers()]
             history = {r["id"]: store.allocation_history(r["id"]) for r in rows}
             holders = [vars(h) for h in store.holders(live_only=False)]
