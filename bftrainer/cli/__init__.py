@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 import click
 
 from bftrainer import __version__, strict_json
+from bftrainer.trainers import lifeline
 
 
 class UsageError(click.ClickException):
@@ -111,8 +114,21 @@ class JsonFormatter(logging.Formatter):
 
 
 def main() -> None:
+    # SIGTERM (batch systems, timeout, systemd) stops a command as Ctrl-C does; the
+    # daemon and the centre put their own handlers in place of this one.
+    terminated: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        terminated.append(signum)
+        raise lifeline.Terminated(signum)
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cli(prog_name="bftrainer")
+    except SystemExit as exc:
+        if terminated and exc.code not in (0, None):
+            sys.exit(128 + terminated[0])  # the shell's code for a death by that signal
+        raise
     except OSError as exc:
         # What a command did not handle itself: most often its output cannot be written
         # (stdout on a full disk, > /dev/full). One line, not a traceback.

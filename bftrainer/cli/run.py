@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import click
 from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, SECONDS, InputFile
-from bftrainer.trainers import channel
+from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def _read_host_file(path: Path) -> list[str]:
     type=SECONDS,
     default=30.0,
     show_default=True,
-    help="Ctrl-C: time to checkpoint.",
+    help="Ctrl-C, SIGTERM or this command's death: the workers' time to checkpoint.",
 )
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -188,7 +189,7 @@ def run_cmd(
     if exec_mode or ssh_args:
         channel.write_exec(trainer_dir, exec_mode or "ssh", {}, ssh_args)
     try:
-        launcher = Launcher.start(spec, hosts)
+        launcher = Launcher.start(spec, hosts, tied_grace_s=stop_grace_s)
     except LaunchError as e:
         raise UsageError(str(e)) from None
     click.echo(f"bftrainer run: {backend} trainer in {launcher.trainer_dir}", err=True)
@@ -209,12 +210,18 @@ def run_cmd(
                     logger.info("hosts now %s", new)
                     launcher.set_hosts(new)
                 last_text = text
-    except KeyboardInterrupt:
-        click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (lifeline.Terminated)
+        signum = e.signum if isinstance(e, lifeline.Terminated) else signal.SIGINT
+        click.echo(
+            f"bftrainer run: {signal.Signals(signum).name}: stopping (workers checkpoint) ...",
+            err=True,
+        )
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one would cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
         launcher.stop(stop_grace_s)
         outcome = launcher.poll()
         click.echo(f"bftrainer run: {outcome.state if outcome else 'stopped'}", err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(128 + signum) from None
     log = launcher.trainer_dir / channel.SUPERVISOR_LOG
     if outcome.state == "done":
         result = channel.read_result(launcher.trainer_dir)
