@@ -103,3 +103,20 @@ def test_max_parallel_far_past_the_jobs_costs_no_more_than_the_jobs(tmp_path: Pa
         runs[p] = json.loads((tmp_path / f"out-{p}" / "summary.json").read_text())
     # Twenty jobs: at most twenty run at once, whatever the cap.
     assert runs["100000000000"]["samples_processed"] == runs["20"]["samples_processed"]
+
+
+def test_allocate_past_the_table_limit_is_refused_before_work(tmp_path: Path) -> None:
+    pool = [f"n{i}" for i in range(100_000)]
+    curve = [[1, 100.0], [1_000_000, 1e7]]
+    trainers = [
+        {"id": f"t{j}", "n_min": 1, "n_max": 1_000_000, "rescale_up": 10, "rescale_down": 5}
+        | {"curve": curve}
+        for j in range(2_000)
+    ]
+    problem = tmp_path / "problem.json"
+    problem.write_text(json.dumps({"pool": pool, "trainers": trainers, "max_trainers": 2_000}))
+    done = capped("allocate", str(problem), "--solver", "dp", cwd=tmp_path)
+    no_traceback(done)
+    assert done.returncode == 2 and done.stdout == ""
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    assert "max_trainers" in line and "n_max" in line and "20,000,000" in line
