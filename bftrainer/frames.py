@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from bftrainer.loop import Step
 from bftrainer.replay.allocations import CHANGES as REPLAY_CHANGES
 from bftrainer.state import StateError, Store
 
@@ -96,34 +97,28 @@ def load_replay(path: str | Path) -> Frames:
             f"{run}: not a complete replay output (no {', '.join(missing)}); replay again "
             "with this version of bftrainer"
         )
-    try:
-        events = pd.read_csv(run / "events.csv", dtype={"status": "string"})
-        trainers = pd.read_csv(
-            run / "trainers.csv", dtype={"id": "string", "model": "string"}, keep_default_na=False
-        )
-        allocations = pd.read_csv(run / "allocations.csv", dtype={"trainer": "string"})
-        windows = _read_optional_csv(run / "windows.csv")
-    except (pd.errors.ParserError, UnicodeDecodeError) as e:
-        raise FramesError(f"{run}: a CSV file cannot be read: {e}") from None
-    try:
-        events["time"] = _times(events["time"])
-        events["status"] = events["status"].fillna("")
-        allocations["time"] = _times(allocations["time"])
-        allocations["change"] = allocations["change"].astype(CHANGE_TYPE)
-        trainers = trainers.rename(columns={"submit": "submitted"})
-        for col in ("submitted", "started", "finished"):
-            trainers[col] = _times(trainers[col].replace("", None))
-        if not windows.empty:
-            windows["start"] = _times(windows["start"])
-    except (KeyError, ValueError) as e:
-        raise FramesError(f"{run}: not a replay output this version can read: {e}") from None
+    events = _read_replay_csv(run / "events.csv", _events, dtype={"status": "string"})
+    trainers = _read_replay_csv(
+        run / "trainers.csv",
+        _trainers,
+        dtype={"id": "string", "model": "string"},
+        keep_default_na=False,
+    )
+    allocations = _read_replay_csv(
+        run / "allocations.csv", _allocations_read, dtype={"trainer": "string"}
+    )
+    windows = (
+        pd.DataFrame()  # empty (no header) when the replay had no window
+        if (run / "windows.csv").stat().st_size == 0
+        else _read_replay_csv(run / "windows.csv", _windows)
+    )
     trainers["state"] = _replay_states(trainers)
     pool = events[["time", "pool_nodes"]].rename(columns={"pool_nodes": "nodes"})
     return Frames(
         source="replay",
         label=run.name,
         events=events,
-        allocations=allocations[["time", "trainer", "nodes", "change"]],
+        allocations=allocations,
         trainers=trainers,
         pool=pool.reset_index(drop=True),
         holders=_empty_holders(),
@@ -146,14 +141,94 @@ def _summary(out: Path) -> dict[str, Any]:
         raise FramesError(f"{path}: not JSON ({e})") from None
     if not isinstance(summary, dict):
         raise FramesError(f"{path}: not a replay summary (a JSON object)")
+    _check_summary(path, summary)
     return summary
 
 
-def _read_optional_csv(path: Path) -> pd.DataFrame:
-    """windows.csv is empty (no header) when the replay had no window."""
-    if path.stat().st_size == 0:
-        return pd.DataFrame()
-    return pd.read_csv(path)
+# The summary's numbers that the page reads (report/headline.py, figures.py, page.py).
+SUMMARY_NUMBERS = (
+    "utilization_efficiency",
+    "utilization_limit",
+    "utilization_share_of_limit",
+    "window_hours",
+)
+
+
+def _check_summary(path: Path, summary: dict[str, Any]) -> None:
+    """The fields the report reads, of the kinds the replay writes: else one line."""
+    if "runs" in summary and not isinstance(summary["runs"], list):
+        raise FramesError(f"{path}: runs is {summary['runs']!r}, not a list of runs")
+    for key in ("start", "end"):
+        value = summary.get(key)
+        if value is None:
+            continue
+        try:
+            if not isinstance(value, str):
+                raise TypeError(type(value).__name__)
+            pd.Timestamp(value)
+        except (TypeError, ValueError):
+            raise FramesError(f"{path}: {key} is {value!r}, not a time") from None
+    for key in SUMMARY_NUMBERS:
+        value = summary.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise FramesError(f"{path}: {key} is {value!r}, not a number")
+
+
+EVENT_NUMBERS = tuple(f.name for f in fields(Step) if f.name not in ("time_s", "status", "decided"))
+
+
+def _read_replay_csv(
+    path: Path, convert: Callable[[pd.DataFrame], pd.DataFrame], **read: Any
+) -> pd.DataFrame:
+    """One CSV of a replay's output, read and converted; what cannot be is named in one
+    line with its file (an empty, truncated or foreign file, a column of another kind)."""
+    try:
+        return convert(pd.read_csv(path, **read))
+    except (
+        pd.errors.EmptyDataError,
+        pd.errors.ParserError,
+        UnicodeDecodeError,
+        KeyError,
+        ValueError,
+        TypeError,
+        OverflowError,
+    ) as e:
+        raise FramesError(
+            f"{path}: not a replay's {path.name} this version can read: {e}"
+        ) from None
+
+
+def _events(events: pd.DataFrame) -> pd.DataFrame:
+    """events.csv's columns as the loop's ``Step`` has them (numbers, flags), checked."""
+    events["time"] = _times(events["time"])
+    events["status"] = events["status"].fillna("")
+    for name in EVENT_NUMBERS:
+        if name in events:  # latency_s, t_fwd_s: not in older outputs
+            events[name] = pd.to_numeric(events[name], errors="raise")
+    if events["decided"].dtype != bool:
+        raise ValueError("column decided holds other values than True and False")
+    events["pool_nodes"].astype("int64")  # a missing count (a cut row) raises
+    return events
+
+
+def _trainers(trainers: pd.DataFrame) -> pd.DataFrame:
+    trainers = trainers.rename(columns={"submit": "submitted"})
+    for col in ("submitted", "started", "finished"):
+        trainers[col] = _times(trainers[col].replace("", None))
+    return trainers
+
+
+def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
+    allocations["time"] = _times(allocations["time"])
+    allocations["change"] = allocations["change"].astype(CHANGE_TYPE)
+    allocations["nodes"] = pd.to_numeric(allocations["nodes"], errors="raise")
+    return allocations[["time", "trainer", "nodes", "change"]]
+
+
+def _windows(windows: pd.DataFrame) -> pd.DataFrame:
+    if not windows.empty:
+        windows["start"] = _times(windows["start"])
+    return windows
 
 
 def _replay_states(trainers: pd.DataFrame) -> pd.Series:
@@ -175,7 +250,7 @@ def load_store(
     if start is not None and end is not None and start >= end:
         raise FramesError(f"empty time range: {_fmt(start)} is not before {_fmt(end)}")
     try:
-        with Store.open(d, create=False) as store:
+        with Store.open(d, read_only=True) as store:
             rows = [vars(r) for r in store.trainers()]
             history = {r["id"]: store.allocation_history(r["id"]) for r in rows}
             holders = [vars(h) for h in store.holders(live_only=False)]
@@ -216,13 +291,15 @@ def load_store(
     if not times:
         raise FramesError(f"{d}: the store holds no records yet")
     first, last = min(times), max(times)
-    lo = start if start is not None else first
-    hi = end if end is not None else last
-    if lo > last or hi < first:
+    if (start is not None and start > last) or (end is not None and end < first):
         raise FramesError(
-            f"empty time range: nothing between {_fmt(lo)} and {_fmt(hi)} (the store has "
-            f"records from {_fmt(first)} to {_fmt(last)})"
+            f"empty time range: nothing between {_fmt(start or first)} and {_fmt(end or last)} "
+            f"(the store has records from {_fmt(first)} to {_fmt(last)})"
         )
+    # Clamped to the records: the page's series are as long as the span, and --start 0
+    # on a store of seconds asked for 56 years of them.
+    lo = max(start, first) if start is not None else first
+    hi = min(end, last) if end is not None else last
     return Frames(
         source="daemon",
         label=str(d),

@@ -30,6 +30,7 @@ import sqlite3
 import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,29 @@ def ensure_state_dir(path: Path) -> Path:
 
 
 # ---------------------------------------------------------------------- the daemon lock
+
+
+def _read_only_uri(db: Path) -> tuple[str, bool]:
+    """A URI that reads ``db`` and writes nothing, and whether it reads it as immutable.
+
+    SQLite's plain read-only mode still creates -wal and -shm files when they are
+    missing and writes read marks into -shm, and a read-write connection checkpoints the
+    WAL into state.db and deletes both on close. With a -wal and -shm (a daemon runs, or
+    was killed), ``readonly_shm`` reads the WAL through a read-only -shm. With no -wal
+    (the daemon stopped cleanly: state.db holds every commit), ``immutable`` reads the
+    file alone, without locks; ``Store.close`` then checks that it did not change. A -wal
+    without its -shm (rare) can only be read by making the -shm: plain read-only mode.
+    """
+    wal, shm = (Path(f"{db}{suffix}").exists() for suffix in ("-wal", "-shm"))
+    base = "file:" + urllib.parse.quote(str(db.absolute())) + "?mode=ro"
+    if not wal:
+        return base + "&immutable=1", True
+    return (base + "&readonly_shm=1" if shm else base), False
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    st = path.stat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _read_pid(path: Path) -> int | None:
@@ -580,26 +604,38 @@ class Store:
     time take ``now_s`` (default: ``time.time()``).
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, unchanged: tuple[int, ...] | None = None
+    ) -> None:
         self._conn = conn
         self.path = path
         self._lock = threading.RLock()
         self._depth = 0
+        self._unchanged = unchanged  # read as immutable: the file's identity when opened
 
     # ------------------------------------------------------------- opening
 
     @classmethod
     def open(
-        cls, state_dir: Path, *, create: bool = True, busy_timeout_s: float = BUSY_TIMEOUT_S
+        cls,
+        state_dir: Path,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
     ) -> Store:
         """Open ``<state_dir>/state.db``, migrated to this version; with ``create`` (the
         daemon, ``submit``) the directory and database are made if missing, without it
-        (``status``, ``cancel``) a missing one is a ``StateDirError``.
+        (``status``, ``cancel``) a missing one is a ``StateDirError``. ``read_only``
+        (``status``, ``logs``, ``report``; implies not ``create``): no byte of the state
+        directory is written, see ``_read_only_uri``.
 
         Raises ``StateDirError`` for a directory that is not ours alone and
         ``SchemaError`` for a database that is not ours or is newer than this code.
         """
         path = state_dir / DB_NAME
+        if read_only:
+            create = False
         if create:
             ensure_state_dir(state_dir)
             if not os.access(state_dir, os.W_OK | os.X_OK):
@@ -610,11 +646,19 @@ class Store:
         else:
             check_state_dir(state_dir)
             _check_existing_db(path, state_dir)
-        conn = sqlite3.connect(
-            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
+        unchanged = None
+        if read_only:
+            uri, immutable = _read_only_uri(path)
+            unchanged = _identity(path) if immutable else None
+            conn = sqlite3.connect(
+                uri, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=True
+            )
+        else:
+            conn = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
         conn.row_factory = sqlite3.Row
-        store = cls(conn, path)
+        store = cls(conn, path, unchanged)
         try:
             store._setup(busy_timeout_s, create=create)
         except sqlite3.DatabaseError as exc:
@@ -687,8 +731,12 @@ class Store:
         return version
 
     def close(self) -> None:
+        """Close; a store read as immutable raises ``StateError`` if the file changed
+        meanwhile (a daemon started and checkpointed): what was read may be torn."""
         with self._lock:
             self._conn.close()
+        if self._unchanged is not None and _identity(self.path) != self._unchanged:
+            raise StateError(f"{self.path} changed while it was read: run the command again")
 
     def __enter__(self) -> Store:
         return self

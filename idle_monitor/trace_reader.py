@@ -92,17 +92,23 @@ def _parquet_rows(path: Path) -> tuple[list[str], Iterator[list[str]]]:
         raise TraceFormatError(
             f"{path}: reading Parquet needs pyarrow (pip install pyarrow)"
         ) from exc
-    table = pq.read_table(path)
-    header = list(table.column_names)
-    columns: list[list[str]] = []
-    for name in header:
-        col = table.column(name)
-        if name == "time" and pat.is_timestamp(col.type):
-            col = pc.divide(pc.cast(pc.cast(col, "timestamp[us, tz=UTC]"), "int64"), 1e6)
-        elif pat.is_boolean(col.type):
-            col = pc.cast(col, "int8")
-        values = col.to_pylist()
-        columns.append(["" if v is None else str(v) for v in values])
+    import pyarrow as pa
+
+    try:
+        table = pq.read_table(path)
+        header = list(table.column_names)
+        columns: list[list[str]] = []
+        for name in header:
+            col = table.column(name)
+            if name == "time" and pat.is_timestamp(col.type):
+                col = pc.divide(pc.cast(pc.cast(col, "timestamp[us, tz=UTC]"), "int64"), 1e6)
+            elif pat.is_boolean(col.type):
+                col = pc.cast(col, "int8")
+            values = col.to_pylist()
+            columns.append(["" if v is None else str(v) for v in values])
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        # A truncated or damaged file: pyarrow says what, but not which file.
+        raise TraceFormatError(f"{path}: not a readable Parquet file: {exc}") from exc
     return header, (list(row) for row in zip(*columns, strict=True))
 
 

@@ -139,8 +139,7 @@ def allocate(
         nodes: dict[str, tuple[str, ...]] = {}
         bound = 0.0
     elif solver == "dp":
-        counts, bound = exact_counts(problem, terms, None)
-        nodes = mapper(problem)({t.id: t.current for t in terms}, counts)
+        nodes, status, bound = _solve_dp(problem, terms, deadline, time_limit_s)
     elif slots and formulation == "node":
         nodes, status, bound = _solve_slot_milp(problem, terms, solver, deadline, mip_gap)
     else:
@@ -227,7 +226,7 @@ def _solve_milp(
             nm = build_node_model(terms, problem.pool, t_fwd)
         # Keep time for what follows the solver (the greedy fallback, mapping, checks:
         # about 0.1 ms per trainer), so the whole call ends near the limit.
-        remaining_s = deadline - time.perf_counter() - min(1e-4 * len(terms), 0.2 * time_limit_s)
+        remaining_s = deadline - time.perf_counter() - _reserve_s(terms, time_limit_s)
         if remaining_s > 0:
             milp = cm.milp if formulation == "count" else nm.milp
             with solver_stdout_to_log():  # stdout is the commands' output (--json)
@@ -240,7 +239,7 @@ def _solve_milp(
     if exact is None and answer is None:
         # The solver gave nothing (not run, or no incumbent): the time left to the DP.
         try:
-            left_s = deadline - min(1e-4 * len(terms), 0.2 * time_limit_s)
+            left_s = deadline - _reserve_s(terms, time_limit_s)
             exact = exact_counts(problem, terms, left_s)
         except DeadlineError as e:
             log.info("no exact answer either: %s", e)
@@ -303,6 +302,28 @@ def _solve_milp(
         answer = place(current_nodes, current)
     bound = outcome.bound if outcome is not None else None
     return answer or {}, "kept_current" if keep_current else "time_limit", bound
+
+
+def _solve_dp(
+    problem: Problem, terms: list[TrainerTerms], deadline: float, time_limit_s: float
+) -> tuple[dict[str, tuple[str, ...]], str, float | None]:
+    """The DP's exact answer within the time limit; past it, the current map grown
+    greedily with free nodes (status ``time_limit``), as when a MILP solver stops."""
+    try:
+        counts, bound = exact_counts(problem, terms, deadline - _reserve_s(terms, time_limit_s))
+        status = "optimal"
+    except DeadlineError as e:
+        counts = grow_greedily(
+            terms, capacity(problem), float(problem.t_fwd_s), current_counts(terms)
+        )
+        bound, status = None, "time_limit"
+        log.warning("dp: %s: using the current map grown greedily with free nodes", e)
+    return mapper(problem)({t.id: t.current for t in terms}, counts), status, bound
+
+
+def _reserve_s(terms: list[TrainerTerms], time_limit_s: float) -> float:
+    """Time kept for what follows a solver (mapping, checks: about 0.1 ms per trainer)."""
+    return min(1e-4 * len(terms), 0.2 * time_limit_s)
 
 
 def exact_counts(

@@ -5,6 +5,10 @@ term, exact at integers); the counts share the pool's capacity. ``best[c]`` is t
 total of the trainers so far using at most ``c`` nodes; one vectorised pass per
 trainer over every (capacity, count) pair. Ties keep the trainer's current count, so
 equal-valued moves never cost a rescale. Exact and the fastest solver; the tests' oracle.
+
+Memory is bounded whatever the pool and n_max: a trainer's pass runs a block of
+capacities at a time (``BLOCK_CELLS``), and past ``CHOICE_CELLS`` choices the trace
+back recomputes them by blocks of trainers instead of keeping them all.
 """
 
 from __future__ import annotations
@@ -20,6 +24,15 @@ from bftrainer.milp.objective import TrainerTerms
 
 # The share of its time the DP runs before it judges its pace (the most it can waste).
 PACE_SHARE = 0.05
+# The most (capacity, count) cells one trainer's pass holds at once (8 MiB of values):
+# a 100,000-node pool with n_max 100,000 asked for 74.5 GiB in one array before.
+BLOCK_CELLS = 1 << 20
+# The most choices (trainers x capacities, int32: 128 MiB) kept for the trace back. Past
+# it, only the best values before every ~sqrt(trainers)-th trainer are kept and each
+# block's choices are made again when traced back: one more pass, memory about
+# 2 sqrt(trainers) x capacity (10,000 trainers on 100,000 nodes: 4 GB of choices, or
+# 160 MB of checkpoints).
+CHOICE_CELLS = 1 << 25
 
 
 class DeadlineError(TimeoutError):
@@ -39,39 +52,25 @@ def knapsack(
     also ``low_scores``). ``deadline`` (``time.perf_counter()`` seconds): raise
     :class:`DeadlineError` once the pace so far says it would finish past it.
     """
-    best = np.zeros(capacity + 1)
     choices = np.zeros((len(terms), capacity + 1), dtype=np.int32)
-    rows = np.arange(capacity + 1)
-    began = time.perf_counter()
-    first_done = math.nan
-    # Give up as soon as the pace says it cannot make it, not at the deadline; but judge
-    # the pace only after the first trainer, which pays a fresh process's warm-up, and
-    # once a share of the time has passed. Judged from the first trainers, a 10,000-
-    # trainer DP that takes 2 s gave up at once in about half of fresh processes.
-    judge_from = math.inf if deadline is None else began + PACE_SHARE * (deadline - began)
-    for j, t in enumerate(terms):
-        if deadline is not None and j:
-            now = time.perf_counter()
-            late = now > deadline
-            if j > 1 and now >= judge_from:
-                late = late or now + (now - first_done) * (len(terms) - j) / (j - 1) > deadline
-            if late:
-                raise DeadlineError(
-                    f"the DP would pass its deadline ({j} of {len(terms)} trainers done)"
-                )
-        scores = (t.scores(t_fwd_s) if tables is None else tables[j])[: capacity + 1]
-        k = len(scores)
-        # value[c, n] = best[c - n] + scores[n]: n nodes to this trainer, c in all.
-        padded = np.concatenate([np.full(k - 1, -np.inf), best])
-        value = sliding_window_view(padded, k)[:, ::-1] + scores
-        pick = np.argmax(value, axis=1)  # the smallest count among equals
-        best = value[rows, pick]
-        if t.c < k:  # ...but the current count first: moving must strictly pay
-            pick[value[:, t.c] == best] = t.c
-        choices[j] = pick
-        if j == 0:
-            first_done = time.perf_counter()
+    best = _run(
+        terms, Tables(terms, t_fwd_s, tables), None, np.zeros(capacity + 1), deadline, choices
+    )
     return best, choices
+
+
+def best_values(term: TrainerTerms, trainers: int, capacity: int, t_fwd_s: float) -> np.ndarray:
+    """``best[c]`` of ``knapsack`` over ``trainers`` copies of ``term``, without choices:
+    memory ~ capacity. Work ends once a copy changes nothing (every later one would
+    change nothing either), and at ``capacity`` copies (each takes a node or nothing)."""
+    scores = term.scores(t_fwd_s)[: capacity + 1]
+    best = np.zeros(capacity + 1)
+    for _ in range(min(trainers, capacity)):
+        after = _step(best, scores, None, term.c, None)[0]
+        if np.array_equal(after, best):
+            break
+        best = after
+    return best
 
 
 def dp_cells(terms: list[TrainerTerms], pool_size: int) -> int:
@@ -91,19 +90,7 @@ def solve_counts(
     """The optimal count per trainer and its objective value (``deadline``, ``tables``:
     see knapsack). ``pool_size`` is the capacity: nodes, or slots with S > 1."""
     cap = min(pool_size, sum(t.n_max for t in terms))
-    best, choices = knapsack(terms, cap, t_fwd_s, deadline, tables)
-    return _trace_back(terms, choices, cap), float(best[cap]) if terms else 0.0
-
-
-def _trace_back(terms: Sequence[TrainerTerms], choices: np.ndarray, cap: int) -> dict[str, int]:
-    """The count per trainer, read back from the DP's choice table at capacity ``cap``."""
-    counts: dict[str, int] = {}
-    c = cap
-    for j in range(len(terms) - 1, -1, -1):
-        n = int(choices[j, c])
-        counts[terms[j].id] = n
-        c -= n
-    return counts
+    return _solve(terms, Tables(terms, t_fwd_s, tables), None, cap, deadline)
 
 
 def solve_counts_pruned(
@@ -131,23 +118,156 @@ def solve_counts_pruned(
         tables = [t.scores(t_fwd_s) for t in terms]
     reached = sum(float(s[incumbent.get(t.id, 0)]) for t, s in zip(terms, tables, strict=True))
     kept = counts_that_can_win(list(tables), cap, reached if floor is None else max(floor, reached))
-    best = np.zeros(cap + 1)
-    choices = np.zeros((len(terms), cap + 1), dtype=np.int32)
-    rows = np.arange(cap + 1)
+    options = []
     for j, t in enumerate(terms):
-        if deadline is not None and j and time.perf_counter() > deadline:
-            raise DeadlineError(f"the DP passed its deadline ({j} of {len(terms)} trainers done)")
         scores = tables[j]
         extra = [n for n in (incumbent.get(t.id, 0), t.c) if n <= min(cap, t.n_max)]
-        options = np.union1d(kept[j], extra).astype(np.int64)
-        options = options[(options <= cap) & np.isfinite(scores[options])]
-        value = np.full((cap + 1, len(options)), -np.inf)
-        for i, n in enumerate(options):
-            value[n:, i] = best[: cap + 1 - n] + scores[n]
-        pick = np.argmax(value, axis=1)  # the smallest count among equals
-        best = value[rows, pick]
-        current = np.flatnonzero(options == t.c)
-        if current.size:  # ...but the current count first: moving must strictly pay
-            pick[value[:, current[0]] == best] = current[0]
-        choices[j] = options[pick]
-    return _trace_back(terms, choices, cap), float(best[cap]) if terms else 0.0
+        counts = np.union1d(kept[j], extra).astype(np.int64)
+        options.append(counts[(counts <= cap) & np.isfinite(scores[counts])])
+    return _solve(terms, Tables(terms, t_fwd_s, tables), options, cap, deadline)
+
+
+class Tables:
+    """Each trainer's value per count, read when its turn comes (``scores`` of a large
+    problem is itself work that the deadline must see), or as given."""
+
+    def __init__(
+        self, terms: Sequence[TrainerTerms], t_fwd_s: float, given: Sequence[np.ndarray] | None
+    ) -> None:
+        self.terms, self.t_fwd_s, self.given = terms, t_fwd_s, given
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        return self.terms[j].scores(self.t_fwd_s) if self.given is None else self.given[j]
+
+    def part(self, start: int, end: int) -> Tables:
+        given = None if self.given is None else self.given[start:end]
+        return Tables(self.terms[start:end], self.t_fwd_s, given)
+
+
+Options = Sequence[np.ndarray] | None
+
+
+def _solve(
+    terms: Sequence[TrainerTerms],
+    tables: Tables,
+    options: Options,
+    cap: int,
+    deadline: float | None,
+) -> tuple[dict[str, int], float]:
+    """The counts and value at capacity ``cap``: every choice kept when they fit in
+    ``CHOICE_CELLS``; else checkpoints every ``every`` trainers, and each block's
+    choices made again, last block first, as its trace back needs them."""
+    if not terms:
+        return {}, 0.0
+    every = len(terms)
+    if len(terms) * (cap + 1) > CHOICE_CELLS:
+        every = max(1, min(math.isqrt(len(terms)), CHOICE_CELLS // (cap + 1)))
+    kept_all = every == len(terms)
+    checkpoints: dict[int, np.ndarray] = {}
+    choices = np.zeros((every, cap + 1), dtype=np.int32) if kept_all else None
+    best = _run(terms, tables, options, np.zeros(cap + 1), deadline, choices, checkpoints, every)
+    counts: dict[str, int] = {}
+    c = cap
+    for start in sorted(checkpoints, reverse=True):
+        end = start + every
+        if not kept_all:
+            choices = np.zeros((min(every, len(terms) - start), cap + 1), dtype=np.int32)
+            _run(
+                terms[start:end],
+                tables.part(start, end),
+                None if options is None else options[start:end],
+                checkpoints[start],
+                deadline,
+                choices,
+            )
+        assert choices is not None
+        for j in range(len(choices) - 1, -1, -1):
+            n = int(choices[j, c])
+            counts[terms[start + j].id] = n
+            c -= n
+    return {t.id: counts[t.id] for t in terms}, float(best[cap])
+
+
+def _run(
+    terms: Sequence[TrainerTerms],
+    tables: Tables,
+    options: Options,
+    best: np.ndarray,
+    deadline: float | None,
+    choices: np.ndarray | None,
+    checkpoints: dict[int, np.ndarray] | None = None,
+    every: int = 0,
+) -> np.ndarray:
+    """One pass over ``terms`` from ``best``: each trainer's count per capacity into
+    ``choices`` (when given), and ``best`` before trainer j into ``checkpoints`` for
+    every j divisible by ``every``."""
+    began = time.perf_counter()
+    first_done = math.nan
+    # Give up as soon as the pace says it cannot make it, not at the deadline; but judge
+    # the pace only after the first trainer, which pays a fresh process's warm-up, and
+    # once a share of the time has passed. Judged from the first trainers, a 10,000-
+    # trainer DP that takes 2 s gave up at once in about half of fresh processes.
+    judge_from = math.inf if deadline is None else began + PACE_SHARE * (deadline - began)
+    for j, t in enumerate(terms):
+        if deadline is not None and j:
+            now = time.perf_counter()
+            late = now > deadline
+            if j > 1 and now >= judge_from:
+                late = late or now + (now - first_done) * (len(terms) - j) / (j - 1) > deadline
+            if late:
+                raise DeadlineError(
+                    f"the DP would pass its deadline ({j} of {len(terms)} trainers done)"
+                )
+        if checkpoints is not None and every and j % every == 0:
+            checkpoints[j] = best
+        best, pick = _step(best, tables[j], None if options is None else options[j], t.c, deadline)
+        if choices is not None and j < len(choices):
+            choices[j] = pick
+        if j == 0:
+            first_done = time.perf_counter()
+    return best
+
+
+def _step(
+    best: np.ndarray,
+    scores: np.ndarray,
+    options: np.ndarray | None,
+    current: int,
+    deadline: float | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One trainer added: the new ``best`` and the count it takes at each capacity.
+
+    value[c, i] = best[c - n_i] + scores[n_i]: n_i nodes to this trainer, c in all, for
+    every count (``options`` None) or the given ones; a block of capacities at a time."""
+    capacity = len(best) - 1
+    if options is None:
+        k = len(scores)
+        padded = np.concatenate([np.full(k - 1, -np.inf), best])
+        windows = sliding_window_view(padded, k)[:, ::-1]  # a view: nothing copied
+        gains = scores
+        at_current = current if current < k else -1
+    else:
+        k = len(options)
+        padded = np.concatenate([np.full(capacity + 1, -np.inf), best])
+        gains = scores[options]
+        found = np.flatnonzero(options == current)
+        at_current = int(found[0]) if found.size else -1
+    new_best = np.empty(capacity + 1)
+    pick = np.empty(capacity + 1, dtype=np.int32)
+    rows = max(1, BLOCK_CELLS // max(k, 1))
+    for lo in range(0, capacity + 1, rows):
+        if deadline is not None and lo and time.perf_counter() > deadline:
+            raise DeadlineError(f"the DP passed its deadline (capacity {lo} of {capacity})")
+        hi = min(lo + rows, capacity + 1)
+        if options is None:
+            value = windows[lo:hi] + gains
+        else:
+            # best[c - n], -inf where n > c (the padding's first capacity + 1 entries).
+            value = padded[np.arange(lo, hi)[:, None] - options + capacity + 1] + gains
+        p = np.argmax(value, axis=1)  # the smallest count among equals
+        b = value[np.arange(hi - lo), p]
+        if at_current >= 0:  # ...but the current count first: moving must strictly pay
+            p[value[:, at_current] == b] = at_current
+        new_best[lo:hi] = b
+        pick[lo:hi] = p if options is None else options[p]
+    return new_best, pick

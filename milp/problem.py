@@ -27,6 +27,8 @@ RESCALE_MAX_S = 1e6
 T_FWD_MAX_S = 1e7
 CURVE_VALUE_MAX = 1e12
 NODES_MAX = 1_000_000
+# Counts tabulated over all admitted trainers (about 8 bytes each, a few tables each).
+TABLE_CELLS_MAX = 20_000_000
 
 
 class ProblemError(ValueError):
@@ -293,7 +295,7 @@ def problem_from_dict(data: Any) -> Problem:
     if not isinstance(raw_trainers, Sequence) or isinstance(raw_trainers, str):
         raise ProblemError("trainers must be a list")
     trainers = tuple(_trainer_from_dict(i, t) for i, t in enumerate(raw_trainers))
-    return Problem(
+    problem = Problem(
         pool=pool,
         trainers=trainers,
         t_fwd_s=data.get("t_fwd", DEFAULT_T_FWD_S),
@@ -306,6 +308,23 @@ def problem_from_dict(data: Any) -> Problem:
         fair_weights=data.get("fair_weights", {}),
         slots_per_node=data.get("slots_per_node", 1),
     )
+    _check_table_size(problem)
+    return problem
+
+
+def _check_table_size(problem: Problem) -> None:
+    """Refuse, before any work, a problem whose per-count tables (one entry per count
+    0..n_max of each admitted trainer, n_max capped at the pool) would not fit in
+    bounded memory: 2,000 trainers of n_max 1,000,000 on 100,000 nodes took 1.6 GB."""
+    capacity = len(problem.pool) * problem.slots_per_node
+    sizes = sorted((min(t.n_max, capacity) + 1 for t in problem.trainers), reverse=True)
+    cells = sum(sizes[: problem.max_trainers])
+    if cells > TABLE_CELLS_MAX:
+        raise ProblemError(
+            f"max_trainers x n_max: the admitted trainers' tables would hold {cells:,} counts "
+            f"(n_max capped at the pool's {capacity:,}), over the limit of "
+            f"{TABLE_CELLS_MAX:,}: admit fewer trainers or lower their n_max"
+        )
 
 
 def _windows(value: Any) -> dict[str, float | None]:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -249,6 +250,33 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
+def children_where(
+    proc: subprocess.Popen[str], condition: Callable[[int], bool], count: int
+) -> list[int]:
+    """Wait (up to 120 s) until ``count`` children of ``proc`` meet ``condition``."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        found = [p for p in children(proc.pid) if condition(p)]
+        if len(found) >= count:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"never {count} children of {proc.pid} meeting the condition")
+
+
+def maps(library: str) -> Callable[[int], bool]:
+    """Whether a process has ``library`` loaded: a replay worker loads the solver when it
+    takes its first decision."""
+
+    def loaded(pid: int) -> bool:
+        try:
+            return library in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
+
+    return loaded
+
+
 @pytest.mark.parametrize("when", ["workers-starting", "workers-replaying"])
 def test_ctrl_c_during_a_multi_policy_replay_prints_no_worker_traceback(
     tmp_path: Path, when: str
@@ -272,14 +300,12 @@ def test_ctrl_c_during_a_multi_policy_replay_prints_no_worker_traceback(
         start_new_session=True,  # its own group: Ctrl-C is SIGINT to the whole group
     )
     try:
-        deadline = time.monotonic() + 120
-        while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        assert len(children(proc.pid)) >= 2, "the worker processes never started"
+        # Events, not a clock: the workers exist (some may still be starting, while
+        # the replay ignores Ctrl-C), or one of them is deciding (it loaded the solver).
+        started = children_where(proc, lambda p: True, 2)
         if when == "workers-replaying":
-            time.sleep(5)
-        assert proc.poll() is None
+            children_where(proc, maps("highspy"), 1)
+        assert started and proc.poll() is None
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

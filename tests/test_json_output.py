@@ -56,6 +56,15 @@ def status(tmp_path: Path) -> list[str]:
     return ["status", "--state-dir", str(path)]
 
 
+def status_of_a_trainer_with_infinite_rates(tmp_path: Path) -> list[str]:
+    """Non-finite values recorded (a rate over no time): JSON has no Infinity."""
+    path = ensure_state_dir(tmp_path / "state")
+    with Store.open(path) as store:
+        tid = store.submit(ROOT / "examples" / "train_mlp.py", [])
+        store.update_progress(tid, throughput_sps=float("inf"), goodput_sps=float("nan"))
+    return ["status", "--state-dir", str(path)]
+
+
 def trace_stats(tmp_path: Path) -> list[str]:
     trace = tmp_path / "t.csv"
     trace.write_text("time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,a,0\n")
@@ -89,7 +98,7 @@ def pool(tmp_path: Path) -> list[str]:
 
 CASES: dict[str, list[Callable[[Path], list[str]]]] = {
     "allocate": [allocate("highs"), allocate("cbc"), allocate("gurobi"), allocate("dp")],
-    "status": [status],
+    "status": [status, status_of_a_trainer_with_infinite_rates],
     "trace stats": [trace_stats],
     "goodput fit": [goodput_fit],
     "pool": [pool],
@@ -121,7 +130,30 @@ def test_json_stdout_is_json_and_nothing_else(
         check=False,
     )
     assert done.returncode == 0, done.stderr.decode()
-    json.loads(done.stdout.decode())  # strict: no byte before or after the object
+    strict_loads(done.stdout.decode())  # no byte before or after the object
+
+
+def strict_loads(text: str) -> object:
+    """``json.loads`` that refuses NaN and Infinity, which are not JSON."""
+
+    def refuse(name: str) -> object:
+        raise AssertionError(f"{name} is not JSON: {text[:2000]}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_every_json_writer_is_strict() -> None:
+    """One way to write JSON: ``bftrainer.strict_json.dumps`` (or ``allow_nan=False``)."""
+    loose = []
+    for path in ROOT.glob("*/**/*.py"):
+        if path.parts[len(ROOT.parts)] not in ("bftrainer", "milp", "idle_monitor", "trainers"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "json.dump" in line and "strict_json." not in line and "allow_nan=False" not in line:
+                loose.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    # What the store and the launch spec keep for themselves, read back only by Python.
+    allowed = {"bftrainer/state.py", "bftrainer/strict_json.py", "trainers/launch/base.py"}
+    assert [entry for entry in loose if entry.split(":")[0] not in allowed] == []
 
 
 def test_a_replay_prints_no_solver_output(tmp_path: Path) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
 import math
 import signal
@@ -47,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bftrainer import strict_json
 from bftrainer.trainers import channel
 from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
 from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
@@ -595,5 +595,5 @@ class ElasticRuntime:
         if writer is not None:
             writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
             writer.result(result)
-            print(json.dumps(result, sort_keys=True), flush=True)
+            print(strict_json.dumps(result, sort_keys=True), flush=True)
         return result

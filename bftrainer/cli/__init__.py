@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
+import signal
 import sys
+from types import FrameType
 
 import click
 
-from bftrainer import __version__
+from bftrainer import __version__, strict_json
+from bftrainer.trainers import lifeline
 
 
 class UsageError(click.ClickException):
@@ -139,7 +141,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line, for log collectors on a login node."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(
+        return strict_json.dumps(
             {
                 "t": self.formatTime(record),
                 "level": record.levelname,
@@ -150,8 +152,21 @@ class JsonFormatter(logging.Formatter):
 
 
 def main() -> None:
+    # SIGTERM (batch systems, timeout, systemd) stops a command as Ctrl-C does; the
+    # daemon and the centre put their own handlers in place of this one.
+    terminated: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        terminated.append(signum)
+        raise lifeline.Terminated(signum)
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cli(prog_name="bftrainer")
+    except SystemExit as exc:
+        if terminated and exc.code not in (0, None):
+            sys.exit(128 + terminated[0])  # the shell's code for a death by that signal
+        raise
     except OSError as exc:
         # What a command did not handle itself: most often its output cannot be written
         # (stdout on a full disk, > /dev/full). One line, not a traceback.

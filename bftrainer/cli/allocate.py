@@ -7,6 +7,7 @@ from typing import Any, TextIO
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import InputTextFile, Number
 from bftrainer.milp import (
@@ -67,7 +68,7 @@ def allocate_cmd(
     except SolverError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        click.echo(strict_json.dumps(result.to_json(), indent=2))
     else:
         click.echo(format_table(result, data))
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import InputFile
 from bftrainer.trainers.throughput import (
@@ -61,7 +61,7 @@ def fit_cmd(obs_file: Path, as_json: bool) -> None:
             "distinct_configs": model.distinct_configs,
             "under_determined": model.under_determined,
         }
-        click.echo(json.dumps(out, indent=2))
+        click.echo(strict_json.dumps(out, indent=2))
         return
     click.echo(f"fitted {len(observations)} observations from {obs_file}")
     for name, value in model.params.to_dict().items():

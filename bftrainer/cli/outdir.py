@@ -14,6 +14,7 @@ removed. Both checks, and whether the folder can be made at all, come before the
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from bftrainer import strict_json
 
 MARKER = ".bftrainer-output.json"
 
@@ -107,18 +110,27 @@ def replaced_on_success(out: Path, command: str) -> Iterator[Path]:
     out = out.absolute()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        _remove_orphans(out)
+        tmp = Path(
+            tempfile.mkdtemp(
+                prefix=f".{out.name}.{os.getpid()}.", suffix=".partial", dir=out.parent
+            )
+        )
     except OSError as e:
         raise OutputDirError(f"{out}: cannot be created: {e.strerror}") from None
     try:
         yield tmp
         files = sorted(_written_files(tmp))
-        (tmp / MARKER).write_text(json.dumps({"command": command, "files": files}, indent=1))
+        (tmp / MARKER).write_text(strict_json.dumps({"command": command, "files": files}, indent=1))
         umask = os.umask(0)
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700
         if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            old = Path(
+                tempfile.mkdtemp(
+                    prefix=f".{out.name}.{os.getpid()}.", suffix=".old", dir=out.parent
+                )
+            )
             os.replace(out, old / out.name)
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -127,3 +139,26 @@ def replaced_on_success(out: Path, command: str) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_orphans(out: Path) -> None:
+    """Remove the temporary folders that a killed run for ``out`` left beside it: named
+    ``.<out>.<pid>.*.partial`` by a process that no longer runs. A folder of a run still
+    going, or of another name, is left alone, and so is a ``.old`` one: a kill between
+    the two renames of the swap leaves the earlier output there."""
+    for tmp in out.parent.glob(f".{glob.escape(out.name)}.*.partial"):
+        if not tmp.is_dir() or tmp.is_symlink():
+            continue
+        pid = tmp.name[len(out.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: running
+    return True

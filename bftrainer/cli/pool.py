@@ -6,7 +6,6 @@ cut), so both commands build their source the same way.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import SECONDS, InputFile, Number
 from bftrainer.idle_monitor.runner import CommandRunner, LocalRunner, RetryPolicy, SshRunner
@@ -289,7 +289,7 @@ def pool_cmd(as_json: bool, **options: Any) -> None:
             "so the pool is unknown (see the log line above)"
         )
     if as_json:
-        click.echo(json.dumps(reading_json(reading), indent=2))
+        click.echo(strict_json.dumps(reading_json(reading), indent=2))
         return
     click.echo(
         f"{len(reading.candidates)} of {len(reading.nodes)} nodes in the pool "

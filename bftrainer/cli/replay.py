@@ -17,6 +17,7 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
@@ -61,6 +62,7 @@ from bftrainer.replay.run import (
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
+from bftrainer.trainers import lifeline
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +455,7 @@ def _write_outputs(
         for r in results:
             write_result(r, out_dir / _label(r))
         runs = [json.loads((out_dir / _label(r) / "summary.json").read_text()) for r in results]
-        (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+        (out_dir / "summary.json").write_text(strict_json.dumps({"runs": runs}, indent=2) + "\n")
     _plot(plot_windows, results, out_dir / "utilization_per_window.png")
     _plot(plot_costs, results, out_dir / "costs.png")
     if sweep:
@@ -600,8 +602,11 @@ def _run_one(
 _inputs: tuple[Trace, list[JobSpec], PolluxDriverFactory | None] | None = None
 
 
-def _load_inputs(path: str) -> None:
+def _load_inputs(path: str, parent_pid: int) -> None:
+    """A worker's start: it dies with the replay that started it, however that ends
+    (SIGKILL included: the pool's own exit never runs then), and reads the inputs."""
     global _inputs
+    lifeline.die_with_parent(signal.SIGKILL, parent_pid)
     _inputs = pickle.loads(Path(path).read_bytes())
 
 
@@ -668,27 +673,34 @@ def _run_all(
         # Ctrl-C reaches every process of the terminal's group. Workers are born
         # ignoring it (SIG_IGN survives exec, so it holds while they import): none prints
         # a traceback, and the pool's exit terminates them. This process ignores it only
-        # while it starts them: milliseconds, as the shared inputs go through a file, not
-        # the start. Tasks hold only a config: a large task blocked in the pool's pipe
-        # would hang the pool's exit once its workers are gone.
+        # while it starts them, with SIGINT blocked meanwhile: a Ctrl-C in that window
+        # stays pending and lands once the pool is in its ``with`` (it was lost before,
+        # and the replay ran to its end). Tasks hold only a config: a large task blocked
+        # in the pool's pipe would hang the pool's exit once its workers are gone.
         with tempfile.TemporaryDirectory(prefix="bftrainer-replay-") as tmp:
             inputs = Path(tmp) / "inputs.pickle"
             inputs.write_bytes(pickle.dumps((trace, jobs, factory)))
-            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sigint = {signal.SIGINT}
+            signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
             try:
-                pool = spawn.Pool(workers, _load_inputs, (str(inputs),))
-            finally:
-                signal.signal(signal.SIGINT, handler)
-            with pool:
-                results = list(
-                    tqdm(
-                        pool.imap(_run_config, configs),
-                        total=len(configs),
-                        desc="replays",
-                        unit="run",
-                        disable=not progress or None,
+                handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                try:
+                    pool = spawn.Pool(workers, _load_inputs, (str(inputs), os.getpid()))
+                finally:
+                    signal.signal(signal.SIGINT, handler)
+                with pool:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
+                    results = list(
+                        tqdm(
+                            pool.imap(_run_config, configs),
+                            total=len(configs),
+                            desc="replays",
+                            unit="run",
+                            disable=not progress or None,
+                        )
                     )
-                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
         return results
     with tqdm(total=1000, desc=configs[0].policy, unit="‰", disable=not progress or None) as bar:
 

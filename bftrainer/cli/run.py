@@ -16,21 +16,22 @@ the same command again to resume).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SECONDS, InputFile
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
-from bftrainer.trainers import channel
+from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def _say_waiting(hosts: list[str], hosts_file: Path) -> None:
     type=SECONDS,
     default=30.0,
     show_default=True,
-    help="Ctrl-C: time to checkpoint.",
+    help="Ctrl-C, SIGTERM or this command's death: the workers' time to checkpoint.",
 )
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -259,7 +260,7 @@ def run_cmd(
     )
     earlier = _earlier_run(spec, fresh)
     if earlier == "done":
-        click.echo(json.dumps(channel.read_result(trainer_dir), sort_keys=True))
+        click.echo(strict_json.dumps(channel.read_result(trainer_dir), sort_keys=True))
         return
     try:
         trainer_dir.mkdir(parents=True, exist_ok=True)
@@ -269,7 +270,7 @@ def run_cmd(
         if exec_mode or ssh_args:
             jobs = dict.fromkeys(allocation[1], allocation[0]) if allocation else {}
             channel.write_exec(trainer_dir, exec_mode or "ssh", jobs, ssh_args)
-        launcher = Launcher.start(spec, hosts)
+        launcher = Launcher.start(spec, hosts, tied_grace_s=stop_grace_s)
     except LaunchError as e:
         raise UsageError(str(e)) from None
     except OSError as e:  # a full disk, a folder made read-only meanwhile
@@ -302,16 +303,22 @@ def run_cmd(
                     launcher.set_hosts(new)
                     _say_waiting(new, hosts_file)
                 last_data = data
-    except KeyboardInterrupt:
-        click.echo("bftrainer run: stopping (workers checkpoint) ...", err=True)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (lifeline.Terminated)
+        signum = e.signum if isinstance(e, lifeline.Terminated) else signal.SIGINT
+        click.echo(
+            f"bftrainer run: {signal.Signals(signum).name}: stopping (workers checkpoint) ...",
+            err=True,
+        )
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second one would cut the stop short
+            signal.signal(sig, signal.SIG_IGN)
         launcher.stop(stop_grace_s)
         outcome = launcher.poll()
         click.echo(f"bftrainer run: {outcome.state if outcome else 'stopped'}", err=True)
-        raise SystemExit(130) from None
+        raise SystemExit(128 + signum) from None
     log = launcher.trainer_dir / channel.SUPERVISOR_LOG
     if outcome.state == "done":
         result = channel.read_result(launcher.trainer_dir)
-        click.echo(json.dumps(result, sort_keys=True))
+        click.echo(strict_json.dumps(result, sort_keys=True))
         return
     click.echo(f"bftrainer run: trainer {outcome.state}: {outcome.reason} (log: {log})", err=True)
     raise SystemExit(1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import importlib.util
-import json
 import math
 import os
 import pwd
@@ -27,6 +26,7 @@ from typing import Any, TypeVar
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SAMPLES, Number
 from bftrainer.names import BadNameError, check_trainer_id
@@ -96,8 +96,11 @@ def own_trainer(trainer_id: str, socket_dir: Path | None) -> str:
 
 
 @contextmanager
-def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
-    """The store of an existing state directory; one clear line when it cannot be used."""
+def open_store(
+    state_dir: Path | None, *, need_daemon: bool, read_only: bool = False
+) -> Iterator[Store]:
+    """The store of an existing state directory; one clear line when it cannot be used.
+    ``read_only`` (status, logs, cancel's look first): nothing in the directory changes."""
     path = resolve_state_dir(state_dir)
     try:
         check_state_dir(path)
@@ -111,7 +114,7 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
             "`bftrainer daemon --scheduler slurm|lsf` (docs/deployment.md)"
         )
     try:
-        store = Store.open(path, create=False)
+        store = Store.open(path, create=False, read_only=read_only)
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -133,7 +136,10 @@ def open_store(state_dir: Path | None, *, need_daemon: bool) -> Iterator[Store]:
         # the store is not as bftrainer wrote it. Named, never changed.
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     finally:
-        store.close()
+        try:
+            store.close()
+        except StateError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -330,7 +336,7 @@ def status_cmd(
         from bftrainer.cli.centre import centre_view
 
         centre = centre_view(socket_dir.expanduser().absolute(), local)
-    with open_store(state_dir, need_daemon=False) as store:
+    with open_store(state_dir, need_daemon=False, read_only=True) as store:
         if local is not None:
             store.trainer(local)  # an unknown id: one line
         data = status_json(store, path)
@@ -339,7 +345,7 @@ def status_cmd(
     if centre is not None:
         data["centre"] = centre
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(strict_json.dumps(data, indent=2))
         return
     if centre is not None:
         _print_centre(centre)
@@ -454,8 +460,11 @@ def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None)
         reply = ask(socket_dir.expanduser().absolute(), protocol.CANCEL, {"trainer": trainer_id})
         click.echo(f"{reply['trainer']}: cancel requested (your agent stops it)")
         return
-    with open_store(state_dir, need_daemon=True) as store:
-        row = store.request_cancel(trainer_id)
+    with open_store(state_dir, need_daemon=True, read_only=True) as store:
+        row = store.trainer(trainer_id)  # an unknown id: one line, nothing written
+    if not row.finished:
+        with open_store(state_dir, need_daemon=True) as store:
+            row = store.request_cancel(trainer_id)
     if row.finished:
         click.echo(f"{row.id} already ended: {row.state}")
     else:
@@ -475,27 +484,31 @@ def logs_cmd(
 ) -> None:
     """Print a trainer's log: its launcher's and workers' output, tracebacks included."""
     trainer_id = own_trainer(trainer_id, socket_dir)
-    with open_store(state_dir, need_daemon=False) as store:
+    with open_store(state_dir, need_daemon=False, read_only=True) as store:
         row = store.trainer(trainer_id)
-        if row.trainer_dir is None:
-            raise click.ClickException(f"trainer {trainer_id} has not started yet: no log")
-        log_path = Path(row.trainer_dir) / SUPERVISOR_LOG
-        if not log_path.parent.is_dir():
-            raise click.ClickException(
-                f"trainer {trainer_id}'s directory {log_path.parent} is gone, its log with it"
-            )
-        offset = 0
-        while True:
-            offset = _print_from(log_path, offset)
-            if not follow or store.trainer(trainer_id).finished:
+    if row.trainer_dir is None:
+        raise click.ClickException(f"trainer {trainer_id} has not started yet: no log")
+    log_path = Path(row.trainer_dir) / SUPERVISOR_LOG
+    if not log_path.parent.is_dir():
+        raise click.ClickException(
+            f"trainer {trainer_id}'s directory {log_path.parent} is gone, its log with it"
+        )
+    offset = 0
+    while True:
+        offset = _print_from(log_path, offset)
+        if not follow:
+            break
+        # Opened afresh at each look: a store read as immutable sees no later commit.
+        with open_store(state_dir, need_daemon=False, read_only=True) as store:
+            if store.trainer(trainer_id).finished:
                 break
-            try:
-                time.sleep(1.0)
-            except KeyboardInterrupt:
-                break
-        # A trainer that just ended may have written its last lines after our last read.
-        if follow:
-            _print_from(log_path, offset)
+        try:
+            time.sleep(1.0)
+        except KeyboardInterrupt:
+            break
+    # A trainer that just ended may have written its last lines after our last read.
+    if follow:
+        _print_from(log_path, offset)
 
 
 def _print_from(path: Path, offset: int) -> int:

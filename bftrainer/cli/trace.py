@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, check_can_create
 from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES, InputFile
@@ -114,7 +114,9 @@ def stats(
     summary = summarize(loaded)
     plots = [str(p) for p in write_plots(loaded, plots_dir)] if plots_dir else []
     if as_json:
-        click.echo(json.dumps({**summary.as_json(), "load_s": round(load_s, 3), "plots": plots}))
+        click.echo(
+            strict_json.dumps({**summary.as_json(), "load_s": round(load_s, 3), "plots": plots})
+        )
         return
     for line in format_summary(summary, load_s=load_s):
         click.echo(line)

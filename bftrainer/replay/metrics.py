@@ -25,7 +25,7 @@ import numpy as np
 
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Step
-from bftrainer.milp.dp import knapsack
+from bftrainer.milp.dp import best_values
 from bftrainer.milp.objective import TrainerTerms
 
 
@@ -116,8 +116,7 @@ def best_split_sps(curve: np.ndarray, max_trainers: int, capacity: int) -> np.nd
         runnable=True,
         current_value=0.0,
     )
-    best, _ = knapsack([term] * max_trainers, capacity, 1.0)
-    return best
+    return best_values(term, max_trainers, capacity, 1.0)
 
 
 def baseline_samples(elapsed_s: float, resource_node_s: float, best: np.ndarray) -> float:

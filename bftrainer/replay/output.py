@@ -4,13 +4,13 @@ windows.csv, plots."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from bftrainer import strict_json
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import Step
 from bftrainer.replay.run import ReplayResult, t_fwd_label
@@ -33,17 +33,10 @@ TRAINER_COLUMNS = [
 ALLOCATION_COLUMNS = ["time", "trainer", "nodes", "change"]
 
 
-def _clean(value: Any) -> Any:
-    """JSON has no NaN: write null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def write_result(result: ReplayResult, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {k: _clean(v) for k, v in result.summary.items()}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary = result.summary
+    (out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out_dir / "events.csv").open("w", newline="") as f:
         names = [f.name for f in fields(Step)]
         w = csv.writer(f)

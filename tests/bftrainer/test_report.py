@@ -175,3 +175,18 @@ def test_a_daemon_that_has_only_seen_its_pool_gets_a_report(tmp_path: Path) -> N
     check_images(tmp_path / "rep")
     text = (tmp_path / "rep" / "report.html").read_text()
     assert "<tr><th>trainers done</th><td>0 / 0</td></tr>" in text
+
+
+@pytest.mark.parametrize(
+    "span", [["--start", "0"], ["--end", "2100-01-01"], ["--start", "0", "--end", "4102444800"]]
+)
+def test_a_span_past_the_records_is_clamped_to_them(tmp_path: Path, span: list[str]) -> None:
+    """Seconds of records and --start 0: a page of those seconds, not of 56 years."""
+    with Store.open(tmp_path / "state") as s:
+        s.add_pool_event(joined=["n1", "n2"], now_s=T0)
+        s.add_pool_event(left=["n2"], now_s=T0 + 5)
+    r = report("--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "rep"), *span)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "rep" / "report.html").read_text()
+    assert "1970" not in text and "2100" not in text
+    assert "2023-11-14" in text

@@ -3,6 +3,7 @@ and say in one line what is wrong with it (issue 19)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sqlite3
 import subprocess
@@ -120,8 +121,65 @@ def test_a_state_directory_that_cannot_be_written_is_named_not_the_database(
         if subprocess.run(["chattr", "+i", str(state)], capture_output=True).returncode != 0:
             pytest.skip("chattr +i is not available here")
         try:
-            for args in (["status"], ["cancel", tid]):
-                line = one_error(bftrainer(*args, "--state-dir", str(state)))
-                assert f"state directory {state} is not writable" in line, line
+            line = one_error(bftrainer("cancel", tid, "--state-dir", str(state)))
+            assert f"state directory {state} is not writable" in line, line
+            # Reading needs no write: status answers (issue 31).
+            done = bftrainer("status", "--state-dir", str(state))
+            assert done.returncode == 0 and tid in done.stdout, done.stderr
         finally:
             subprocess.run(["chattr", "-i", str(state)], check=True)
+
+
+def every_file(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def killed_writer(state: Path) -> None:
+    """A writer killed after its commit (kill -9): a -wal and -shm with a commit in them."""
+    code = (
+        "import os, sys; from pathlib import Path; from bftrainer.state import Store; "
+        "s = Store.open(Path(sys.argv[1])); s.set_setting('probe', 1); os._exit(0)"
+    )
+    subprocess.run([sys.executable, "-c", code, str(state)], check=True)
+    assert (state / (DB_NAME + "-wal")).stat().st_size > 0
+
+
+READ_ONLY_COMMANDS = [
+    ["status"],
+    ["status", "--json"],
+    ["status", "{tid}"],
+    ["logs", "{tid}"],
+    ["cancel", "t9999"],
+    ["report", "--out", "{out}"],
+]
+
+
+@pytest.mark.parametrize("writer", ["stopped", "killed", "open"])
+def test_read_only_commands_change_no_byte_of_the_state_directory(
+    tmp_path: Path, writer: str
+) -> None:
+    """Every file of the state directory, names and bytes, is the same after each
+    read-only command: with the daemon stopped cleanly, killed, or running (a writer
+    holds the store open and the daemon's lock)."""
+    state, tid = state_with_a_trainer(tmp_path)
+    with Store.open(state) as store:
+        store.add_pool_event(joined=["n1", "n2"], now_s=1_700_000_000.0)
+        store.add_pool_event(left=["n2"], now_s=1_700_000_005.0)
+    if writer == "killed":
+        killed_writer(state)
+    with contextlib.ExitStack() as stack:
+        if writer == "open":
+            stack.enter_context(DaemonLock(state))
+            store = stack.enter_context(Store.open(state))
+            store.set_setting("probe", 2)
+        before = every_file(state)
+        for command in READ_ONLY_COMMANDS:
+            out = tmp_path / "report"
+            args = [a.format(tid=tid, out=out) for a in command]
+            done = bftrainer(*args, "--state-dir", str(state))
+            assert "Traceback" not in done.stderr, done.stderr
+            if command[0] in ("status", "report"):
+                assert done.returncode == 0, done.stderr
+            assert every_file(state) == before, f"{command} changed the state directory"
+        if writer == "open":
+            assert store.get_setting("probe") == 2

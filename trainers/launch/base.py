@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bftrainer.names import BadNameError, check_trainer_id
-from bftrainer.trainers import channel
+from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch import remote
 
 logger = logging.getLogger(__name__)
@@ -118,8 +118,18 @@ class Launcher:
         self._proc = proc  # set when started here: poll() reaps it
 
     @classmethod
-    def start(cls, spec: LaunchSpec, hosts: Sequence[str | tuple[str, int]]) -> Launcher:
-        """Write the spec and hosts, spawn the supervisor (its own session)."""
+    def start(
+        cls,
+        spec: LaunchSpec,
+        hosts: Sequence[str | tuple[str, int]],
+        *,
+        tied_grace_s: float | None = None,
+    ) -> Launcher:
+        """Write the spec and hosts, spawn the supervisor (its own session).
+
+        ``tied_grace_s`` (``bftrainer run``): the supervisor gets SIGTERM when this
+        process dies, however it dies, and gives its workers that long to checkpoint
+        before it ends them. The daemon's supervisors outlive the daemon instead."""
         spec.check()
         d = Path(spec.trainer_dir).resolve()
         d.mkdir(parents=True, exist_ok=True)
@@ -128,6 +138,8 @@ class Launcher:
         spec = LaunchSpec(**{**asdict(spec), "trainer_dir": d, "script": spec.script.resolve()})
         channel.write_text_atomic(d / channel.SPEC, spec.to_json())
         channel.write_hosts(d, list(hosts))
+        if tied_grace_s is not None:
+            channel.write_text_atomic(d / STOP_GRACE, f"{tied_grace_s}\n")
         with open(d / channel.SUPERVISOR_LOG, "ab") as log:
             proc = subprocess.Popen(
                 [spec.python, "-m", "bftrainer.trainers.launch.supervisor", str(d)],
@@ -137,6 +149,7 @@ class Launcher:
                 start_new_session=True,
                 env={**os.environ, **spec.env},
                 cwd=d,
+                preexec_fn=None if tied_grace_s is None else lifeline.tied_to_this_process(),
             )
         channel.write_text_atomic(d / channel.SUPERVISOR_PID, f"{proc.pid}\n")
         logger.debug("trainer %s: supervisor %d in %s", spec.trainer_id, proc.pid, d)

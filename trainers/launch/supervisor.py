@@ -60,7 +60,7 @@ from pathlib import Path
 from subprocess import PIPE, Popen
 from typing import Any
 
-from bftrainer.trainers import channel
+from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
 from bftrainer.trainers.launch.hostwatch import HostWatch, env_seconds
@@ -128,10 +128,17 @@ class Backend:
 
     def spawn(self, argv: list[str], env: Mapping[str, str]) -> Popen[bytes]:
         """Start ``argv`` in its own session. Its standard input is a pipe this process
-        holds open: a command run over ssh ends when the supervisor does (remote.TETHER)."""
+        holds open: a command run over ssh ends when the supervisor does (remote.TETHER);
+        and it gets SIGTERM (torchrun and horovodrun then stop their workers) when the
+        supervisor dies, by SIGKILL too (lifeline)."""
         logger.info("starting: %s", shlex.join(argv))
         return Popen(
-            argv, env={**os.environ, **env}, stdin=PIPE, start_new_session=True, cwd=self.dir
+            argv,
+            env={**os.environ, **env},
+            stdin=PIPE,
+            start_new_session=True,
+            cwd=self.dir,
+            preexec_fn=lifeline.tied_to_this_process(),
         )
 
     def start(self, hosts: Hosts) -> None:
