@@ -1,0 +1,118 @@
+"""What the allocator may believe of a trainer's scaling: measured points and a prior.
+
+Nobody hands a researcher's trial its throughput curve; the allocator learns it from what
+the trainer measures as it runs. One rule, used by the replay's learning trainers
+(``bftrainer replay --curves learned``, bftrainer/replay/learning.py) and by ``bftrainer
+status`` to say which points of a live trainer's curve are measured (docs/allocator.md,
+"Curves nobody gives"):
+
+* **Measured.** Each node count a trainer has run at gives measurements of its rate
+  (samples/s), each with noise; the point is their geometric mean (the noise is
+  multiplicative: a step time is off by a factor, not by an amount).
+* **Prior** elsewhere, Pollux's optimistic rule (OSDI'21, §4.1): between two measured
+  counts, linear interpolation; below the smallest, the smallest's rate per node; above
+  the largest measured count N, perfect scaling from N (its rate per node) up to the
+  growth cap ``growth`` x N, and flat from there to n_max, so the allocator sees no gain
+  in going further before the trainer has run closer. With nothing measured, perfect
+  scaling at ``unmeasured_sps`` per node up to ``n_min`` (the cap of nothing seen).
+
+A live trainer's fitted model (trainers/throughput.py) fills the same places with its
+fit; :func:`point_sources` labels a curve's breakpoints by the same rule either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from bftrainer.trainers.goodput import EXPLORATION_GROWTH
+
+MEASURED, PRIOR = "measured", "prior"
+
+
+@dataclass
+class Measurements:
+    """One trainer's measured rates, per node count (running sums of logs: memory stays
+    bounded however long it runs)."""
+
+    _log_sum: dict[int, float] = field(default_factory=dict)
+    _count: dict[int, int] = field(default_factory=dict)
+
+    def add(self, nodes: int, rate_sps: float) -> bool:
+        """Record one measurement; True if ``nodes`` had none before (a new point)."""
+        if nodes < 1 or not (math.isfinite(rate_sps) and rate_sps > 0):
+            raise ValueError(
+                f"a measurement needs nodes >= 1 and a rate > 0, got {nodes}, {rate_sps}"
+            )
+        new = nodes not in self._count
+        self._log_sum[nodes] = self._log_sum.get(nodes, 0.0) + math.log(rate_sps)
+        self._count[nodes] = self._count.get(nodes, 0) + 1
+        return new
+
+    def count(self, nodes: int) -> int:
+        return self._count.get(nodes, 0)
+
+    def means(self) -> dict[int, float]:
+        """Node count -> the geometric mean of its measurements."""
+        return {n: math.exp(self._log_sum[n] / c) for n, c in sorted(self._count.items())}
+
+
+@dataclass(frozen=True)
+class LearnedCurve:
+    """Breakpoints ``(nodes, samples/s)`` for the allocator, and which counts are measured."""
+
+    points: tuple[tuple[float, float], ...]
+    measured: frozenset[int]
+
+    def sources(self) -> list[str]:
+        return point_sources((n for n, _ in self.points), self.measured)
+
+
+def growth_cap(measured: Iterable[int], n_min: int, n_max: int, growth: float) -> int:
+    """The largest count worth giving before the trainer has run closer: ``growth`` x the
+    largest count measured (``n_min`` with none), within [n_min, n_max]."""
+    most = max(measured, default=0)
+    if math.isinf(growth):
+        return n_max
+    return min(n_max, max(n_min, math.floor(growth * most)))
+
+
+def learned_curve(
+    measured: Mapping[int, float],
+    n_min: int,
+    n_max: int,
+    *,
+    unmeasured_sps: float,
+    growth: float = EXPLORATION_GROWTH,
+) -> LearnedCurve:
+    """The curve the allocator plans on (see the module docstring for the rule)."""
+    if not 1 <= n_min <= n_max:
+        raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
+    if not (growth >= 1):
+        raise ValueError(f"growth must be >= 1, got {growth!r}")
+    counts = sorted(n for n in measured if 1 <= n <= n_max)
+    cap = growth_cap(counts, n_min, n_max, growth)
+    points: list[tuple[float, float]] = []
+    if not counts:
+        per_node = unmeasured_sps
+        points.append((float(cap), cap * per_node))
+    else:
+        lo = counts[0]
+        if lo > 1:
+            points.append((1.0, measured[lo] / lo))
+        points += [(float(n), float(measured[n])) for n in counts]
+        top = counts[-1]
+        if cap > top:
+            points.append((float(cap), measured[top] / top * cap))
+    last_n, last_v = points[-1]
+    if last_n < n_max:
+        points.append((float(n_max), last_v))
+    return LearnedCurve(tuple(points), frozenset(counts))
+
+
+def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:
+    """``measured`` or ``prior`` for each breakpoint's node count: measured only where the
+    trainer has run at exactly that count."""
+    seen = set(measured)
+    return [MEASURED if float(n).is_integer() and int(n) in seen else PRIOR for n in nodes]
