@@ -10,11 +10,13 @@ status`` to say which points of a live trainer's curve are measured (docs/alloca
   (samples/s), each with noise; the point is their geometric mean (the noise is
   multiplicative: a step time is off by a factor, not by an amount).
 * **Prior** elsewhere, Pollux's optimistic rule (OSDI'21, §4.1): between two measured
-  counts, linear interpolation; below the smallest, the smallest's rate per node; above
-  the largest measured count N, perfect scaling from N (its rate per node) up to the
-  growth cap ``growth`` x N, and flat from there to n_max, so the allocator sees no gain
-  in going further before the trainer has run closer. With nothing measured, perfect
-  scaling at ``unmeasured_sps`` per node up to ``n_min`` (the cap of nothing seen).
+  counts, linear interpolation; outside them, the measured points' scaling fit
+  (:func:`scaling_fit`: perfect scaling from one point, Pollux's prior for an unseen
+  regime; with more, what they show) through the nearest measured point, up to the
+  growth cap ``growth`` x the largest count run, and flat from there to n_max, so the
+  allocator sees no gain in going further before the trainer has run closer. With
+  nothing measured, perfect scaling at ``unmeasured_sps`` per node up to ``n_min`` (the
+  cap of nothing seen).
 
 A live trainer's fitted model (trainers/throughput.py) fills the same places with its
 fit; :func:`point_sources` labels a curve's breakpoints by the same rule either way.
@@ -78,6 +80,22 @@ def growth_cap(measured: Iterable[int], n_min: int, n_max: int, growth: float) -
     return min(n_max, max(n_min, math.floor(growth * most)))
 
 
+def scaling_fit(measured: Mapping[int, float]) -> tuple[float, float]:
+    """(a, b) of ``n / rate(n) = a + b log2(n)``: seconds per sample per node, growing with
+    the synchronisation of more nodes (Pollux's step time at a fixed batch per node, its
+    sync term growing as a tree all-reduce's). Least squares over the measured counts,
+    b >= 0; with one count b = 0: perfect scaling, Pollux's prior for what was not seen."""
+    xs = [math.log2(n) for n in measured]
+    ys = [n / v for n, v in measured.items()]
+    if len(xs) < 2:
+        return (ys[0] if ys else 1.0), 0.0
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    b = max(b, 0.0)
+    return max(my - b * mx, 1e-12), b
+
+
 def learned_curve(
     measured: Mapping[int, float],
     n_min: int,
@@ -85,30 +103,42 @@ def learned_curve(
     *,
     unmeasured_sps: float,
     growth: float = EXPLORATION_GROWTH,
+    prior_points: Mapping[int, float] | None = None,
 ) -> LearnedCurve:
-    """The curve the allocator plans on (see the module docstring for the rule)."""
+    """The curve the allocator plans on (see the module docstring for the rule).
+
+    ``prior_points``: rates known from elsewhere (other trainers of the same model) at
+    counts this trainer has not measured; they count as prior, and for the cap."""
     if not 1 <= n_min <= n_max:
         raise ValueError(f"need 1 <= n_min <= n_max, got n_min={n_min}, n_max={n_max}")
     if not (growth >= 1):
         raise ValueError(f"growth must be >= 1, got {growth!r}")
-    counts = sorted(n for n in measured if 1 <= n <= n_max)
+    own = {n: v for n, v in measured.items() if 1 <= n <= n_max}
+    known = {n: v for n, v in (prior_points or {}).items() if 1 <= n <= n_max and n not in own}
+    known.update(own)
+    counts = sorted(known)
     cap = growth_cap(counts, n_min, n_max, growth)
     points: list[tuple[float, float]] = []
     if not counts:
-        per_node = unmeasured_sps
-        points.append((float(cap), cap * per_node))
+        points.append((float(cap), cap * unmeasured_sps))
     else:
-        lo = counts[0]
+        a, b = scaling_fit({n: known[n] for n in counts})
+
+        def model(n: float) -> float:
+            return n / (a + b * math.log2(n))
+
+        lo, top = counts[0], counts[-1]
         if lo > 1:
-            points.append((1.0, measured[lo] / lo))
-        points += [(float(n), float(measured[n])) for n in counts]
-        top = counts[-1]
-        if cap > top:
-            points.append((float(cap), measured[top] / top * cap))
+            points.append((1.0, known[lo] * model(1) / model(lo)))
+        points += [(float(n), float(known[n])) for n in counts if n <= cap]
+        n = top
+        while n < cap:
+            n = min(2 * n, cap)
+            points.append((float(n), known[top] * model(n) / model(top)))
     last_n, last_v = points[-1]
     if last_n < n_max:
         points.append((float(n_max), last_v))
-    return LearnedCurve(tuple(points), frozenset(counts))
+    return LearnedCurve(tuple(points), frozenset(own))
 
 
 def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:

@@ -16,6 +16,9 @@ curves by):
 * **Optimistic prior** (Pollux): perfect scaling past the largest count run, capped at
   ``growth`` x it. A trainer with nothing measured scales perfectly at the best rate per
   node any trainer has measured so far, up to its n_min.
+* **Peers** (``peers``): the optimistic rule, with what every trainer of the same model
+  (``JobSpec.model``: an HPO sweep's trials) has measured as the prior at the counts
+  this one has not run; with no peer yet, as optimistic.
 * **Profiling start** (MalleTrain's job profiling advisor): on its first allocation of n
   nodes, a trainer runs a short probe on them: ``observe_s`` at each power of
   ``probe_base`` below n (1, 4, 16 below 64), then n. Each step up stalls R_up; while it
@@ -43,7 +46,7 @@ from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import LearnedCurve, Measurements, learned_curve
 
 CURVES = ("known", "learned")
-PRIORS = ("optimistic", "profile")
+PRIORS = ("optimistic", "profile", "peers")
 YOUNG_S = 600.0  # a trainer's first 10 minutes
 LEVEL_STEP = 1.01  # a waiting trainer's prior is restated when the best rate rose by 1%
 
@@ -169,6 +172,7 @@ class LearningDriver(AgedDriver):
         self.best_per_node_sps = 0.0
         self._learners: dict[str, _Learner] = {}
         self._priors: dict[str, float] = {}  # trainers on their prior: the level stated
+        self._peers: dict[str, Measurements] = {}  # every measurement, by model
         self._stated_level = 0.0
 
     # -- the truth ----------------------------------------------------------------------
@@ -280,12 +284,25 @@ class LearningDriver(AgedDriver):
             job.n_max,
             unmeasured_sps=self._level(),
             growth=self.options.growth,
+            prior_points=self._peer_points(job),
         )
+
+    def _peer_points(self, job: JobSpec) -> dict[int, float] | None:
+        if self.options.prior != "peers" or job.model not in self._peers:
+            return None
+        return self._peers[job.model].means()
 
     def _prior_curve(self, job: JobSpec, level: float) -> tuple[tuple[float, float], ...]:
         if self.options.prior == "profile":  # the probe will measure: no cap before it
             return ((float(job.n_max), job.n_max * level),)
-        return learned_curve({}, job.n_min, job.n_max, unmeasured_sps=level).points
+        return learned_curve(
+            {},
+            job.n_min,
+            job.n_max,
+            unmeasured_sps=level,
+            growth=self.options.growth,
+            prior_points=self._peer_points(job),
+        ).points
 
     def _level(self) -> float:
         return self.best_per_node_sps or 1.0
@@ -314,6 +331,7 @@ class LearningDriver(AgedDriver):
         for _ in range(windows - lr.windows):
             rate = true * math.exp(self.options.noise * float(lr.rng.standard_normal()))
             new |= lr.seen.add(lr.count, rate)
+            self._peers.setdefault(t.job.model, Measurements()).add(lr.count, rate)
             self.measurements += 1
             self.best_per_node_sps = max(self.best_per_node_sps, rate / lr.count)
         lr.windows = max(lr.windows, windows)

@@ -74,14 +74,35 @@ def test_nothing_measured_is_perfect_scaling_up_to_n_min() -> None:
     assert c.sources() == [PRIOR, PRIOR]
 
 
-def test_measured_points_then_perfect_scaling_to_twice_the_largest() -> None:
-    c = learned_curve({2: 150.0, 4: 280.0}, 1, 64, unmeasured_sps=1.0)
-    assert c.points == ((1.0, 75.0), (2.0, 150.0), (4.0, 280.0), (8.0, 560.0), (64.0, 560.0))
-    assert c.sources() == [PRIOR, MEASURED, MEASURED, PRIOR, PRIOR]
-    assert learned_curve({4: 280.0}, 1, 64, unmeasured_sps=1.0, growth=math.inf).points[-1] == (
-        64.0,
-        280.0 * 16,
+def test_one_point_scales_perfectly_up_to_twice_the_largest_count() -> None:
+    c = learned_curve({4: 280.0}, 1, 64, unmeasured_sps=1.0)
+    assert c.points == ((1.0, 70.0), (4.0, 280.0), (8.0, 560.0), (64.0, 560.0))
+    assert c.sources() == [PRIOR, MEASURED, PRIOR, PRIOR]
+    uncapped = learned_curve({4: 280.0}, 1, 64, unmeasured_sps=1.0, growth=math.inf)
+    assert uncapped.points[-1] == (64.0, 280.0 * 16)
+
+
+def test_more_points_extrapolate_what_they_show() -> None:
+    # ShuffleNet's profile at 1, 4 and 16 nodes; its truth at 32 and 64 is 74,125 and 145,082.
+    c = learned_curve(
+        {1: 2831.0, 4: 9988.0, 16: 38895.3}, 1, 64, unmeasured_sps=1.0, growth=math.inf
     )
+    assert [n for n, _ in c.points] == [1.0, 4.0, 16.0, 32.0, 64.0]
+    assert c.points[3][1] == pytest.approx(74125.1, rel=0.03)
+    assert c.points[4][1] == pytest.approx(145081.5, rel=0.03)
+    assert c.sources() == [MEASURED, MEASURED, MEASURED, PRIOR, PRIOR]
+    # Sub-linear points never extrapolate above perfect scaling from the last one.
+    capped = learned_curve({2: 150.0, 4: 280.0}, 1, 64, unmeasured_sps=1.0)
+    assert [n for n, _ in capped.points] == [1.0, 2.0, 4.0, 8.0, 64.0]
+    assert 280.0 < capped.points[3][1] < 560.0 and capped.points[4] == (64.0, capped.points[3][1])
+
+
+def test_peers_points_fill_what_a_trainer_has_not_run() -> None:
+    c = learned_curve(
+        {2: 100.0}, 1, 64, unmeasured_sps=1.0, growth=2, prior_points={2: 90.0, 8: 380.0}
+    )
+    assert dict(c.points)[2.0] == 100.0 and dict(c.points)[8.0] == 380.0
+    assert c.points[-2][0] == 16.0 and c.measured == frozenset({2})
 
 
 def test_measurements_are_a_geometric_mean() -> None:
@@ -122,7 +143,7 @@ def test_known_curves_reproduce_the_documented_summit_figure() -> None:
     assert round(replay(trace, jobs, config).summary["utilization_efficiency"], 5) == 0.91641
 
 
-@pytest.mark.parametrize("prior", ["optimistic", "profile"])
+@pytest.mark.parametrize("prior", ["optimistic", "profile", "peers"])
 def test_the_policy_sees_measurements_and_priors_never_the_profile(prior: str) -> None:
     trace = synthetic_trace(SyntheticConfig(nodes=128, duration_s=4 * 3600, seed=1))
     jobs = diverse_workload(30, trace.start_s, seed=3)
@@ -192,7 +213,7 @@ def test_the_profile_probe_is_paid_and_measures_its_sizes() -> None:
     optimistic = replay(trace, jobs, replace(config, curves_prior="optimistic")).summary
     assert optimistic["probe_cost_samples"] == 0
     probed = [driver.learned(t).measured for t in result.trainers if t.started_s is not None]
-    assert any({1, 4, 16} <= m for m in probed)
+    assert any({1, 4} <= m for m in probed)  # a first allocation of more than 4 probes 1 and 4
 
 
 def test_learned_replays_are_seeded() -> None:
