@@ -25,8 +25,9 @@ fit; :func:`point_sources` labels a curve's breakpoints by the same rule either 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 
@@ -146,3 +147,46 @@ def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:
     trainer has run at exactly that count."""
     seen = set(measured)
     return [MEASURED if float(n).is_integer() and int(n) in seen else PRIOR for n in nodes]
+
+
+def live_curve(records: Iterable[Mapping[str, Any]], n_max: int) -> list[dict[str, Any]] | None:
+    """A live trainer's throughput curve as the allocator has it, each breakpoint labelled
+    ``measured`` or ``prior`` (``bftrainer status``).
+
+    ``records`` are the trainer's metrics records (trainers/metrics.py), oldest first: a
+    node count is measured once a record at it carries a measured step time; the curve
+    is the latest fit's (its goodput model's throughput curve, as the daemon plans on).
+    None before the trainer's first fit (the allocator then plans on the prior of
+    ``bftrainer.live.prior_curve``).
+    """
+    from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
+
+    measured: set[int] = set()
+    last = None
+    for rec in records:
+        nodes = rec.get("nodes")
+        if isinstance(nodes, int) and rec.get("mean_step_time_s") is not None:
+            measured.add(nodes)
+        if rec.get("throughput") is not None:
+            last = rec
+    if last is None:
+        return None
+    try:
+        model = MetricsRecord.from_dict(last).goodput_model()
+        _, throughput = model.allocator_curves(n_max)
+    except (MetricsRecordError, ValueError):
+        return None
+    sources = point_sources((n for n, _ in throughput), measured)
+    return [
+        {"nodes": int(n), "throughput_sps": v, "source": s}
+        for (n, v), s in zip(throughput, sources, strict=True)
+    ]
+
+
+def curve_summary(curve: Sequence[Mapping[str, Any]] | None) -> str:
+    """``measured 1,2,4; 61 prior`` for a status table (``-``: no curve yet)."""
+    if not curve:
+        return "-"
+    measured = [str(p["nodes"]) for p in curve if p["source"] == MEASURED]
+    prior = len(curve) - len(measured)
+    return f"measured {','.join(measured) or 'none'}; {prior} prior"

@@ -42,6 +42,7 @@ from bftrainer.state import (
 from bftrainer.trainers import channel
 from bftrainer.trainers.channel import SUPERVISOR_LOG
 from bftrainer.trainers.launch.base import Launcher, LaunchError
+from bftrainer.trainers.learned_curve import curve_summary, live_curve
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A rescale that takes longer than a day is a typo, not an elastic job.
@@ -265,14 +266,18 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
         "slots_from": store.get_setting("slots_from", "config"),
         "pool_time_s": pool["time_s"],
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
-        "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
+        "trainers": [_trainer_now(store, t, allocations) for t in store.trainers()],
     }
 
 
-def _trainer_now(row: TrainerRow, allocations: Mapping[str, AllocationRow]) -> dict[str, Any]:
+def _trainer_now(
+    store: Store, row: TrainerRow, allocations: Mapping[str, AllocationRow]
+) -> dict[str, Any]:
     """A trainer as status shows it: never ``running`` once its supervisor has exited."""
     alloc = allocations.get(row.id)
     out = trainer_json(row, alloc.nodes if alloc else (), alloc.slots if alloc else None)
+    # Which points of the curve the allocator plans on are measured, which prior.
+    out["curve"] = live_curve((m.record for m in store.metrics(row.id)), row.max_nodes)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited
@@ -347,6 +352,7 @@ def status_cmd(
         "goodput/s",
         "batch",
         "restarts",
+        "curve",
         "script",
     )
     click.echo("\t".join(header))
@@ -364,6 +370,7 @@ def status_cmd(
                     _rate(t["goodput_sps"]),
                     str(t["batch_size"] or "-"),
                     str(t["restarts"]),
+                    curve_summary(t["curve"]),
                     Path(t["script"]).name + (f" ({t['reason']})" if t["reason"] else ""),
                 ]
             )
