@@ -8,7 +8,7 @@ known, and U over trainers in their first 10 minutes and after
 (bftrainer/replay/learning.py). Writes JSON and prints one line per run.
 
     python benchmarks/learned_curves.py [--data DIR] [--sets hpo,imagenet]
-        [--policies milp,equal] [--priors optimistic,profile] [--hours H]
+        [--policies milp,equal] [--curves known,optimistic,peers,profile] [--hours H]
         [--noise 0.05] [--observe 30] [--growth 2] [--redecide 60]
 
 The data is not part of bftrainer (no licence): without it this exits with a message.
@@ -51,7 +51,11 @@ def main() -> None:
     )
     ap.add_argument("--sets", default="hpo,imagenet")
     ap.add_argument("--policies", default="milp,equal")
-    ap.add_argument("--priors", default="optimistic,profile")
+    ap.add_argument(
+        "--curves",
+        default="known,optimistic,peers,profile",
+        help="known and/or the priors of learned curves to run (the ratio needs known)",
+    )
     ap.add_argument("--hours", type=float, help="replay only the first H hours")
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--observe", type=float, default=30.0)
@@ -73,7 +77,8 @@ def main() -> None:
         for policy in args.policies.split(","):
             base = ReplayConfig(policy=policy, solver="dp", redecide_every_s=args.redecide)
             known = None
-            variants = [("known", base)] + [
+            labels = args.curves.split(",")
+            variants = [("known", base)] * ("known" in labels) + [
                 (
                     p,
                     replace(
@@ -85,7 +90,8 @@ def main() -> None:
                         curves_growth=args.growth,
                     ),
                 )
-                for p in args.priors.split(",")
+                for p in labels
+                if p != "known"
             ]
             for label, config in variants:
                 if label == "known":

@@ -69,14 +69,18 @@ class LearningOptions:
     def __post_init__(self) -> None:
         if self.prior not in PRIORS:
             raise LearningError(f"prior {self.prior!r}: expected one of {', '.join(PRIORS)}")
-        if not (math.isfinite(self.noise) and 0 <= self.noise <= 2):
-            raise LearningError(f"noise {self.noise!r}: expected a number in [0, 2]")
-        if not (math.isfinite(self.observe_s) and self.observe_s > 0):
-            raise LearningError(f"observe_s {self.observe_s!r}: expected a number > 0 (seconds)")
-        if not self.growth >= 1:
-            raise LearningError(f"growth {self.growth!r}: expected a number >= 1 (or inf)")
-        if self.probe_base < 2:
-            raise LearningError(f"probe_base {self.probe_base!r}: expected an integer >= 2")
+        for name, lo, hi in (
+            ("noise", 0.0, 2.0),
+            ("observe_s", 1e-3, 1e6),
+            ("growth", 1.0, math.inf),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi):
+                raise LearningError(f"{name} {v!r}: expected a number in [{lo:g}, {hi:g}]")
+        for name, lo in (("probe_base", 2), ("seed", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise LearningError(f"{name} {v!r}: expected an integer >= {lo}")
 
 
 @dataclass

@@ -3,6 +3,7 @@ profiles; known curves are the replay of before."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -254,3 +255,18 @@ def test_cli_curves_learned_and_bad_combinations(tmp_path: Any) -> None:
     )
     assert bad.exit_code == 2 and "--curves learned" in bad.output
     assert "Traceback" not in bad.output
+
+
+def test_learning_from_a_configuration_file(tmp_path: Any) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text('[replay]\ncurves = "learned"\ncurves_prior = "peers"\ncurves_growth = inf\n')
+    args = ["replay", "--synthetic-nodes", "64", "--synthetic-hours", "2", "--jobs-count", "20"]
+    args += ["--policy", "milp", "--solver", "dp", "--no-progress"]
+    ok = CliRunner().invoke(cli_main, [*args, "--config", str(good), "--out", str(tmp_path / "a")])
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert (summary["curves_prior"], summary["curves_growth"]) == ("peers", None)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[replay]\ncurves = "learned"\ncurves_noise = "a"\n')
+    out = CliRunner().invoke(cli_main, [*args, "--config", str(bad), "--out", str(tmp_path / "b")])
+    assert out.exit_code == 2 and "curves_noise" in out.output and "Traceback" not in out.output
