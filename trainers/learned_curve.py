@@ -56,6 +56,10 @@ class Measurements:
     def count(self, nodes: int) -> int:
         return self._count.get(nodes, 0)
 
+    def mean(self, nodes: int) -> float:
+        """The geometric mean at ``nodes`` (which must have a measurement)."""
+        return math.exp(self._log_sum[nodes] / self._count[nodes])
+
     def means(self) -> dict[int, float]:
         """Node count -> the geometric mean of its measurements."""
         return {n: math.exp(self._log_sum[n] / c) for n, c in sorted(self._count.items())}

@@ -15,7 +15,8 @@ curves by):
   ``redecide_every_s`` (``bftrainer.config.Config``).
 * **Optimistic prior** (Pollux): perfect scaling past the largest count run, capped at
   ``growth`` x it. A trainer with nothing measured scales perfectly at the best rate per
-  node any trainer has measured so far, up to its n_min.
+  node any trainer has measured so far (the best of their points, each a mean of its
+  measurements), up to its n_min.
 * **Peers** (``peers``): the optimistic rule, with what every trainer of the same model
   (``JobSpec.model``: an HPO sweep's trials) has measured as the prior at the counts
   this one has not run; with no peer yet, as optimistic.
@@ -337,7 +338,8 @@ class LearningDriver(AgedDriver):
             new |= lr.seen.add(lr.count, rate)
             self._peers.setdefault(t.job.model, Measurements()).add(lr.count, rate)
             self.measurements += 1
-            self.best_per_node_sps = max(self.best_per_node_sps, rate / lr.count)
+        if windows > lr.windows:  # the level is an estimate, not the luckiest single draw
+            self.best_per_node_sps = max(self.best_per_node_sps, lr.seen.mean(lr.count) / lr.count)
         lr.windows = max(lr.windows, windows)
         if new:
             self._priors.pop(t.id, None)
