@@ -10,9 +10,10 @@ status`` to say which points of a live trainer's curve are measured (docs/alloca
   (samples/s), each with noise; the point is their geometric mean (the noise is
   multiplicative: a step time is off by a factor, not by an amount).
 * **Prior** elsewhere, Pollux's optimistic rule (OSDI'21, §4.1): between two measured
-  counts, linear interpolation; outside them, the measured points' scaling fit
-  (:func:`scaling_fit`: perfect scaling from one point, Pollux's prior for an unseen
-  regime; with more, what they show) through the nearest measured point, up to the
+  counts, linear interpolation; below the smallest, its rate per node; above the
+  largest, the measured points' scaling fit (:func:`scaling_fit`: perfect scaling from
+  one point, Pollux's prior for an unseen regime; with more, what they show, never
+  better than perfect scaling) through the largest measured point, up to the
   growth cap ``growth`` x the largest count run, and flat from there to n_max, so the
   allocator sees no gain in going further before the trainer has run closer. With
   nothing measured, perfect scaling at ``unmeasured_sps`` per node up to ``n_min`` (the
@@ -89,16 +90,22 @@ def scaling_fit(measured: Mapping[int, float]) -> tuple[float, float]:
     """(a, b) of ``n / rate(n) = a + b log2(n)``: seconds per sample per node, growing with
     the synchronisation of more nodes (Pollux's step time at a fixed batch per node, its
     sync term growing as a tree all-reduce's). Least squares over the measured counts,
-    b >= 0; with one count b = 0: perfect scaling, Pollux's prior for what was not seen."""
+    a, b >= 0. Counts less than a doubling apart say nothing of the growth but their
+    noise, so then b = 0: perfect scaling, Pollux's prior for what was not seen (as
+    from one count)."""
     xs = [math.log2(n) for n in measured]
     ys = [n / v for n, v in measured.items()]
-    if len(xs) < 2:
-        return (ys[0] if ys else 1.0), 0.0
+    if not xs:
+        return 1.0, 0.0
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    if max(xs) - min(xs) < 1.0:
+        return my, 0.0
     sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    b = max(b, 0.0)
-    return max(my - b * mx, 1e-12), b
+    b = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx, 0.0)
+    a = my - b * mx
+    if a < 0:  # the line would cross zero inside the counts: a pure log fit instead
+        a, b = 0.0, sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+    return a, b
 
 
 def learned_curve(
@@ -133,8 +140,8 @@ def learned_curve(
             return n / (a + b * math.log2(n))
 
         lo, top = counts[0], counts[-1]
-        if lo > 1:
-            points.append((1.0, known[lo] * model(1) / model(lo)))
+        if lo > 1:  # perfect scaling down to one node: no fit reaches below what it saw
+            points.append((1.0, known[lo] / lo))
         points += [(float(n), float(known[n])) for n in counts if n <= cap]
         n = top
         while n < cap:

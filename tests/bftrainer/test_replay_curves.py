@@ -98,6 +98,16 @@ def test_more_points_extrapolate_what_they_show() -> None:
     assert 280.0 < capped.points[3][1] < 560.0 and capped.points[4] == (64.0, capped.points[3][1])
 
 
+def test_noisy_close_counts_never_make_a_wild_curve() -> None:
+    # 16 and 17 nodes, the second measured low: no growth can be told from them.
+    c = learned_curve({16: 40000.0, 17: 38000.0}, 1, 64, unmeasured_sps=1.0, growth=math.inf)
+    assert c.points[0] == (1.0, 2500.0)  # perfect scaling below the smallest count
+    assert c.points[-1] == (64.0, pytest.approx(38000.0 * 64 / 17))
+    # Points whose line would cross zero inside them fall back to a pure log fit.
+    odd = learned_curve({2: 100.0, 8: 100.0}, 1, 64, unmeasured_sps=1.0, growth=math.inf)
+    assert all(0 <= v <= 100.0 * 64 / 8 for _, v in odd.points)
+
+
 def test_peers_points_fill_what_a_trainer_has_not_run() -> None:
     c = learned_curve(
         {2: 100.0}, 1, 64, unmeasured_sps=1.0, growth=2, prior_points={2: 90.0, 8: 380.0}
