@@ -218,9 +218,12 @@ def replay(
             "throughput or speedup) and equal policies"
         )
     if learning and driver is None:
-        driver = LearningDriver(
-            {j.id: j for j in jobs}, config.learning_options, config.slots_per_node
-        )
+        try:
+            driver = LearningDriver(
+                {j.id: j for j in jobs}, config.learning_options, config.slots_per_node
+            )
+        except LearningError as e:
+            raise ReplayError(f"--curves learned: {e}") from None
     driver = driver or _simulated_driver(config, policy)
     if learning and not isinstance(driver, LearningDriver):
         raise ReplayError(

@@ -265,6 +265,11 @@ def test_cli_curves_learned_and_bad_combinations(tmp_path: Any) -> None:
     )
     assert bad.exit_code == 2 and "--curves learned" in bad.output
     assert "Traceback" not in bad.output
+    slots = runner.invoke(
+        cli_main,
+        [*args, "--slots-per-node", "2", "--curves", "learned", "--out", str(tmp_path / "c")],
+    )
+    assert slots.exit_code == 2 and "whole nodes" in slots.output, slots.output
 
 
 def test_learning_from_a_configuration_file(tmp_path: Any) -> None:
