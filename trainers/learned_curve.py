@@ -19,8 +19,10 @@ status`` to say which points of a live trainer's curve are measured (docs/alloca
   nothing measured, perfect scaling at ``unmeasured_sps`` per node up to ``n_min`` (the
   cap of nothing seen).
 
-A live trainer's fitted model (trainers/throughput.py) fills the same places with its
-fit; :func:`point_sources` labels a curve's breakpoints by the same rule either way.
+The daemon plans on the same curve for a live trainer (``bftrainer/live_curves.py``):
+its measured points are the rates its metrics records measured at each count it ran
+(:func:`measured_rate_sps`), the prior the replay's default; :func:`point_sources`
+labels a curve's breakpoints by the same rule either way.
 """
 
 from __future__ import annotations
@@ -28,11 +30,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 
+if TYPE_CHECKING:
+    from bftrainer.trainers.metrics import MetricsRecord
+
 MEASURED, PRIOR = "measured", "prior"
+# A trainer on its prior is told of a new best rate per node when it rose by 1%.
+LEVEL_STEP = 1.01
 
 
 @dataclass
@@ -160,37 +167,43 @@ def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:
     return [MEASURED if float(n).is_integer() and int(n) in seen else PRIOR for n in nodes]
 
 
-def live_curve(records: Iterable[Mapping[str, Any]], n_max: int) -> list[dict[str, Any]] | None:
-    """A live trainer's throughput curve as the allocator has it, each breakpoint labelled
-    ``measured`` or ``prior`` (``bftrainer status``).
+def measured_rate_sps(record: MetricsRecord) -> float | None:
+    """The rate a live trainer measured at its current count: its total batch over its
+    mean step time there (None before its first timed step)."""
+    step_s = record.mean_step_time_s
+    return record.batch_size / step_s if step_s is not None and step_s > 0 else None
+
+
+def live_curve(
+    records: Iterable[Mapping[str, Any]], n_max: int, n_min: int = 1
+) -> list[dict[str, Any]] | None:
+    """A live trainer's throughput curve as the daemon plans on it, each breakpoint
+    labelled ``measured`` or ``prior`` (``bftrainer status``, ``bftrainer report``).
 
     ``records`` are the trainer's metrics records (trainers/metrics.py), oldest first: a
-    node count is measured once a record at it carries a measured step time; the curve
-    is the latest fit's (its goodput model's throughput curve, as the daemon plans on).
-    None before the trainer's first fit (the allocator then plans on the prior of
-    ``bftrainer.live.prior_curve``).
+    node count is measured once a record at it carries a measured step time, its point
+    the latest such record's rate (:func:`measured_rate_sps`); the curve is
+    :func:`learned_curve` of those points, as ``bftrainer.live_curves`` gives the loop.
+    None before the first measured step (the daemon then plans on the prior of a
+    trainer with nothing measured, which needs every trainer's rates).
     """
     from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
 
-    measured: set[int] = set()
-    last = None
+    rates: dict[int, float] = {}
     for rec in records:
-        nodes = rec.get("nodes")
-        if isinstance(nodes, int) and rec.get("mean_step_time_s") is not None:
-            measured.add(nodes)
-        if rec.get("throughput") is not None:
-            last = rec
-    if last is None:
+        try:
+            record = MetricsRecord.from_dict(rec)
+        except MetricsRecordError:
+            continue
+        rate = measured_rate_sps(record)
+        if rate is not None:
+            rates[record.nodes] = rate
+    if not rates:
         return None
-    try:
-        model = MetricsRecord.from_dict(last).goodput_model()
-        _, throughput = model.allocator_curves(n_max)
-    except (MetricsRecordError, ValueError):
-        return None
-    sources = point_sources((n for n, _ in throughput), measured)
+    curve = learned_curve(rates, min(n_min, n_max), n_max, unmeasured_sps=1.0)
     return [
         {"nodes": int(n), "throughput_sps": v, "source": s}
-        for (n, v), s in zip(throughput, sources, strict=True)
+        for (n, v), s in zip(curve.points, curve.sources(), strict=True)
     ]
 
 

@@ -44,12 +44,16 @@ from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, CurveReport, Input, Polled, Progress, TimedSource, TrainerState
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
-from bftrainer.trainers.learned_curve import LearnedCurve, Measurements, learned_curve
+from bftrainer.trainers.learned_curve import (
+    LEVEL_STEP,
+    LearnedCurve,
+    Measurements,
+    learned_curve,
+)
 
 CURVES = ("known", "learned")
 PRIORS = ("optimistic", "profile", "peers")
 YOUNG_S = 600.0  # a trainer's first 10 minutes
-LEVEL_STEP = 1.01  # a waiting trainer's prior is restated when the best rate rose by 1%
 
 
 class LearningError(ValueError):
