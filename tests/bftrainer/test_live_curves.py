@@ -5,16 +5,21 @@ and a trainer that measured nothing yet is valued at the best rate per node meas
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
+
+import pytest
 
 from bftrainer.churn import Churn
 from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
-from bftrainer.live import job_of, prior_curve
+from bftrainer.live import ExecPlan, LiveDriver, job_of, prior_curve
 from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Arrival, CurveReport, TrainerState
 from bftrainer.replay.learning import LearningOptions
 from bftrainer.state import Store, ensure_state_dir
+from bftrainer.trainers.launch.base import Launcher, LaunchError
 from bftrainer.trainers.learned_curve import MEASURED, learned_curve, live_curve
 from bftrainer.trainers.metrics import MetricsRecord
 from tests.bftrainer.test_status_curve import EXAMPLE, records_of_a_trainer_run_at
@@ -103,3 +108,35 @@ def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path:
         arrived = SubmissionQueue(store, curves=again).poll(0.0).inputs
         jobs = {i.job.id: i.job for i in arrived if isinstance(i, Arrival)}
         assert jobs[late].curve == ((1.0, level), (8.0, level))
+
+
+@pytest.mark.slow
+def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Path) -> None:
+    """A real torchrun trainer of the example, run by the daemon's driver here: the
+    throughput curve the driver reports to the loop is the one status shows."""
+    state_dir = ensure_state_dir(tmp_path / "state")
+    store = Store.open(state_dir)
+    tid = store.submit(str(EXAMPLE), ("--report-every-s", "0.5"), backend="torchrun", max_nodes=4)
+    trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
+    driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
+    try:
+        driver.rescale(trainer, trainer.nodes)
+        deadline = time.monotonic() + 120
+        reports: list[CurveReport] = []
+        while not reports:
+            assert time.monotonic() < deadline, "timed out waiting for a throughput report"
+            progress = driver.advance([trainer], time.time())
+            reports = [
+                r
+                for r in progress.reports
+                if isinstance(r, CurveReport) and r.metric == "throughput"
+            ]
+            time.sleep(0.2)
+    finally:
+        with contextlib.suppress(LaunchError):
+            Launcher.attach(state_dir / "trainers" / tid).kill()
+    shown = live_curve((m.record for m in store.metrics(tid)), 4)
+    assert shown is not None
+    assert reports[-1].curve == tuple((float(p["nodes"]), p["throughput_sps"]) for p in shown)
+    assert shown[0]["source"] == MEASURED
+    assert reports[-1].curve[-1][0] == 4.0 and max(n for n, _ in reports[-1].curve[:-1]) <= 2
