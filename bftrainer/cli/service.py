@@ -277,7 +277,8 @@ def _trainer_now(
     alloc = allocations.get(row.id)
     out = trainer_json(row, alloc.nodes if alloc else (), alloc.slots if alloc else None)
     # Which points of the curve the allocator plans on are measured, which prior.
-    out["curve"] = live_curve((m.record for m in store.metrics(row.id)), row.max_nodes)
+    records = (m.record for m in store.metrics(row.id))
+    out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited

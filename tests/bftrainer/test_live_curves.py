@@ -6,12 +6,15 @@ and a trainer that measured nothing yet is valued at the best rate per node meas
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bftrainer.churn import Churn
+from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
 from bftrainer.live import ExecPlan, LiveDriver, job_of, prior_curve
@@ -140,3 +143,21 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     assert reports[-1].curve == tuple((float(p["nodes"]), p["throughput_sps"]) for p in shown)
     assert shown[0]["source"] == MEASURED
     assert reports[-1].curve[-1][0] == 4.0 and max(n for n, _ in reports[-1].curve[:-1]) <= 2
+
+
+def test_status_shows_the_daemons_curve_for_a_trainer_with_a_minimum(tmp_path: Path) -> None:
+    """n_min sets the cap of a trainer that ran below it: status and daemon agree."""
+    state = ensure_state_dir(tmp_path / "state")
+    records = records_of_a_trainer_run_at([1])
+    with Store.open(state) as store:
+        tid = store.submit(str(EXAMPLE), min_nodes=4, max_nodes=16, backend="torchrun")
+        store.add_metric(tid, records[0], now_s=1.0)
+        record = MetricsRecord.from_dict(records[0])
+        daemon = LiveCurves().measured(job_of(store.trainer(tid)), record)
+    result = CliRunner().invoke(cli, ["status", "--json", "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    (shown,) = json.loads(result.output)["trainers"]
+    assert daemon is not None and [n for n, _ in daemon] == [1.0, 2.0, 4.0, 16.0]
+    assert [(p["nodes"], p["throughput_sps"]) for p in shown["curve"]] == [
+        (int(n), pytest.approx(v)) for n, v in daemon
+    ]
