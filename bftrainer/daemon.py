@@ -46,9 +46,11 @@ from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.live import RESTART_BACKOFF_S, ExecPlan, LiveDriver, job_of
+from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import (
     Arrival,
     Cancel,
+    CurveReport,
     Loop,
     LoopState,
     Policy,
@@ -606,17 +608,22 @@ def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:
 class SubmissionQueue:
     """Trainers submitted and cancels requested through the store, each delivered once."""
 
-    def __init__(self, store: Store, known: Sequence[str] = ()) -> None:
+    def __init__(
+        self, store: Store, known: Sequence[str] = (), curves: LiveCurves | None = None
+    ) -> None:
         self.store = store
         self.known: set[str] = set(known)
         self.cancelled: set[str] = set()
+        self.curves = curves or LiveCurves()
 
     def poll(self, now_s: float) -> Polled:
-        inputs: list[Arrival | Cancel] = []
+        """New trainers on their prior; waiting trainers' priors restated where the best
+        measured rate rose (as the replay's ``PriorArrivals``)."""
+        inputs: list[Arrival | Cancel | CurveReport] = list(self.curves.restated())
         for row in self.store.trainers(UNFINISHED):
             if row.id not in self.known:
                 self.known.add(row.id)
-                inputs.append(Arrival(job_of(row)))
+                inputs.append(Arrival(self.curves.prior_job(job_of(row))))
             if row.cancel_requested and row.id not in self.cancelled:
                 self.cancelled.add(row.id)
                 inputs.append(Cancel(row.id))
@@ -754,7 +761,7 @@ class Daemon:
             slots_per_node=config.slots_per_node,
             restart_backoff_s=config.restart_backoff_s,
         )
-        self.queue = SubmissionQueue(store)
+        self.queue = SubmissionQueue(store, curves=self.driver.curves)
 
     def _demand(self) -> tuple[int, set[str]]:
         """Nodes the admitted trainers can use (their n_max summed; with S slots per
@@ -800,7 +807,7 @@ class Daemon:
         lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
         self.driver.attach(row, nodes)
         return TrainerState(
-            job_of(row),
+            self.driver.curves.prior_job(job_of(row)),
             nodes=nodes,
             started_s=row.started_s,
             processed_samples=float(row.samples_done),

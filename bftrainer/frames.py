@@ -12,7 +12,10 @@ integers, and each kind of record is one frame:
   rescales, and what each source adds;
 - ``pool``: the pool's size over time (time, nodes; each row holds until the next);
 - ``holders``: the daemon's holder jobs (empty for a replay);
-- ``windows``: the replay's U per window (empty for a daemon).
+- ``windows``: the replay's U per window (empty for a daemon);
+- ``curves``: the daemon's throughput curve of each trainer as of the end, one row per
+  breakpoint: trainer, nodes, throughput_sps, source (``measured`` or ``prior``, by
+  ``bftrainer.trainers.learned_curve``; empty for a replay, whose outputs keep none).
 
     from bftrainer.frames import load_replay
     f = load_replay("out/demo/milp-tfwdauto")
@@ -31,7 +34,8 @@ import pandas as pd
 
 from bftrainer.loop import Step
 from bftrainer.replay.allocations import CHANGES as REPLAY_CHANGES
-from bftrainer.state import StateError, Store
+from bftrainer.state import MetricRow, StateError, Store
+from bftrainer.trainers.learned_curve import live_curve
 
 # A daemon's trainers can also fail; a replay's never do.
 CHANGES = (*REPLAY_CHANGES, "fail")
@@ -62,6 +66,7 @@ class Frames:
     summary: dict[str, Any] = field(default_factory=dict)
     start: pd.Timestamp | None = None
     end: pd.Timestamp | None = None
+    curves: pd.DataFrame = field(default_factory=lambda: _store_curves({}, {}, math.inf))
 
 
 # ---------------------------------------------------------------------- replays
@@ -255,6 +260,7 @@ def load_store(
             history = {r["id"]: store.allocation_history(r["id"]) for r in rows}
             holders = [vars(h) for h in store.holders(live_only=False)]
             pool_events = store.pool_events()
+            metrics = {r["id"]: store.metrics(r["id"]) for r in rows}
     except StateError as exc:
         raise FramesError(str(exc)) from None
     events = pd.DataFrame(
@@ -300,14 +306,16 @@ def load_store(
     # on a store of seconds asked for 56 years of them.
     lo = max(start, first) if start is not None else first
     hi = min(end, last) if end is not None else last
+    shown = trainers[(trainers["submitted"] <= hi) & ~(trainers["finished"] < lo)]
+    limits = {
+        r["id"]: (r["min_nodes"], r["max_nodes"]) for r in rows if r["id"] in set(shown["id"])
+    }
     return Frames(
         source="daemon",
         label=str(d),
         events=_between(events, lo, hi),
         allocations=_clip_steps(allocations, lo, hi, "trainer"),
-        trainers=trainers[(trainers["submitted"] <= hi) & ~(trainers["finished"] < lo)].reset_index(
-            drop=True
-        ),
+        trainers=shown.reset_index(drop=True),
         pool=_clip_steps(pool, lo, hi),
         holders=holders_df[
             (holders_df["submitted"] <= hi) & ~(holders_df["ended"] < lo)
@@ -315,6 +323,7 @@ def load_store(
         windows=pd.DataFrame(),
         start=lo,
         end=hi,
+        curves=_store_curves(limits, metrics, hi.timestamp()),
     )
 
 
@@ -386,6 +395,26 @@ def _store_trainers(rows: list[dict[str, Any]], allocations: pd.DataFrame) -> pd
     )
     df["rescales"] = df["id"].map(rescales).fillna(0).astype("int64")
     return df
+
+
+def _store_curves(
+    limits: dict[str, tuple[int, int]], metrics: dict[str, list[MetricRow]], until_s: float
+) -> pd.DataFrame:
+    """Each trainer's curve from its metrics records up to ``until_s`` (the one
+    ``bftrainer status`` shows); trainers that measured nothing by then have no rows."""
+    rows: list[tuple[str, int, float, str]] = []
+    for tid, (n_min, n_max) in limits.items():
+        records = (m.record for m in metrics.get(tid, ()) if m.time_s <= until_s)
+        curve = live_curve(records, n_max, n_min)
+        rows += [(tid, p["nodes"], p["throughput_sps"], p["source"]) for p in curve or ()]
+    return pd.DataFrame(
+        {
+            "trainer": pd.Series([r[0] for r in rows], dtype="string"),
+            "nodes": pd.Series([r[1] for r in rows], dtype="int64"),
+            "throughput_sps": pd.Series([r[2] for r in rows], dtype="float64"),
+            "source": pd.Series([r[3] for r in rows], dtype="string"),
+        }
+    )
 
 
 def _store_holders(holders: list[dict[str, Any]]) -> pd.DataFrame:

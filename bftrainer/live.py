@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bftrainer.jobs import JobSpec
+from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
@@ -45,13 +46,15 @@ RESTART_BACKOFF_S = 10.0
 
 
 def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
-    """What the allocator assumes of a trainer before it reports: linear scaling at one
-    (unit) sample per second per node, as Pollux assumes before its first fit."""
+    """Linear scaling at one (unit) sample per second per node: the centre allocator's
+    prior before a trainer's agent reports (the daemon's loop plans on
+    :class:`~bftrainer.live_curves.LiveCurves` instead, the replay's rule)."""
     return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
 
 
 def job_of(row: TrainerRow) -> JobSpec:
-    """The loop's view of a submitted trainer."""
+    """The loop's view of a submitted trainer (its curve: :meth:`LiveCurves.prior_job`
+    gives the prior the daemon plans on)."""
     return JobSpec(
         id=row.id,
         model=Path(row.script).name,
@@ -128,6 +131,8 @@ class LiveDriver:
         self._offsets: dict[str, int] = {}
         self._samples: dict[str, int] = {}
         self._reports: list[CurveReport | Completion] = []
+        # The throughput curves the loop plans on: the replay's rule (bftrainer.live_curves).
+        self.curves = LiveCurves(store)
         # Node-count changes made by decisions since the start (logged "rescaled"), for
         # the daemon's metrics; starts and preemptions are not rescales.
         self.rescales = 0
@@ -436,15 +441,18 @@ class LiveDriver:
             log.warning("trainer %s: ignoring a bad metrics record: %s", trainer_id, exc)
             return
         throughput = goodput = None
-        if record.throughput is not None:
+        # Throughput: the rates measured at the counts it ran, and the replay's prior.
+        learned = self.curves.measured(job_of(row), record)
+        if learned is not None:
+            self._reports.append(CurveReport(trainer_id, "throughput", learned))
+        if record.throughput is not None:  # goodput: the trainer's own Pollux model
             try:
                 model = record.goodput_model()
                 good, thr = model.allocator_curves(row.max_nodes)
             except (MetricsRecordError, ValueError) as exc:
-                log.warning("trainer %s: no curve from its record: %s", trainer_id, exc)
+                log.warning("trainer %s: no goodput curve from its record: %s", trainer_id, exc)
             else:
                 self._reports.append(CurveReport(trainer_id, "goodput", good))
-                self._reports.append(CurveReport(trainer_id, "throughput", thr))
                 n = max(1, record.nodes)
                 throughput = float(_at(thr, n))
                 goodput = float(_at(good, n))
@@ -489,6 +497,7 @@ class LiveDriver:
         daemon's memory does not grow with every trainer it ever ran."""
         self._offsets.pop(trainer_id, None)
         self._samples.pop(trainer_id, None)
+        self.curves.forget(trainer_id)
 
 
 def _names(nodes: Sequence[str]) -> str:

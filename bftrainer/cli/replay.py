@@ -39,6 +39,7 @@ from bftrainer.idle_monitor.trace import (
     load_trace,
 )
 from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
+from bftrainer.replay.learning import CURVES, PRIORS
 from bftrainer.replay.output import summary_table, write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
 from bftrainer.replay.pollux_output import pollux_summary, pollux_table, write_pollux_outputs
@@ -78,6 +79,8 @@ FLAG_NAMES = {
     "checkpoint_every_s": "--checkpoint-every",
     "restart_s": "--restart-cost",
     "slots_per_node": "--slots-per-node",
+    "curves": "--curves",
+    "curves_prior": "--prior",
 }
 
 
@@ -238,6 +241,20 @@ FLAG_NAMES = {
     "docs/replay.md.",
 )
 @click.option(
+    "--curves",
+    type=click.Choice(CURVES),
+    help="What the policy knows of each trainer's throughput curve: known (the job's "
+    "profile; default) or learned (what the trainer has measured, and a prior; "
+    "docs/replay.md).",
+)
+@click.option(
+    "--prior",
+    "curves_prior",
+    type=click.Choice(PRIORS),
+    help="learned: optimistic (Pollux: perfect scaling, capped at 2x the largest count run; "
+    "default) or profile (a short probe at a few sizes on a trainer's first nodes).",
+)
+@click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
 )
 @click.option(
@@ -295,6 +312,8 @@ def replay_cmd(
     checkpoint_every_s: float | None,
     restart_s: float | None,
     slots_per_node: int | None,
+    curves: str | None,
+    curves_prior: str | None,
     sweep: str | None,
     executor: str,
     slurm_partition: str | None,
@@ -323,6 +342,8 @@ def replay_cmd(
         "checkpoint_every_s": checkpoint_every_s,
         "restart_s": restart_s,
         "slots_per_node": slots_per_node,
+        "curves": curves,
+        "curves_prior": curves_prior,
     }
     try:
         base = DEFAULT

@@ -44,6 +44,7 @@ from bftrainer.state import (
 from bftrainer.trainers import channel
 from bftrainer.trainers.channel import SUPERVISOR_LOG
 from bftrainer.trainers.launch.base import Launcher, LaunchError
+from bftrainer.trainers.learned_curve import curve_summary, live_curve
 
 F = TypeVar("F", bound=Callable[..., Any])
 # A rescale that takes longer than a day is a typo, not an elastic job.
@@ -300,14 +301,19 @@ def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
         # Holders failing to hold (the latest cause, the nodes, the next try): null if none.
         "holders_failing": pool.get("holders_failing"),
         "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
-        "trainers": [_trainer_now(t, allocations) for t in store.trainers()],
+        "trainers": [_trainer_now(store, t, allocations) for t in store.trainers()],
     }
 
 
-def _trainer_now(row: TrainerRow, allocations: Mapping[str, AllocationRow]) -> dict[str, Any]:
+def _trainer_now(
+    store: Store, row: TrainerRow, allocations: Mapping[str, AllocationRow]
+) -> dict[str, Any]:
     """A trainer as status shows it: never ``running`` once its supervisor has exited."""
     alloc = allocations.get(row.id)
     out = trainer_json(row, alloc.nodes if alloc else (), alloc.slots if alloc else None)
+    # Which points of the curve the allocator plans on are measured, which prior.
+    records = (m.record for m in store.metrics(row.id))
+    out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited
@@ -391,6 +397,7 @@ def status_cmd(
         "goodput/s",
         "batch",
         "restarts",
+        "curve",
         "script",
     )
     click.echo("\t".join(header))
@@ -408,6 +415,7 @@ def status_cmd(
                     _rate(t["goodput_sps"]),
                     str(t["batch_size"] or "-"),
                     str(t["restarts"]),
+                    curve_summary(t["curve"]),
                     Path(t["script"]).name + (f" ({t['reason']})" if t["reason"] else ""),
                 ]
             )

@@ -31,6 +31,14 @@ from bftrainer.loop import (
 from bftrainer.policy import POLICIES as POLICY_REGISTRY
 from bftrainer.policy import ScavengerPolicy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
+from bftrainer.replay.learning import (
+    CURVES,
+    AgedDriver,
+    LearningDriver,
+    LearningError,
+    LearningOptions,
+    PriorArrivals,
+)
 from bftrainer.replay.metrics import (
     MetricsRecorder,
     baseline_samples,
@@ -65,9 +73,22 @@ class ReplayConfig(Config):
     windows_error_s: float = 0.0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
     restart_s: float | None = None
+    # What the policy knows of the trainers' curves (bftrainer/replay/learning.py).
+    curves: str = "known"
+    curves_prior: str = "optimistic"
+    curves_noise: float = 0.05
+    curves_observe_s: float = 30.0
+    curves_growth: float = 2.0
+    curves_seed: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.curves not in CURVES:
+            raise ConfigError(f"curves = {self.curves!r}: expected one of {', '.join(CURVES)}")
+        try:
+            self.learning_options  # noqa: B018 (validates)
+        except LearningError as e:
+            raise ConfigError(f"curves_{e}") from None
         c = self.checkpoint_every_s
         if isinstance(c, bool) or not isinstance(c, int | float) or not (0 < c < math.inf):
             raise ConfigError(f"checkpoint_every_s = {c!r}: expected a finite number > 0")
@@ -93,6 +114,16 @@ class ReplayConfig(Config):
                 raise ConfigError(f"{name} = {v!r}: expected a number in [{lo:g}, {hi:g}]")
 
     @property
+    def learning_options(self) -> LearningOptions:
+        return LearningOptions(
+            prior=self.curves_prior,
+            noise=self.curves_noise,
+            observe_s=self.curves_observe_s,
+            growth=self.curves_growth,
+            seed=self.curves_seed,
+        )
+
+    @property
     def window_knowledge(self) -> WindowKnowledge:
         return WindowKnowledge(
             self.windows, self.windows_known_share, self.windows_lead_s, self.windows_error_s
@@ -111,6 +142,12 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
         "checkpoint_every_s": "checkpoint_every_s",
         "restart_s": "restart_s",
         "slots_per_node": "slots_per_node",
+        "curves": "curves",
+        "curves_prior": "curves_prior",
+        "curves_noise": "curves_noise",
+        "curves_observe_s": "curves_observe_s",
+        "curves_growth": "curves_growth",
+        "curves_seed": "curves_seed",
     },
 }
 
@@ -182,7 +219,24 @@ def replay(
         trace = trace.slice(start_s=start_s)
     check_fits(jobs, len(trace.nodes), config.slots_per_node)
     policy = config.make_policy()
+    learning = config.curves == "learned"
+    if learning and (isinstance(policy, ScavengerPolicy) or config.objective == "goodput"):
+        raise ReplayError(
+            "--curves learned: trainers learn throughput curves for the milp (objective "
+            "throughput or speedup) and equal policies"
+        )
+    if learning and driver is None:
+        try:
+            driver = LearningDriver(
+                {j.id: j for j in jobs}, config.learning_options, config.slots_per_node
+            )
+        except LearningError as e:
+            raise ReplayError(f"--curves learned: {e}") from None
     driver = driver or _simulated_driver(config, policy)
+    if learning and not isinstance(driver, LearningDriver):
+        raise ReplayError(
+            f"--curves learned runs with the learning driver, not {type(driver).__name__}"
+        )
     if isinstance(policy, ScavengerPolicy) and not isinstance(driver, CheckpointRestartDriver):
         raise ReplayError(
             "the scavenger policy replays rigid jobs that restart from checkpoints: it runs "
@@ -190,7 +244,9 @@ def replay(
         )
     wall0 = time.perf_counter()
     metrics = MetricsRecorder(start_s=start_s, window_s=config.window_s)
-    arrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
+    arrivals: TimedSource | PriorArrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
+    if isinstance(driver, LearningDriver):
+        arrivals = PriorArrivals(jobs, driver)  # the policy never sees a job's profile
     events = events_with_windows(trace, config.window_knowledge)
     pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
     recorder = RecordingDriver(driver)
@@ -213,6 +269,8 @@ def replay(
     waste = driver.waste if isinstance(driver, SimulatedDriver | CheckpointRestartDriver) else None
     result = _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s, waste)
     result.allocations = recorder.changes
+    if isinstance(driver, LearningDriver):
+        result.summary.update(learning_summary(driver, result.summary))
     return result
 
 
@@ -288,7 +346,7 @@ def _result(
         **{
             k: v
             for k, v in asdict(config).items()
-            if k not in ("window_s", "t_fwd_s") and not k.startswith("windows_")
+            if k not in ("window_s", "t_fwd_s") and not k.startswith(("windows_", "curves"))
         },
         **_window_fields(config),
         "t_fwd": config.t_fwd_s,
@@ -327,6 +385,34 @@ def _result(
         "events_per_s": len(m.steps) / wall_s if wall_s > 0 else None,
     }
     return ReplayResult(config, summary, m, trainers, windows, end_s)
+
+
+def learning_summary(driver: LearningDriver, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What learned curves add to summary.json (known curves add nothing: the summary
+    stays as it was before curves could be learned)."""
+    o = driver.options
+    young, older = age_utilization(driver, summary)
+    return {
+        "curves": "learned",
+        "curves_prior": o.prior,
+        "curves_noise": o.noise,
+        "curves_observe_s": o.observe_s,
+        "curves_growth": o.growth if math.isfinite(o.growth) else None,
+        "curves_seed": o.seed,
+        "measurements": driver.measurements,
+        "probe_cost_samples": driver.probe_cost_samples,
+        "utilization_first_10_min": young,
+        "utilization_after_10_min": older,
+    }
+
+
+def age_utilization(driver: AgedDriver, summary: Mapping[str, Any]) -> tuple[float, float]:
+    """U over trainers in their first 10 minutes and after: samples net of costs per
+    node-second they held, over the baseline's samples per node-second of the pool
+    (A_s / R; so the two weigh held nodes as U weighs the whole pool)."""
+    resource_s = summary["resource_integral_node_hours"] * 3600
+    per_node_s = summary["baseline_samples"] / resource_s if resource_s > 0 else 0.0
+    return driver.ages.utilization(per_node_s)
 
 
 def _waste_fields(waste: Waste | None) -> dict[str, Any]:

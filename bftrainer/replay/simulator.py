@@ -68,7 +68,7 @@ class SimulatedDriver:
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         # With slots, at the packed rate of what it had (the holding before is gone).
-        cost = trainer.job.rescale_down_s * trainer.job.rate_sps(old_count)
+        cost = trainer.job.rescale_down_s * self.true_rate_sps(trainer, old_count)
         trainer.preemption_cost_samples += cost
         self.waste.stalled_node_s += self._nodes(trainer.job.rescale_down_s * old_count)
         return cost
@@ -90,10 +90,15 @@ class SimulatedDriver:
 
     def _rate(self, trainer: TrainerState, holding: tuple[str, ...]) -> float:
         """Samples/s on ``holding``: the curve, less the spread penalty with slots."""
-        rate = trainer.job.rate_sps(len(holding))
+        rate = self.true_rate_sps(trainer, len(holding))
         if self.slots_per_node > 1 and not is_packed(holding, self.slots_per_node):
             rate *= 1.0 - DEFAULT_SPREAD_PENALTY
         return rate
+
+    def true_rate_sps(self, trainer: TrainerState, count: int) -> float:
+        """The trainer's true rate at ``count`` packed nodes (slots): its job's curve. A
+        driver whose policy must not see that curve keeps it elsewhere."""
+        return trainer.job.rate_sps(count)
 
     def _nodes(self, slot_s: float) -> float:
         return slot_s if self.slots_per_node == 1 else slot_s / self.slots_per_node

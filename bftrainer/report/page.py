@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from bftrainer import __version__
 from bftrainer.frames import Frames
 from bftrainer.report import figures
+from bftrainer.report.curves import curves_table
 from bftrainer.report.figures import View, colours_for
 from bftrainer.report.headline import headline, span
 from bftrainer.report.series import Grid, busiest, node_seconds, total_allocated
@@ -182,6 +183,7 @@ def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> st
             f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(im.caption)}">'
             f"<figcaption>{html.escape(im.caption)} ({html.escape(im.name)})</figcaption></figure>"
         )
+    parts.append(curves_table(f))
     return "\n".join(parts)
 
 

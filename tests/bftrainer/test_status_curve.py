@@ -1,0 +1,56 @@
+"""bftrainer status: which points of a live trainer's curve are measured, which prior."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from bftrainer.cli import cli
+from bftrainer.state import Store, ensure_state_dir
+from bftrainer.trainers.agent import PolluxAgent
+from bftrainer.trainers.goodput import BatchLimits
+from bftrainer.trainers.learned_curve import MEASURED, PRIOR, live_curve
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
+
+
+def records_of_a_trainer_run_at(counts: list[int]) -> list[dict[str, object]]:
+    """The records a real agent reports after steps at each of ``counts`` nodes."""
+    agent = PolluxAgent(
+        "t1", BatchLimits(base_batch_size=64, max_batch_size=4096, max_local_bsz=512)
+    )
+    out = []
+    for n in counts:
+        agent.set_config(nodes=n, local_bsz=64)
+        agent.observe_steps(20, 0.10 + 0.01 * n)
+        out.append(agent.metrics().to_dict())
+    return out
+
+
+def test_live_curve_labels_the_counts_the_trainer_ran_at() -> None:
+    assert live_curve([], 8) is None
+    curve = live_curve(records_of_a_trainer_run_at([1, 2]), 8)
+    assert curve is not None
+    sources = {p["nodes"]: p["source"] for p in curve}
+    assert sources[1] == sources[2] == MEASURED
+    assert {n for n, s in sources.items() if s == PRIOR} == {3, 4, 5, 6, 7, 8} & set(sources)
+    assert all(p["throughput_sps"] > 0 for p in curve)
+
+
+def test_status_shows_measured_and_prior_points(tmp_path: Path) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    with Store.open(state) as store:
+        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        for rec in records_of_a_trainer_run_at([1, 2]):
+            store.add_metric(ran, rec, now_s=1.0)
+        waiting = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+    result = CliRunner().invoke(cli, ["status", "--json", "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    trainers = {t["id"]: t for t in json.loads(result.output)["trainers"]}
+    curve = trainers[ran]["curve"]
+    assert [p["nodes"] for p in curve if p["source"] == MEASURED] == [1, 2]
+    assert trainers[waiting]["curve"] is None  # no fit yet: the allocator's prior
+    text = CliRunner().invoke(cli, ["status", "--state-dir", str(state)]).output
+    assert "measured 1,2;" in text
