@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from bftrainer import strict_json
 from bftrainer.cli.service import open_store, status_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel
@@ -169,8 +170,8 @@ class Service:
         """What ``bftrainer status --json`` prints, read in this process through the
         command's own code (waits poll it: a subprocess each time cost 1 s of CPU on 2
         cores, taken from the trainers waited on)."""
-        with open_store(self.state_dir, need_daemon=False) as store:
-            return dict(json.loads(json.dumps(status_json(store, self.state_dir))))
+        with open_store(self.state_dir, need_daemon=False, read_only=True) as store:
+            return dict(json.loads(strict_json.dumps(status_json(store, self.state_dir))))
 
     def status_cli(self) -> dict[str, Any]:
         """``bftrainer status --json`` as a user runs it: a subprocess, its stdout parsed."""
