@@ -209,6 +209,27 @@ def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
     slurm_cluster.reset(keep=before)
 
 
+# ---------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs (a full disk for the tests of one; root only), unmounted after."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 # ---------------------------------------------------------------------- sshd
 
 

@@ -7,35 +7,13 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.bftrainer.fake_slurm import FakeDaemon, FakeSlurm
 
 TRAINER = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
-
-
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MB tmpfs, unmounted after the test."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(fs: Path) -> None:
