@@ -311,9 +311,14 @@ def _trainer_now(
     """A trainer as status shows it: never ``running`` once its supervisor has exited."""
     alloc = allocations.get(row.id)
     out = trainer_json(row, alloc.nodes if alloc else (), alloc.slots if alloc else None)
-    # Which points of the curve the allocator plans on are measured, which prior.
-    records = (m.record for m in store.metrics(row.id))
-    out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
+    # Which points of the curve the allocator plans on are measured, which prior: for the
+    # trainers it still plans for (a finished one's whole history is not read again at
+    # every status; `bftrainer report --state-dir` shows it).
+    if row.finished:
+        out["curve"] = None
+    else:
+        records = (m.record for m in store.metrics(row.id))
+        out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited
