@@ -517,7 +517,8 @@ class ElasticRuntime:
             ):
                 # A reset or a stop follows those flags: no re-tuning just before it.
                 changing = done or stop or hosts_updated or leaving
-                self._commit(retune=not changing)  # Horovod: HostsUpdatedInterrupt
+                # Horovod: HostsUpdatedInterrupt, except on a rank leaving here
+                self._commit(retune=not changing, leaving=bool(leaving_here and not done))
                 cfg = agent.config
             if leaving_here and not done:
                 logger.info("SIGTERM: leaving at step %d (committed)", p.step)
@@ -539,9 +540,12 @@ class ElasticRuntime:
             record = self.agent.metrics(refit=self._refit_due())
             writer.metrics(record, self.progress.samples_done, self.sampler.epoch)
 
-    def _commit(self, retune: bool = False) -> None:
+    def _commit(self, retune: bool = False, leaving: bool = False) -> None:
         """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy;
-        then (``retune``) move to a better batch if rank 0's agent finds one."""
+        then (``retune``) move to a better batch if rank 0's agent finds one. A rank
+        ``leaving`` at this commit keeps no in-memory copy: a host change that arrives
+        with its leave is the others' to act on (raised here, it made the leaver reset
+        with them and leave a step later than the commit they resumed from)."""
         comm, p = self.comm, self.progress
         info = CommitInfo(p.committed_step, p.step, p.samples_done)
         if comm.size > 1:
@@ -573,7 +577,8 @@ class ElasticRuntime:
             p.retunes += 1
             self._configure(self.agent.config.nodes, move[0], move[1], "retune")
             self._report()
-        comm.commit()
+        if not leaving:
+            comm.commit()
 
     def _model_checksum(self) -> float:
         with self.torch.no_grad():

@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,17 @@ def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
         pytest.skip(why)
     with service_in(slurm, tmp_path) as s:
         yield s
+
+
+def delete_while_written(folder: Path) -> None:
+    """``rm -rf`` of a folder its supervisor is writing in: a file that vanishes under
+    it (a temp file renamed meanwhile) is gone already."""
+
+    def gone_already(func: object, path: str, exc_info: tuple[Any, BaseException, Any]) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(folder, onerror=gone_already)
 
 
 def stepping_on(service: Service, trainer_id: str) -> int | None:
@@ -224,7 +236,7 @@ def test_a_deleted_trainer_directory_is_one_line_and_the_trainer_starts_over(
     t = service.submit("torchrun", work, 2, *service.paced(0.05))
     wait_until(lambda: service.trainer(t)["samples_done"] > 2_000, 240, "the trainer training")
     old = supervisor_pid(service, t)
-    shutil.rmtree(service.state_dir / "trainers" / t)
+    delete_while_written(service.state_dir / "trainers" / t)
     wait_until(lambda: service.trainer(t)["restarts"] == 1, 120, "the trainer started over")
     wait_until(lambda: not remote.alive(old), 30, f"the old supervisor {old} stopped")
     service.release()
