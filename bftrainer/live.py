@@ -393,12 +393,17 @@ class LiveDriver:
         """Tell the supervisor its hosts: exec plan first, so new hosts are reachable;
         ``say``: log the rescale (a preemption has said it already)."""
         hosts = nodes
-        if nodes:
-            plan = self._plan(trainer_id, nodes)
-            hosts = self._reachable(trainer_id, plan, nodes)
-            plan.write(launcher.trainer_dir)
+        try:
+            if nodes:
+                plan = self._plan(trainer_id, nodes)
+                hosts = self._reachable(trainer_id, plan, nodes)
+                plan.write(launcher.trainer_dir)
+            launcher.set_hosts(host_counts(hosts))
+        except FileNotFoundError:
+            if launcher.trainer_dir.is_dir():
+                raise
+            return  # its directory was deleted meanwhile: the next look starts it over
         before = self.store.current_allocation(trainer_id)
-        launcher.set_hosts(host_counts(hosts))
         self._record(trainer_id, nodes)
         row = self.store.trainer(trainer_id)
         if not row.finished:
