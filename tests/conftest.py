@@ -32,8 +32,8 @@ CLUSTER_SCRIPT = REPO / "scripts" / "slurm" / "local-cluster.sh"
 # Tests whose trainers train flat out on several local worker processes: under
 # pytest-xdist (`--dist loadgroup`, as `make test` runs it) each group runs on one worker,
 # one test at a time, so that no two of a group starve each other on a 2-core machine
-# (Horovod's and Gloo's timeouts then fire). Two groups: together they take a quarter
-# of the suite's time, too much for one worker.
+# (Horovod's and Gloo's timeouts then fire). Two groups: together they took about 20 min
+# of a loaded 4-worker run, too long for one worker.
 TORCH_GROUPS = {
     "test_elastic_horovod": "torch-a",
     "test_elastic_remote": "torch-a",
