@@ -301,7 +301,7 @@ def scenario_two_slots_per_host(launched: list[Trainer], tmp_path: Path, backend
         tmp_path,
         backend,
         [f"{a}:2"],
-        work=24_000,
+        work=48_000,  # a shrink after a reset to a larger batch must still find work left
         # The agent's choice only at resets: a re-tuned, larger batch can end the work
         # before the last host change (scenario_rescale covers re-tunes with resets).
         args=(*FAST_COMMITS, "--step-delay-s", "0.01", "--max-batch", "256", "--no-retune"),
