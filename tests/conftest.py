@@ -44,11 +44,28 @@ TORCH_GROUPS = {
 }
 
 
+SLOWEST = REPO / "tests" / "slowest.txt"
+
+
+def measured_s() -> dict[str, float]:
+    """Test id -> seconds, from tests/slowest.txt."""
+    out: dict[str, float] = {}
+    for line in SLOWEST.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, nodeid = line.split(maxsplit=1)
+            out[nodeid] = float(seconds)
+    return out
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = TORCH_GROUPS.get(item.path.stem)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # Longest first (xdist hands tests out in this order, after the groups): a long test
+    # that starts last makes the whole run wait for it alone.
+    seconds = measured_s()
+    items.sort(key=lambda item: -seconds.get(item.nodeid, 0.0))
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

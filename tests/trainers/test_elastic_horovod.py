@@ -69,9 +69,7 @@ def start_with_ssh(launched: list[Trainer], tmp_path: Path, sshd: SshServer, wor
         "horovod",
         ["localhost"],
         work=work,
-        # The base batch throughout: a re-tuned, larger batch ends the work before the
-        # host change this test waits for.
-        args=(*FAST_COMMITS, "--step-delay-s", "0.01", "--no-retune"),
+        args=FAST_COMMITS,
         env={"BFTRAINER_HOROVOD_NIC": "lo"},  # 127.0.0.2 is this machine after all
     )
     launched.append(t)

@@ -16,6 +16,7 @@ from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
 from tests.trainers.elastic_harness import (
     EXAMPLE,
+    HELD_STEP_S,
     RESCALE_TIMEOUT_S,
     Trainer,
     launched,
@@ -59,11 +60,12 @@ def test_bftrainer_run_ctrl_c_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("localhost\n")
     d = tmp_path / "run"
+    hold = tmp_path / "hold"  # held until ^C; the resumed run goes at full speed
+    hold.touch()
     argv = [
         sys.executable, "-m", "bftrainer", "run", "--backend", "torchrun", "--hosts-file",
         str(hosts), "--trainer-dir", str(d), str(EXAMPLE), "--work-samples", "6000",
-        "--step-delay-s", "0.02", "--commit-every-s", "1",
-        "--no-retune",  # the base batch throughout: a larger one ends the work before ^C
+        "--step-delay-s", str(HELD_STEP_S), "--hold-file", str(hold), "--commit-every-s", "1",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -84,6 +86,7 @@ def test_bftrainer_run_ctrl_c_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     stopped_at = torch.load(d / channel.CHECKPOINT, weights_only=False)["progress"]["step"]
     assert stopped_at > 0
 
+    hold.unlink()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["samples"] == 6000
