@@ -30,6 +30,7 @@ from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
+from bftrainer.trainers.launch import restarts
 from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec, TrainerExit
 from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
 
@@ -38,10 +39,10 @@ log = logging.getLogger(__name__)
 # Seconds a cancelled trainer's workers get to checkpoint before they are killed.
 CANCEL_GRACE_S = 30.0
 # A supervisor that died (kill -9, the OOM killer, a reboot) or gave up for a reason
-# other than the trainer's script is started again from the trainer's checkpoint, at
-# most this many times, after RESTART_BACKOFF_S * 2**k seconds for the k-th restart
-# (the daemon's `restart_backoff_s`).
-MAX_SUPERVISOR_RESTARTS = 3
+# other than the trainer's script is started again from the trainer's checkpoint, within
+# the trainer's one restart budget (trainers/launch/restarts.py), after
+# RESTART_BACKOFF_S * 2**(k-1) seconds for the k-th restart since its last commit (the
+# daemon's `restart_backoff_s`).
 RESTART_BACKOFF_S = 10.0
 
 
@@ -221,23 +222,25 @@ class LiveDriver:
             self._finish(trainer_id, "cancelled", "cancelled")
         elif ended.state == "failed" and ended.cause == "script":
             self._fail(trainer_id, f"{why} (its own script; bftrainer logs {trainer_id})")
+        elif ended.state == "failed" and ended.cause == "restarts":  # the one budget: spent
+            self._fail(trainer_id, f"{why} (bftrainer logs {trainer_id})")
         else:
             self._restart_later(trainer_id, launcher, why, now_s)
 
     def _restart_later(
         self, trainer_id: str, launcher: Launcher | None, why: str, now_s: float
     ) -> None:
-        row = self.store.trainer(trainer_id)
-        if row.restarts >= MAX_SUPERVISOR_RESTARTS:
-            self._fail(
-                trainer_id,
-                f"gave up after {row.restarts} restarts; the last: {why} "
-                f"(bftrainer logs {trainer_id})",
-            )
+        try:
+            restart = restarts.take(self.trainers_dir / trainer_id, why)
+        except OSError as exc:  # it could not commit there either
+            self._fail(trainer_id, f"cannot record its restart ({exc}); the last: {why}")
+            return
+        if not restart.allowed:
+            self._fail(trainer_id, f"{restart.gave_up()} (bftrainer logs {trainer_id})")
             return
         if launcher is not None:
             launcher.kill()  # whatever the dead supervisor left running here
-        delay_s = self.restart_backoff_s * 2**row.restarts
+        delay_s = self.restart_backoff_s * 2 ** (restart.number - 1)
         self._restarts[trainer_id] = (now_s + delay_s, why)
         self.store.decide_restart(trainer_id)  # counted when decided: a failed start counts too
         log.warning(
@@ -245,8 +248,8 @@ class LiveDriver:
             trainer_id,
             why,
             delay_s,
-            row.restarts + 1,
-            MAX_SUPERVISOR_RESTARTS,
+            restart.number,
+            restarts.MAX_RESTARTS,
         )
 
     def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:

@@ -305,10 +305,11 @@ def read_result(trainer_dir: Path) -> dict[str, Any] | None:
 # -- exit.json (written by the supervisor) -------------------------------------------
 
 
-# Why a trainer failed: its own script raised (``script``), or what runs it gave up
-# (``infrastructure``: workers lost over and over, a host unreachable, the supervisor's
-# own error). A driver may start an infrastructure failure again from its checkpoint.
-EXIT_CAUSES = ("script", "infrastructure")
+# Why a trainer failed: its own script raised (``script``); its restart budget is spent
+# (``restarts``: lost over and over without a new commit, launch/restarts.py); or what
+# runs it gave up (``infrastructure``: a host unreachable, the supervisor's own error). A
+# driver may start an infrastructure failure again from its checkpoint, within the budget.
+EXIT_CAUSES = ("script", "restarts", "infrastructure")
 
 
 def write_exit(

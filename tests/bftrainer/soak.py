@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
-from bftrainer.live import MAX_SUPERVISOR_RESTARTS
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
+from bftrainer.trainers.launch.restarts import MAX_RESTARTS
 from tests.bftrainer.daemon_service import MAIN_START_LIMIT_S, Service, StartWatch
 
 TERMINAL = ("done", "failed", "cancelled")
@@ -286,11 +286,11 @@ class Soak:
             if state not in TERMINAL:
                 self.violate(f"{tid} still {state} at the end")
             elif state == "failed" and tid not in self.crash:
-                # Killed more often than the daemon restarts a supervisor: the retries ran
-                # out, as documented, and the reason must say so.
+                # Killed more often than the restart budget allows between two commits:
+                # the retries ran out, as documented, and the reason must say so.
                 kills = self.supervisor_kills.get(tid, 0)
-                gave_up = f"gave up after {MAX_SUPERVISOR_RESTARTS} restarts" in t["reason"]
-                if not (kills > MAX_SUPERVISOR_RESTARTS and gave_up):
+                gave_up = f"gave up after {MAX_RESTARTS} restarts without a new" in t["reason"]
+                if not (kills > MAX_RESTARTS and gave_up):
                     self.violate(f"(a) {tid} failed: {t['reason']} (supervisor killed {kills}x)")
             elif state == "done" and t["samples_done"] != self.work.get(tid):
                 self.violate(f"(b) {tid} did {t['samples_done']} samples of {self.work.get(tid)}")

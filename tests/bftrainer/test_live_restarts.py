@@ -38,8 +38,14 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
             Launcher.attach(pid_file.parent).kill()
 
 
-def driver(store: Store, state_dir: Path) -> LiveDriver:
-    return LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
+def driver(store: Store, state_dir: Path, restart_backoff_s: float = 10.0) -> LiveDriver:
+    return LiveDriver(
+        store,
+        state_dir,
+        lambda nodes: ExecPlan("local", {}),
+        report_every_s=0.5,
+        restart_backoff_s=restart_backoff_s,
+    )
 
 
 def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -86,3 +92,30 @@ def test_a_live_supervisor_is_re_attached_not_restarted(state_dir: Path) -> None
     again.attach(store.trainer(tid), trainer.nodes)
     again.advance([trainer], time.time())
     assert again.launchers[tid].pid == pid and store.trainer(tid).restarts == 0
+
+
+def test_a_supervisor_killed_more_often_than_the_budget_between_commits_fails_the_trainer(
+    state_dir: Path,
+) -> None:
+    """The daemon takes from the trainer's one budget (trainers/launch/restarts.py): three
+    restarts without a new commit, the fourth death fails it, saying why."""
+    store = Store.open(state_dir)
+    never_commits = ("--commit-every-s", "3600", "--commit-every-steps", "1000000000")
+    tid = store.submit(
+        str(EXAMPLE), never_commits, backend="torchrun", max_nodes=1, work_samples=10**7
+    )
+    trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
+    live = driver(store, state_dir, restart_backoff_s=0.0)
+    live.rescale(trainer, trainer.nodes)
+    for death in range(1, 5):
+        launcher = live.launchers[tid]
+        os.kill(launcher.pid, signal.SIGKILL)
+        wait_for(lambda launcher=launcher: not launcher.alive(), 10, "the supervisor gone")
+        live.advance([trainer], time.time())  # its death seen: a restart decided, or not
+        live.advance([trainer], time.time())  # no backoff: started again at once
+        row = store.trainer(tid)
+        if death <= 3:
+            assert row.state == "running" and tid in live.launchers, (death, row.reason)
+    assert not (state_dir / "trainers" / tid / "checkpoint.pt").exists(), "it committed"
+    assert (row.state, row.restarts) == ("failed", 3), row
+    assert row.reason.startswith("gave up after 3 restarts without a new commit; the last: ")

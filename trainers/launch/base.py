@@ -104,8 +104,8 @@ class TrainerExit:
     state: str  # "done" | "failed" | "stopped"
     returncode: int | None
     reason: str
-    # For a failure: "script" (the trainer's own code) or "infrastructure" (what ran
-    # it: lost workers, the supervisor killed), see channel.EXIT_CAUSES.
+    # For a failure: "script" (the trainer's own code), "restarts" (its restart budget
+    # spent) or "infrastructure" (what ran it), see channel.EXIT_CAUSES.
     cause: str | None = None
 
 

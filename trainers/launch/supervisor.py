@@ -13,7 +13,8 @@ session, so it survives the daemon) reads ``spec.json`` and then loops:
   backend ends: ``exit.json`` says done (``result.json`` exists), failed or stopped;
 * the backend ends without a user error (workers lost: a node preempted under a
   torchrun agent, a crash): it starts again from the last commit on the hosts it still
-  has, at most ``MAX_RESTARTS_WITHOUT_PROGRESS`` times in a row without a new commit
+  has, within the trainer's one restart budget (``restarts.py``: at most 3 in a row
+  without a new commit, shared with the daemon's restarts of a dead supervisor)
   (a restart onto fewer hosts, after a host was lost, is not counted);
 * a host is lost when its holder job ends (preempted, released, cancelled by hand, its
   time limit): in ``slurm`` mode the supervisor asks Slurm itself (one ``squeue`` every
@@ -34,13 +35,14 @@ timeouts (about 20 s), the first agent hosts the store (if its host leaves, the 
 dies), and every membership change restarts all workers anyway. Stopping the workers
 at a step boundary (they commit first: no step is lost) and starting one agent per
 new host with a fresh rendezvous is as fast and never depends on the departed host.
-c10d rendezvous still forms each generation and restarts workers after a crash.
+c10d rendezvous still forms each generation; a crash ends it (``--max-restarts=0``) and
+the supervisor restarts from the last commit.
 
 Settings (environment, e.g. ``LaunchSpec.env``): ``BFTRAINER_HOROVOD_NIC`` (``auto``:
 ``--network-interface lo`` when every host is this machine; ``none``; or an interface
 name), ``BFTRAINER_BLACKLIST_COOLDOWN_S`` (``"5 10"``: a host whose worker failed may
 come back after 5-10 s), ``BFTRAINER_STOP_GRACE_S`` (30: how long workers get to
-checkpoint and exit), ``BFTRAINER_TORCHRUN_MAX_RESTARTS`` (3).
+checkpoint and exit).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from subprocess import PIPE, Popen
 from typing import Any
 
 from bftrainer.trainers import channel, lifeline
-from bftrainer.trainers.launch import remote
+from bftrainer.trainers.launch import remote, restarts
 from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
 from bftrainer.trainers.launch.hostwatch import HostWatch, env_seconds
 from bftrainer.trainers.launch.worker import FAILURE
@@ -69,9 +71,8 @@ from bftrainer.trainers.launch.worker import FAILURE
 logger = logging.getLogger("bftrainer.supervisor")
 
 POLL_S = 0.25
-# Workers lost without a user error are restarted from the last commit, this many times
-# in a row without progress, after waiting this long for the driver to drop lost hosts.
-MAX_RESTARTS_WITHOUT_PROGRESS = 3
+# Workers lost without a user error are restarted from the last commit (restarts.py
+# bounds how often) after waiting this long for the driver to drop lost hosts.
 RESTART_SETTLE_S = 3.0  # BFTRAINER_RESTART_SETTLE_S overrides it
 WORKER = ("-m", "bftrainer.trainers.launch.worker")
 Hosts = list[tuple[str, int]]
@@ -291,7 +292,6 @@ class TorchrunBackend(Backend):
         endpoint = f"{remote.address_of(first, config)}:{_free_port()}"
         env = self.worker_env()
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        restarts = _setting("BFTRAINER_TORCHRUN_MAX_RESTARTS", "3")
         self.procs = []
         for i, (host, slots) in enumerate(hosts):
             argv = [
@@ -304,7 +304,9 @@ class TorchrunBackend(Backend):
                 f"--rdzv-endpoint={endpoint}",
                 f"--rdzv-id={self.spec.trainer_id}-{self.generation}",
                 f"--rdzv-conf=is_host={1 if i == 0 else 0}",
-                f"--max-restarts={restarts}",
+                # A crash ends the agent; the supervisor restarts from the last commit,
+                # within the trainer's one restart budget (restarts.py).
+                "--max-restarts=0",
                 "--monitor-interval=1",
                 # Its per-run directories in the trainer's, not one more in /tmp each
                 # time an agent starts (they stay behind when an agent is stopped).
@@ -332,8 +334,6 @@ class Supervisor:
         self.stop_requested = False
         self.watch = HostWatch(spec.trainer_dir)
         self._bad_hosts_logged = ""
-        self._restarts = 0
-        self._last_commit: int | None = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.info("signal %d: stopping", signum)
@@ -354,18 +354,6 @@ class Supervisor:
                 self._bad_hosts_logged = str(e)
             return previous
         return hosts[: self.spec.max_hosts]
-
-    def _may_restart(self) -> bool:
-        """Whether lost workers may be restarted: at most MAX_RESTARTS_WITHOUT_PROGRESS
-        times in a row without a new commit (checkpoint) in between."""
-        try:
-            commit = (self.dir / channel.CHECKPOINT).stat().st_mtime_ns
-        except FileNotFoundError:
-            commit = None
-        if commit != self._last_commit:
-            self._last_commit, self._restarts = commit, 0
-        self._restarts += 1
-        return self._restarts <= MAX_RESTARTS_WITHOUT_PROGRESS
 
     def _failure(self) -> str | None:
         data = channel.read_json(self.dir / FAILURE)
@@ -451,16 +439,17 @@ class Supervisor:
                             continue
                         if rc == 0:  # the script returned, its work not done: its own doing
                             return self.finish("failed", rc, short_of_work(self.spec), "script")
-                        if not self._may_restart():
-                            return self.finish("failed", rc, why, "infrastructure")
+                        restart = restarts.take(self.dir, why)
+                        if not restart.allowed:
+                            return self.finish("failed", rc, restart.gave_up(), "restarts")
                         # No user error: workers were lost (a node preempted under them,
                         # a crash). Start again from the last commit, on the hosts the
                         # driver gives once it has seen the loss.
                         logger.warning(
                             "%s; no user error: restarting from the last commit (%d of %d)",
                             why,
-                            self._restarts,
-                            MAX_RESTARTS_WITHOUT_PROGRESS,
+                            restart.number,
+                            restarts.MAX_RESTARTS,
                         )
                         time.sleep(env_seconds("BFTRAINER_RESTART_SETTLE_S", RESTART_SETTLE_S))
                         continue
