@@ -15,7 +15,9 @@ what elasticity needs (see docs/trainers.md):
 * between resets, at each commit, Pollux's re-tuning: rank 0 asks its agent for the
   best configuration at the current size and all ranks move there together when it
   promises ``--switch-gain`` more goodput (``goodput.retune_choice``, the replay's
-  rule too);
+  rule too). A commit is also due at each pass over the data (AdaptDL's cadence), so a
+  fast trainer re-tunes within its first epochs, not only every ``--commit-every-s``;
+  but only while commits stay under ``COMMIT_SHARE`` of the time;
 * reporting through the trainer directory (:mod:`bftrainer.trainers.channel`);
 * work: ``--work-samples`` / ``--work-epochs`` met exactly; rank 0 writes
   ``result.json`` and prints it as one JSON line.
@@ -82,6 +84,10 @@ NUM_FLAGS = 5
 # not see, else at most this often: a fit over several configurations takes about
 # 0.2 s here, which the training loop pays (Pollux refits on its scheduling interval).
 REFIT_EVERY_S = 60.0
+# A commit at an epoch's end (for the re-tuning) only when the commits since the last
+# one would take at most this share of the time, at the last commit's cost: a small
+# model's short epochs each get one, a large checkpoint waits for --commit-every-s.
+COMMIT_SHARE = 0.05
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -191,6 +197,8 @@ class ElasticRuntime:
         self._leaving = False
         self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
         self._last_fit_t = -math.inf
+        self._commit_cost_s = 0.0  # rank 0's last commit, checkpoint included
+        self._committed_epoch = 0  # the sampler's epoch at the last commit
         self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
@@ -329,6 +337,7 @@ class ElasticRuntime:
                 self.agent.restore(agent_state)
         self.progress.resets += 1
         self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
+        self._committed_epoch = self.sampler.epoch  # resumed: the pass it resumed in
         self._configure(nodes, local, accum, source)
 
     def _configure(self, nodes: int, local: int, accum: int, source: str) -> None:
@@ -458,8 +467,15 @@ class ElasticRuntime:
             # on the gradient all-reduce: every rank then acts on the same step.
             commit_due = stop = hosts_updated = leaving = 0.0
             if rank == 0:
-                if now - self._last_commit_t >= opts.commit_every_s:
+                since_s = now - self._last_commit_t
+                if since_s >= opts.commit_every_s:
                     commit_due = 1.0
+                elif (
+                    opts.retune
+                    and sampler.epoch > self._committed_epoch
+                    and self._commit_cost_s <= COMMIT_SHARE * since_s
+                ):
+                    commit_due = 1.0  # a new pass over the data: time to re-tune
                 if now - self._last_stop_check_t >= STOP_CHECK_EVERY_S:
                     self._last_stop_check_t = now
                     if self._stop_file.exists():
@@ -547,6 +563,7 @@ class ElasticRuntime:
         with its leave is the others' to act on (raised here, it made the leaver reset
         with them and leave a step later than the commit they resumed from)."""
         comm, p = self.comm, self.progress
+        began = time.perf_counter()
         info = CommitInfo(p.committed_step, p.step, p.samples_done)
         if comm.size > 1:
             # Every rank's model must be the same bits (summed gradients, one LR from
@@ -573,6 +590,8 @@ class ElasticRuntime:
         # the same message carries rank 0's re-tuning, so all ranks move together.
         move = comm.broadcast_object(move)
         self._last_commit_t = time.perf_counter()
+        self._commit_cost_s = self._last_commit_t - began
+        self._committed_epoch = self.sampler.epoch
         if move is not None:
             p.retunes += 1
             self._configure(self.agent.config.nodes, move[0], move[1], "retune")

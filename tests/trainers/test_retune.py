@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +52,22 @@ class DrawnRetunes(ElasticRuntime):
 def make(
     trainer_dir: Path,
     work: int,
-    every: int,
+    every: int | None,
     moves: list[tuple[int, int] | None],
     ledger: list[dict[str, Any]],
     crash_at: int | None,
+    commit_s: float = 0.0,
+    step_s: float = 0.0,
 ) -> DrawnRetunes:
+    """The runtime on DATASET samples; ``every`` None: commits at the defaults (time and
+    epochs); ``commit_s``: each commit's own cost (a slow disk); ``step_s``: a step's."""
     parser = argparse.ArgumentParser()
     add_runtime_args(parser)
+    every_args = [] if every is None else ["--commit-every-steps", str(every)]
     args = parser.parse_args(
         [
             "--work-samples", str(work),
-            "--commit-every-steps", str(every),
+            *every_args,
             "--base-batch", str(BASE),
             "--max-batch", "64",
             "--max-local-batch", "16",
@@ -83,10 +89,12 @@ def make(
     def loss_fn(m: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         if crash_at is not None and runtime.progress.step >= crash_at:
             raise Crash(f"crash at step {runtime.progress.step}")
+        time.sleep(step_s)
         return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
 
     def on_commit(info: CommitInfo) -> None:
         ledger.append({"from": info.from_step, "to": info.to_step, "ids": info.ids})
+        time.sleep(commit_s)
 
     runtime = DrawnRetunes(
         moves,
@@ -201,3 +209,24 @@ def test_the_rule_moves_only_for_more_than_the_switch_gain() -> None:
     gain = best.goodput_sps / now - 1
     assert retune_choice(model, 1, 1, 64, 0, switch_gain=gain * 1.01) is None
     assert retune_choice(model, 1, 1, best.local_bsz, best.accum_steps) is None
+
+
+def test_each_pass_over_the_data_brings_a_retune_unless_commits_cost_too_much(
+    tmp_path: Path,
+) -> None:
+    """At the defaults (a commit every 10 s), a fast trainer still re-tunes at the end of
+    each epoch (AdaptDL's cadence), in the first epoch too; when a commit costs more
+    than 5% of the time since the last, the epoch's end waits for the clock."""
+    steps_per_epoch = math.ceil(DATASET / BASE)  # 0.5 s an epoch at 0.05 s a step
+    ledger: list[dict[str, Any]] = []
+    make(tmp_path / "fast", 3 * DATASET, None, [], ledger, None, step_s=0.05).run()
+    # The first commit ends the first epoch (its flag is seen at the next step).
+    assert ledger[0]["from"] == 0 and ledger[0]["to"] == steps_per_epoch + 1, ledger
+    assert len(ledger) == 3, [(e["from"], e["to"]) for e in ledger]  # 2 epoch ends, the end
+
+    slow: list[dict[str, Any]] = []
+    make(tmp_path / "slow", 3 * DATASET, None, [], slow, None, commit_s=0.5, step_s=0.05).run()
+    # The first epoch's end, then nothing until the work is done: 0.5 s a commit is
+    # far over 5% of a 0.5 s epoch.
+    assert [(e["from"], e["to"]) for e in slow][:1] == [(0, steps_per_epoch + 1)]
+    assert len(slow) == 2, [(e["from"], e["to"]) for e in slow]
