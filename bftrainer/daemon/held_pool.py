@@ -242,9 +242,7 @@ class HeldPool:
                     status.node,
                     job_id,
                 )
-                self.holders.release(job_id)
-                self.store.set_holder_state(job_id, "ended", reason="requeued", now_s=now_s)
-                self.counts.lost += 1
+                self.cancel([job_id], "requeued", now_s, lost=True)
                 continue
             was = known[job_id]
             if status.state == "running":
@@ -315,7 +313,7 @@ class HeldPool:
         # moved earlier, or the scheduler wanted more slack): cancel it, so that the
         # node is held again below with a limit that fits.
         stuck = [h.job_id for h in live if h.state == "pending" and _outlives_claim(h, view)]
-        if stuck and self._release(stuck, "cannot start before its node's claim", now_s):
+        if stuck and self.cancel(stuck, "cannot start before its node's claim", now_s):
             log.info(
                 "re-holding %s: the holder asked for could not start before a main job",
                 ", ".join(h.node for h in live if h.job_id in stuck),
@@ -342,7 +340,7 @@ class HeldPool:
             )
         by_node = {h.node: h.job_id for h in live}
         released: set[str] = set()
-        if plan.release and self._release(
+        if plan.release and self.cancel(
             [by_node[n] for n in plan.release], "no trainer needs it", now_s
         ):
             log.info(
@@ -394,25 +392,36 @@ class HeldPool:
     def _cancel_unrecorded(self, job_id: str) -> None:
         """Cancel a holder the store refused; if the scheduler refuses too, the next
         poll's reconcile cancels it (the store does not know it)."""
-        try:
-            self.holders.release(job_id)
-        except HolderError as exc:
-            self.counts.errors["holder_cancel"] += 1
-            log.warning("%s; the next poll cancels it", exc)
-            return
-        self.counts.released += 1
+        self.cancel([job_id], "not recorded; the next poll cancels it", recorded=False)
 
-    def _release(self, jobs: Sequence[str], reason: str, now_s: float) -> bool:
-        """Cancel holders and record them ended; False (and logged) when refused."""
+    def cancel(
+        self,
+        job_ids: Sequence[str],
+        reason: str,
+        now_s: float | None = None,
+        *,
+        lost: bool = False,
+        recorded: bool = True,
+    ) -> bool:
+        """End holders by our hand: the one path that cancels a holder and records it,
+        whoever decides (the hold plan, a requeue, the daemon's exit). One cancel
+        command, then each holder recorded ended with ``reason`` (unless the store never
+        ``recorded`` it) and counted released (or ``lost``: it was no longer ours).
+        False when the scheduler refuses: counted and logged, the store keeps the
+        holders as they were, and a later poll decides again."""
         try:
-            self.holders.release(*jobs)
+            self.holders.release(*job_ids)
         except HolderError as exc:
             self.counts.errors["holder_cancel"] += 1
-            log.warning("holders not released: %s", exc)
+            log.warning("holders not released (%s): %s", reason, exc)
             return False
-        for job_id in jobs:
-            self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
-        self.counts.released += len(jobs)
+        if recorded:
+            for job_id in job_ids:
+                self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+        if lost:
+            self.counts.lost += len(job_ids)
+        else:
+            self.counts.released += len(job_ids)
         return True
 
     def _publish(

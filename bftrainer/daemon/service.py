@@ -386,17 +386,9 @@ class Daemon:
 
     def _release_spare(self) -> None:
         allocated = {n for a in self.store.current_allocations().values() for n in a.nodes}
-        spare = [h for h in self.store.holders(live_only=True) if h.node not in allocated]
+        spare = [h.job_id for h in self.store.holders(live_only=True) if h.node not in allocated]
         if spare:
-            try:
-                self.pool.holders.release(*(h.job_id for h in spare))
-            except HolderError as exc:
-                self.pool.counts.errors["holder_cancel"] += 1
-                log.warning("holders not released at exit: %s", exc)
-            else:
-                for h in spare:
-                    self.store.set_holder_state(h.job_id, "ended", reason="released at exit")
-                self.pool.counts.released += len(spare)
+            self.pool.cancel(spare, "released at exit")
 
 
 # errno values that mean "this file system cannot take the write", not a bug.
