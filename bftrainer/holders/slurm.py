@@ -7,13 +7,11 @@ docs/holders.md):
   says "Slurm accounting storage is disabled", so status comes from ``squeue -t all``,
   which lists ended jobs for ``MinJobAge`` seconds (300 by default, 30 on the test
   cluster); a holder no longer listed has ended.
-- ``squeue -O 'JobID:|,...'`` prints each field unpadded and untruncated, ending with
-  ``|``. ``ReqNodes`` holds the ``-w`` node even while pending.
+- ``squeue``'s job lines are read by :mod:`bftrainer.squeue`, the one parser the
+  trainers' supervisors use too (its docstring has the format's facts).
 - A preempted holder shows ``PREEMPTED`` (``GraceTime=0``, the recommended setting) or,
-  with a grace time it exits within, ``COMPLETED``; ``PreemptTime`` (epoch seconds with
-  ``SLURM_TIME_FORMAT=%s``; ``N/A`` otherwise) tells a preemption apart in both. It is
-  set the moment Slurm preempts, while the job may still show ``RUNNING``: from then on
-  the node is not ours.
+  with a grace time it exits within, ``COMPLETED``; ``PreemptTime`` tells a preemption
+  apart in both, even while the job still shows ``RUNNING``.
 - ``scancel`` of an ended or unknown job exits 0.
 """
 
@@ -37,16 +35,15 @@ from bftrainer.holders.base import (
 )
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
+from bftrainer.squeue import FORMAT, TIME_ENV, has_value, parse_squeue_jobs
 
 log = logging.getLogger(__name__)
 
 SCRIPT = job_script("slurm", "hold-nodes.sbatch")
-STATUS_FIELDS = ("JobID", "State", "ReqNodes", "NodeList", "PreemptTime", "Reason")
 _PENDING = frozenset(
     {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 )
 _SUSPENDED = frozenset({"SUSPENDED", "STOPPED"})
-_NO_VALUE = frozenset({"", "n/a", "none", "(null)", "unknown"})
 # sbatch and scancel commands in flight at once. slurmctld serves RPCs on many threads;
 # one after another, 200 holders took 9 s to submit and a 200-id scancel 17 s on the
 # local Slurm (docs/holders.md, "At hundreds of nodes").
@@ -98,7 +95,7 @@ def parse_job_account(text: str) -> str:
     if signal not in ("", "0"):
         words.append(f"signal {signal}")
     reason = fields.get("Reason", "")
-    if reason.lower() not in _NO_VALUE:
+    if has_value(reason):
         words.append(f"reason {reason}")
     return ", ".join(words)
 
@@ -118,25 +115,18 @@ def classify(state: str, preempted: bool, reason: str) -> tuple[str, str, bool]:
 
 
 def parse_squeue_holders(text: str) -> dict[str, HolderStatus]:
-    """Job id -> status from ``squeue -h -O 'JobID:|,State:|,ReqNodes:|,NodeList:|,
-    PreemptTime:|,Reason:|'`` (times as epoch seconds)."""
+    """Job id -> status from ``squeue -h -O`` :data:`bftrainer.squeue.FORMAT` (times as
+    epoch seconds)."""
     out: dict[str, HolderStatus] = {}
-    for line_no, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        parts = [p.strip() for p in line.split("|")]
-        if len(parts) != len(STATUS_FIELDS) + 1 or parts[-1] or not parts[0]:
-            raise ValueError(f"line {line_no}: expected {'|'.join(STATUS_FIELDS)}|: {line!r}")
-        job_id, state, req, alloc, preempt, reason = parts[:-1]
-        hostlist = alloc if alloc.lower() not in _NO_VALUE else req
+    for job in parse_squeue_jobs(text):
         try:
-            nodes = expand_hostlist(hostlist)
+            nodes = expand_hostlist(job.hostlist)
         except HostlistError as exc:
-            raise ValueError(f"line {line_no}: {exc}") from None
-        ours, why, lingering = classify(state, preempt.lower() not in _NO_VALUE, reason)
-        if why.lower() in _NO_VALUE:
+            raise ValueError(f"line {job.line_no}: {exc}") from None
+        ours, why, lingering = classify(job.state, job.preempted, job.reason)
+        if not has_value(why):
             why = ""
-        out[job_id] = HolderStatus(",".join(nodes), ours, why, state, lingering)
+        out[job.job_id] = HolderStatus(",".join(nodes), ours, why, job.state, lingering)
     return out
 
 
@@ -274,11 +264,11 @@ class SlurmHolders(Holders):
             "--states=all",
             f"--partition={self.partition}",
             f"--name={self.job_name}",
-            "--Format=" + ",".join(f"{f}:|" for f in STATUS_FIELDS),
+            f"--Format={FORMAT}",
         ]
 
     def status_env(self) -> dict[str, str]:
-        return {"SLURM_TIME_FORMAT": "%s"}
+        return dict(TIME_ENV)
 
     def parse_status(self, result: CommandResult) -> dict[str, HolderStatus]:
         if result.returncode != 0:

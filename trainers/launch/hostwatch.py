@@ -8,9 +8,11 @@ Elastic Horovod's host discovery does, and goes on with the hosts that remain.
 
 In ``slurm`` mode (``exec.json``) a host is usable while it has a holder job and that
 job runs and was not preempted (``PreemptTime`` is set the moment Slurm preempts, before
-any signal is sent). In the other modes every host the driver gave is used. The watch
-also renews the holder leases of its hosts (``exec.json``'s ``leases``; see
-``scripts/slurm/hold-nodes.sbatch``), so a node stays held while a trainer runs on it.
+any signal is sent); ``squeue``'s reply is read by :mod:`bftrainer.squeue`, the parser
+the daemon reads its holders with. In the other modes every host the driver gave is
+used. The watch also renews the holder leases of its hosts (``exec.json``'s ``leases``;
+see ``scripts/slurm/hold-nodes.sbatch``), so a node stays held while a trainer runs on
+it.
 """
 
 from __future__ import annotations
@@ -19,17 +21,17 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from bftrainer import squeue
 from bftrainer.trainers import channel
 
 logger = logging.getLogger("bftrainer.supervisor")
 
 Hosts = list[tuple[str, int]]
-_NOT_PREEMPTED = frozenset({"", "n/a", "none", "unknown", "(null)"})
-# Listed in these states, a holder may still be (or become) ours.
+# Listed in these states and not preempted, a holder may still be (or become) ours.
 _ALIVE = frozenset({"RUNNING", "PENDING", "CONFIGURING"})
 
 
@@ -47,15 +49,14 @@ def holder_jobs_gone(jobs: Collection[str], timeout_s: float = 20.0) -> set[str]
     None when Slurm cannot tell now (it is down, slow, or answered something else)."""
     if not jobs:
         return set()
-    argv = ["squeue", "-h", "-t", "all", "-j", ",".join(sorted(jobs))]
-    argv += ["-O", "JobID:|,State:|,PreemptTime:|"]
+    argv = ["squeue", "-h", "-t", "all", "-j", ",".join(sorted(jobs)), "-O", squeue.FORMAT]
     try:
         done = subprocess.run(
             argv,
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env={**os.environ, "SLURM_TIME_FORMAT": "%s"},
+            env={**os.environ, **squeue.TIME_ENV},
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as e:
@@ -66,15 +67,18 @@ def holder_jobs_gone(jobs: Collection[str], timeout_s: float = 20.0) -> set[str]
             return set(jobs)
         logger.warning("squeue exited %d: %s", done.returncode, done.stderr.strip()[:200])
         return None
-    alive = set()
-    for line in done.stdout.splitlines():
-        parts = [p.strip() for p in line.split("|")]
-        if len(parts) < 3:
-            logger.warning("squeue: unexpected line %r: keeping every host", line)
-            return None
-        job, state, preempted = parts[:3]
-        if state.rstrip("+") in _ALIVE and preempted.lower() in _NOT_PREEMPTED:
-            alive.add(job)
+    try:
+        listed = squeue.parse_squeue_jobs(done.stdout)
+    except ValueError as e:
+        logger.warning("squeue: unusable reply (%s): keeping every host", e)
+        return None
+    return jobs_gone(jobs, listed)
+
+
+def jobs_gone(jobs: Collection[str], listed: Iterable[squeue.SqueueJob]) -> set[str]:
+    """The jobs among ``jobs`` that are not listed alive: in a state where a holder may
+    still be ours, and not preempted."""
+    alive = {j.job_id for j in listed if j.state.rstrip("+") in _ALIVE and not j.preempted}
     return set(jobs) - alive
 
 

@@ -1,0 +1,114 @@
+"""The daemon's settings: the loop's ``[policy]`` and the daemon's own ``[daemon]``.
+
+What a user sets and how it is checked, apart from the machinery that uses it: the CLI
+reads and checks it (``daemon``, ``centre``) before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
+from bftrainer.live import RESTART_BACKOFF_S
+from bftrainer.policy import LIVE_POLICIES
+
+GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
+
+
+@dataclass(frozen=True)
+class DaemonConfig(Config):
+    """The loop's settings (``[policy]``) and the daemon's own (``[daemon]``)."""
+
+    poll_interval_s: float = 10.0
+    report_every_s: float = 5.0
+    # How long a holder outlives the last renewal of its lease (by the daemon at each
+    # poll, by a trainer's supervisor while it runs there): the bound on how long a node
+    # stays held for nobody when the daemon is gone.
+    holder_lease_s: float = 300.0
+    # A supervisor that died is started again after restart_backoff_s * 2**k seconds
+    # for its k-th restart (bftrainer.live).
+    restart_backoff_s: float = RESTART_BACKOFF_S
+    # Centre mode (bftrainer.centre): how often agents sync with the allocator, and how
+    # long an agent may stay silent before the allocator gives its trainers' nodes away.
+    sync_every_s: float = 1.0
+    agent_lease_s: float = 60.0
+    # Opt-in metrics (bftrainer.daemon_metrics, docs/deployment.md): a node_exporter
+    # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
+    metrics_textfile: str | None = None
+    metrics_port: int | None = None
+    # slots_per_node = "gres" (the flag or [daemon]): S is read at start from the GPUs
+    # of the bf partition's nodes (bftrainer/gpu_slots.py); slots_per_node is then 1
+    # until the daemon has read it.
+    gpu_slots: bool = False
+
+    def __post_init__(self) -> None:
+        if self.slots_per_node == GRES:
+            object.__setattr__(self, "slots_per_node", 1)
+            object.__setattr__(self, "gpu_slots", True)
+        super().__post_init__()
+        port = self.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+        ):
+            raise ConfigError(f"metrics_port = {port!r}: expected a port number, 1 to 65535")
+        textfile = self.metrics_textfile
+        if textfile is not None and (
+            not isinstance(textfile, str) or not textfile.endswith(".prom")
+        ):
+            raise ConfigError(
+                f"metrics_textfile = {textfile!r}: expected a file name ending in .prom "
+                "(node_exporter's textfile collector reads only those)"
+            )
+        for name in (
+            "poll_interval_s",
+            "report_every_s",
+            "holder_lease_s",
+            "restart_backoff_s",
+            "sync_every_s",
+            "agent_lease_s",
+        ):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0.1
+            ):
+                raise ConfigError(f"{name} = {value!r}: expected a finite number >= 0.1 (seconds)")
+
+
+_POLICY_FIELDS = {f.name for f in fields(Config)}
+# The TOML tables a daemon reads: the loop's [policy] and its own [daemon] (with the
+# loop's slots_per_node: trainers share a held node's slots, docs/deployment.md).
+DAEMON_TABLES = {
+    **POLICY_TABLES,
+    "daemon": {
+        **{
+            f.name: f.name
+            for f in fields(DaemonConfig)
+            if f.name not in _POLICY_FIELDS and f.name != "gpu_slots"  # slots_per_node = "gres"
+        },
+        "slots_per_node": "slots_per_node",
+    },
+}
+
+
+def load_daemon_config(
+    path: Path | None, overrides: Mapping[str, object], names: Mapping[str, str] | None = None
+) -> DaemonConfig:
+    """The daemon's settings: defaults, then the TOML file's, then ``overrides`` (those not
+    None; ``names`` maps a field to the flag that set it, for errors)."""
+    config = DaemonConfig()
+    if path is not None:
+        config = load_config(path, config, DAEMON_TABLES)
+    config = with_overrides(config, overrides, names)
+    if config.policy not in LIVE_POLICIES:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(
+            f"{where}policy = {config.policy!r}: the daemon runs {' or '.join(LIVE_POLICIES)} "
+            "(the others are replay baselines)"
+        )
+    return config

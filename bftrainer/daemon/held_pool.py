@@ -1,0 +1,492 @@
+"""The daemon's pool source: the nodes whose holder job runs, and the holders' record.
+
+:class:`HeldPool` plugs into :class:`bftrainer.loop.Loop` as its pool. Every
+``poll_interval_s`` it reads the main scheduler's pool (idle nodes nobody planned for,
+with their windows) and the state of our holder jobs in one status call, and tells the
+loop which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
+the main scheduler, or released). On the step's decision (:meth:`HeldPool.settle`) it
+submits and cancels holders by the hold plan (:mod:`bftrainer.acquisition`: only what
+admitted trainers can use). The loop only ever sees nodes we hold.
+
+It also keeps the holder view the rest of the daemon reads: each holder's state in the
+store (written before anything acts on it), the leases that end holders by themselves
+when the daemon is gone, the counts the metrics read, and the pool as ``bftrainer
+status`` shows it. A holder that fails to hold its node is named with its cause, and its
+node waits longer before each next try (holders/failures.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bftrainer.acquisition import plan_assigned, plan_holders
+from bftrainer.gpu_slots import GpuSlotGate
+from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
+from bftrainer.holders.failures import HolderBackoff, failed_to_hold
+from bftrainer.idle_monitor.events import PoolEvent
+from bftrainer.idle_monitor.runner import CommandError
+from bftrainer.idle_monitor.source import LivePoolSource, PoolView
+from bftrainer.live import ExecPlan
+from bftrainer.loop import Polled, PoolChange, departure_moved
+from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
+from bftrainer.trainers.channel import renew_lease
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HoldCounts:
+    """What the holders did since the daemon started, counted where each is logged
+    (plain numbers: the metrics, when enabled, read them)."""
+
+    acquired: int = 0  # submitted and accepted by the scheduler
+    preempted: int = 0  # ended by a main job
+    released: int = 0  # cancelled by the daemon (pending or running)
+    lost: int = 0  # ended otherwise: cancelled outside, time limit, lease, requeued
+    failed: int = 0  # ended without holding: the script or the node failed
+    # Scheduler operations that failed, by kind: holder_status, holder_submit,
+    # holder_cancel, pool (the pool source's own failed reads are counted there).
+    errors: Counter[str] = field(default_factory=Counter)
+
+
+class HeldPool:
+    """The loop's pool: nodes whose holder runs (see the module docstring)."""
+
+    def __init__(
+        self,
+        monitor: LivePoolSource,
+        holders: Holders,
+        store: Store,
+        demand: Callable[[], tuple[int, set[str]]],
+        poll_interval_s: float,
+        usable: Sequence[str] = (),
+        *,
+        lease_dir: Path | None = None,
+        lease_s: float = 300.0,
+        assigned: Callable[[], set[str]] | None = None,
+    ) -> None:
+        self.monitor = monitor
+        self.holders = holders
+        self.store = store
+        self.demand = demand
+        # A centre agent holds exactly the nodes the allocator gave its trainers
+        # (acquisition.plan_assigned); None: the demand's hold plan (plan_holders).
+        self.assigned = assigned
+        self.poll_interval_s = poll_interval_s
+        self.usable: set[str] = set(usable)
+        # Each holder watches a lease file (scripts/slurm/hold-nodes.sbatch): renewed at
+        # every poll, so holders end by themselves within lease_s of the daemon's end
+        # unless a trainer's supervisor renews them. None: no leases (time limits only).
+        self.lease_dir = lease_dir
+        self.lease_s = lease_s
+        self._lease_until: dict[str, float] = {}
+        self._next_s = -math.inf
+        # When each usable node leaves, as last told to the loop (None: not known).
+        self._told: dict[str, float | None] = {}
+        self._view: PoolView | None = None  # the last poll's
+        self._replan = False  # polled since the last hold plan
+        self.counts = HoldCounts()
+        # Nodes whose last holder failed wait before the next (holders/failures.py).
+        self.backoff = HolderBackoff(2 * poll_interval_s)
+        # --slots-per-node gres: nodes whose GPU count is not S stay out (set at start).
+        self.gate: GpuSlotGate | None = None
+        self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
+        self._idle: frozenset[str] = frozenset()  # the pool before the gate, for status
+
+    @property
+    def view(self) -> PoolView | None:
+        """The pool as the last poll read it (None before the first)."""
+        return self._view
+
+    def jobs(self) -> dict[str, str]:
+        """node -> the job id of its live holder."""
+        return {h.node: h.job_id for h in self.store.holders(live_only=True)}
+
+    def exec_plan(self, nodes: Sequence[str]) -> ExecPlan:
+        jobs = self.jobs()
+        # Slurm: workers run as steps inside the holders. LSF: over ssh (blaunch is not wired).
+        mode = "slurm" if self.holders.scheduler == "slurm" else "ssh"
+        leases = {} if self.lease_dir is None else {n: str(self._lease(n)) for n in nodes}
+        return ExecPlan(
+            mode,
+            {n: jobs[n] for n in nodes if n in jobs},
+            leases=leases,
+            lease_s=self.lease_s,
+        )
+
+    def _lease(self, node: str) -> Path:
+        assert self.lease_dir is not None
+        return self.lease_dir / node
+
+    def _renew_leases(self, nodes: Iterable[str], now_s: float, *, force: bool = False) -> None:
+        """Renew the leases of ``nodes`` that are past half their time (or all: force)."""
+        if self.lease_dir is None:
+            return
+        due = [
+            n
+            for n in nodes
+            if force or self._lease_until.get(n, -math.inf) - now_s <= self.lease_s / 2
+        ]
+        if due:
+            try:
+                self.lease_dir.mkdir(mode=0o700, exist_ok=True)  # once, not per node
+            except OSError as exc:
+                log.error("cannot create the lease folder %s: %s", self.lease_dir, exc)
+                return
+        for node in due:
+            try:
+                renew_lease(self._lease(node), now_s + self.lease_s)
+            except OSError as exc:
+                log.error("cannot renew the lease of %s's holder: %s", node, exc)
+                continue
+            self._lease_until[node] = now_s + self.lease_s
+
+    def poll(self, now_s: float) -> Polled:
+        """Read the scheduler: the nodes whose holder started or ended since the last
+        poll, and when each held node leaves. Holders are submitted and cancelled in
+        :meth:`settle`, on the step's decision."""
+        if now_s < self._next_s:
+            return Polled((), self._next_s)
+        self._next_s = now_s + self.poll_interval_s
+        self._replan = True
+        try:
+            self.monitor.poll()  # keeps the last good pool (stale) on a bad reply
+        except (CommandError, ValueError) as exc:
+            self.counts.errors["pool"] += 1
+            log.warning("pool not read, keeping the last good one: %s", exc)
+        try:
+            self.sync_holders(now_s)
+        except (HolderError, CommandError) as exc:
+            self.counts.errors["holder_status"] += 1
+            log.warning("holders not read, keeping the last known: %s", exc)
+            return Polled((), self._next_s)
+        live = self.store.holders(live_only=True)
+        self._renew_leases((h.node for h in live), now_s)
+        running = {h.node: h for h in live if h.state == "running"}
+        view = self.monitor.view()  # one view per poll: plan and event agree
+        if self.gate is not None:
+            # A held node whose GPU count is not S leaves the loop's pool (its holder is
+            # then released by the plan: outside the pool, no trainer on it).
+            users: dict[str, set[str]] = {}
+            for tid, a in self.store.current_allocations().items():
+                for n in a.nodes:
+                    users.setdefault(n, set()).add(tid)
+            self._left_out = self.gate.misfits(view, {n: users.get(n, set()) for n in running})
+            self._idle = view.pool
+            view = self.gate.without(view, set(self._left_out))
+            running = {n: h for n, h in running.items() if n not in self._left_out}
+        joined, left = running.keys() - self.usable, self.usable - running.keys()
+        self.usable = set(running)
+        self._view = view
+        leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
+        # Tell the loop the departures it does not know yet (all of them after a restart).
+        changed = {n: t for n, t in leave_by.items() if departure_moved(self._told, n, t)}
+        self._told = leave_by
+        if not joined and not left and not changed:
+            return Polled((), self._next_s)
+        if joined or left:
+            self.store.add_pool_event(
+                joined=joined,
+                left=left,
+                windows_s=dict(view.windows_s),
+                stale=view.stale,
+                now_s=now_s,
+            )
+        windows = {n: None if t is None else max(0.0, t - now_s) for n, t in changed.items()}
+        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left), windows_s=windows)
+        return Polled((PoolChange(event),), self._next_s)
+
+    def settle(self, now_s: float, decided: bool) -> tuple[PoolChange, ...]:
+        """Hold what the decision needs: after a poll or a decision, submit and cancel
+        holders by the hold plan. Only nodes the decision left free are released, and
+        they leave the loop's pool in this same step (the returned change), so the loop
+        never hands a trainer a node whose holder is gone."""
+        if not (self._replan or decided) or self._view is None:
+            return ()
+        self._replan = False
+        try:
+            released = self._plan(self._view, now_s) & self.usable
+        except (HolderError, CommandError) as exc:  # each is handled where it arises;
+            # this is the step's guard: no scheduler reply ends the daemon
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not planned at this poll, trying again at the next: %s", exc)
+            released = set()
+        self.usable -= released
+        for n in released:
+            self._told.pop(n, None)
+        self._publish(self._view, self._told, now_s)
+        if not released:
+            return ()
+        self.store.add_pool_event(
+            joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
+        )
+        return (PoolChange(PoolEvent(now_s, left=frozenset(released))),)
+
+    def sync_holders(self, now_s: float) -> None:
+        """One status call: record what our holders are now; cancel unknown ones."""
+        known = {h.job_id: h for h in self.store.holders(live_only=True)}
+        result = self.holders.reconcile({j: h.node for j, h in known.items()})
+        for job_id, status in result.live.items():
+            try:
+                self.store.set_holder_state(job_id, status.state, reason=status.reason, now_s=now_s)
+            except TransitionError:
+                # Running in the store, pending in the scheduler: requeued (holders are
+                # --no-requeue, so only a site's override does this). Not ours any more.
+                log.warning(
+                    "%s's holder %s was requeued by the scheduler: releasing it",
+                    status.node,
+                    job_id,
+                )
+                self.cancel([job_id], "requeued", now_s, lost=True)
+                continue
+            was = known[job_id]
+            if status.state == "running":
+                self.backoff.held(status.node)
+            if status.state == "running" and was.state == "pending":
+                limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
+                log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
+        for job_id, status in result.gone.items():
+            if job_id in known and failed_to_hold(known[job_id].state, status.reason):
+                self._failed(known[job_id], status, now_s)
+            elif job_id in known:
+                self.holders.forget(job_id)
+                why = self._why_ended(known[job_id], status.reason, now_s)
+                self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
+                if status.reason == "preempted":
+                    self.counts.preempted += 1
+                else:
+                    self.counts.lost += 1
+                log.info("lost %s: its holder %s %s", status.node, job_id, why)
+
+    def _failed(self, holder: HolderRow, status: HolderStatus, now_s: float) -> None:
+        """A holder that failed to hold: its cause in one line, its node backed off."""
+        cause = self.holders.why_failed(holder.job_id, status)
+        self.store.set_holder_state(holder.job_id, "ended", reason=f"failed: {cause}", now_s=now_s)
+        self.counts.failed += 1
+        entry = self.backoff.failed(holder.node, holder.job_id, cause, now_s)
+        log.warning(
+            "holder %s for %s failed: %s; %s is tried again in %.3g s (failure %d in a row)",
+            holder.job_id,
+            holder.node,
+            cause,
+            holder.node,
+            entry.retry_s - now_s,
+            entry.failures,
+        )
+        stderr = self.holders.stderr_file(holder.job_id)
+        if stderr is not None and status.reason == "failed" and not stderr.exists():
+            # Slurm fails a job whose --error folder the node cannot see: the state
+            # directory is not shared with the nodes. Holders go on without the file.
+            log.warning(
+                "holder stderr is not written to %s (a folder the nodes do not see?): "
+                "holders keep no stderr from now on",
+                stderr.parent,
+            )
+            self.holders.stderr_dir = None
+
+    def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
+        """Why a holder ended, in an operator's words (the scheduler's state as given)."""
+        if reason == "preempted":
+            return "was preempted by a main job"
+        if reason in ("cancelled", "canceled"):
+            return "was cancelled outside bftrainer"
+        if reason == "timeout":
+            return "reached its time limit"
+        if reason == "not listed":
+            return f"is no longer listed by {self.holders.status_argv()[0]}"
+        lease = self._lease_until.get(holder.node)
+        if reason == "completed" and lease is not None and lease <= now_s:
+            return "ended by itself: its lease expired"
+        if reason == "completed" and holder.state == "running":
+            return "ended by itself"
+        return f"ended ({reason or 'no reason given'})"
+
+    def _plan(self, view: PoolView, now_s: float) -> set[str]:
+        """Submit and cancel holders by the hold plan; the nodes released."""
+        live = self.store.holders(live_only=True)
+        # A pending holder that would outlive its node's claim never starts (the plan
+        # moved earlier, or the scheduler wanted more slack): cancel it, so that the
+        # node is held again below with a limit that fits.
+        stuck = [h.job_id for h in live if h.state == "pending" and _outlives_claim(h, view)]
+        if stuck and self.cancel(stuck, "cannot start before its node's claim", now_s):
+            log.info(
+                "re-holding %s: the holder asked for could not start before a main job",
+                ", ".join(h.node for h in live if h.job_id in stuck),
+            )
+            live = [h for h in live if h.job_id not in stuck]
+        demand, allocated = self.demand()
+        running = [h.node for h in live if h.state == "running"]
+        pending = [h.node for h in live if h.state == "pending"]
+        # Nodes whose last holder failed and that wait for their next try: out of the
+        # plan, so that it holds others meanwhile (they have no live holder).
+        self.backoff.keep_only(view.pool)
+        waiting = self.backoff.waiting(now_s)
+        if self.assigned is not None:
+            plan = plan_assigned(view.pool, running, pending, allocated, self.assigned())
+            plan = replace(plan, acquire=tuple(n for n in plan.acquire if n not in waiting))
+        else:
+            plan = plan_holders(
+                pool=sorted(view.pool - waiting),
+                windows_s=view.windows_s,
+                running=running,
+                pending=pending,
+                allocated=allocated,
+                demand=demand,
+            )
+        by_node = {h.node: h.job_id for h in live}
+        released: set[str] = set()
+        if plan.release and self.cancel(
+            [by_node[n] for n in plan.release], "no trainer needs it", now_s
+        ):
+            log.info(
+                "released %s: no trainer needs %s",
+                ", ".join(plan.release),
+                "it" if len(plan.release) == 1 else "them",
+            )
+            released = set(plan.release)
+        if view.growth_held:
+            return released  # the pool is stale: take nothing new on old information
+        try:
+            self._acquire(plan.acquire, view, now_s)
+        except HolderError as exc:  # a read all holders need (the partition's MaxTime)
+            self.counts.errors["holder_submit"] += 1
+            log.warning("holders not submitted, trying again at a later poll: %s", exc)
+        return released
+
+    def _acquire(self, nodes: Sequence[str], view: PoolView, now_s: float) -> None:
+        """Submit a holder for each of ``nodes``; a refused one is logged and tried at a
+        later poll. Raises ``HolderError`` when no holder can be submitted at all."""
+        # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
+        # calls): 200 nodes one after another took 9 s (docs/holders.md).
+        windows: dict[str, float | None] = {}
+        limits_s: dict[str, float | None] = {}
+        for node in nodes:
+            window = view.windows_s.get(node)
+            try:
+                minutes = self.holders.time_limit_min(window)
+            except WindowTooShortError:
+                continue
+            windows[node] = window
+            limits_s[node] = None if minutes is None else 60.0 * minutes
+        leases = None
+        if self.lease_dir is not None and windows:
+            self._renew_leases(windows, now_s, force=True)
+            leases = {node: str(self._lease(node)) for node in windows}
+        for node, got in self.holders.acquire_many(windows, leases).items():
+            if isinstance(got, HolderError):
+                self.counts.errors["holder_submit"] += 1
+                log.warning("%s; trying again at a later poll", got)
+                continue
+            self.counts.acquired += 1
+            try:
+                self.store.add_holder(got, node, limit_s=limits_s[node], now_s=now_s)
+            except HolderConflictError as exc:
+                log.error("%s: cancelling the new holder %s", exc, got)
+                self._cancel_unrecorded(got)
+
+    def _cancel_unrecorded(self, job_id: str) -> None:
+        """Cancel a holder the store refused; if the scheduler refuses too, the next
+        poll's reconcile cancels it (the store does not know it)."""
+        self.cancel([job_id], "not recorded; the next poll cancels it", recorded=False)
+
+    def cancel(
+        self,
+        job_ids: Sequence[str],
+        reason: str,
+        now_s: float | None = None,
+        *,
+        lost: bool = False,
+        recorded: bool = True,
+    ) -> bool:
+        """End holders by our hand: the one path that cancels a holder and records it,
+        whoever decides (the hold plan, a requeue, the daemon's exit). One cancel
+        command, then each holder recorded ended with ``reason`` (unless the store never
+        ``recorded`` it) and counted released (or ``lost``: it was no longer ours).
+        False when the scheduler refuses: counted and logged, the store keeps the
+        holders as they were, and a later poll decides again."""
+        try:
+            self.holders.release(*job_ids)
+        except HolderError as exc:
+            self.counts.errors["holder_cancel"] += 1
+            log.warning("holders not released (%s): %s", reason, exc)
+            return False
+        if recorded:
+            for job_id in job_ids:
+                self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+        if lost:
+            self.counts.lost += len(job_ids)
+        else:
+            self.counts.released += len(job_ids)
+        return True
+
+    def _publish(
+        self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
+    ) -> None:
+        """The pool as ``bftrainer status`` shows it: a held node's window is when we
+        lose it (``leave_by_s``), another's the main scheduler's."""
+        holders = {h.node: h for h in self.store.holders(live_only=True)}
+        # node -> trainer -> its slots there (S = 1: each node one trainer, slot 0).
+        users: dict[str, dict[str, list[int]]] = {}
+        allocations = self.store.current_allocations()
+        for tid, a in sorted(allocations.items()):
+            for n in dict.fromkeys(a.nodes):
+                users.setdefault(n, {})[tid] = list(a.slots.get(n, (0,)))
+        shared = any(a.slots for a in allocations.values())
+        nodes = {}
+        for n in sorted(set(view.pool) | set(holders)):
+            h = holders.get(n)
+            window = view.windows_s.get(n)
+            if n in leave_by_s:
+                leaves = leave_by_s[n]
+                window = None if leaves is None else max(0.0, leaves - now_s)
+            nodes[n] = {
+                "window_s": window,
+                "holder": h.job_id if h else None,
+                "holder_state": h.state if h else None,
+                "trainer": ",".join(users[n]) if n in users else None,
+            }
+            if shared:
+                nodes[n]["slots"] = users.get(n, {})
+        for n, why in sorted(self._left_out.items()):  # idle or held, with their GPUs
+            if n in nodes or n in self._idle:
+                empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
+                nodes.setdefault(n, empty)["left_out"] = why
+        self.store.set_setting(
+            "pool",
+            {
+                "time_s": now_s,
+                "stale": view.stale,
+                "nodes": nodes,
+                "holders_failing": self.backoff.summary(),
+            },
+        )
+
+
+def leave_by_s(
+    claims_s: Mapping[str, float],
+    running: Iterable[HolderRow],
+    now_s: float,
+    poll_interval_s: float,
+) -> dict[str, float | None]:
+    """When each node whose holder runs is known to be taken back (epoch s): the
+    earlier of the main scheduler's plan for it (``claims_s``: seconds from ``now_s``)
+    and the end of its holder's time limit. None: not known (open-ended)."""
+    out: dict[str, float | None] = {}
+    for h in running:
+        ends = [t for t in (h.ends_by_s(poll_interval_s),) if t is not None]
+        claim = claims_s.get(h.node)
+        if claim is not None:
+            ends.append(now_s + claim)
+        out[h.node] = min(ends) if ends else None
+    return out
+
+
+def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:
+    """Started now, the holder's limit (None: none) would run past its node's claim."""
+    claim = view.claims_s.get(holder.node)
+    return claim is not None and (holder.limit_s is None or holder.limit_s > claim)

@@ -1,0 +1,406 @@
+"""The daemon's service: the core loop on the wall clock, on the nodes its holders keep.
+
+:class:`Daemon` plugs three parts into :class:`bftrainer.loop.Loop` (the loop the replay
+runs): the :class:`~bftrainer.daemon.held_pool.HeldPool` (the pool source), the
+:class:`~bftrainer.daemon.queue.SubmissionQueue` (trainers submitted and cancels
+requested) and the :class:`~bftrainer.live.LiveDriver` (starts and rescales the real
+trainers); in centre mode a :class:`~bftrainer.daemon.centre_link.CentreLink` too.
+
+Everything the daemon knows is in the SQLite store of its state directory, written
+before it acts. After a kill -9, :meth:`Daemon.restore` reconciles the holders with the
+scheduler (unknown ones are cancelled, ended ones dropped), re-attaches to the trainers'
+supervisors (which never stopped) and rebuilds the loop's state from the records. On
+SIGTERM the daemon stops taking work: it releases the holders no trainer uses and
+exits, leaving running trainers and their holders as they are for the next start.
+
+A bad scheduler reply never stops the daemon: the monitor keeps the last good pool
+(stale), a failed holder status keeps the last known holders, a refused holder is
+logged and tried again at a later poll.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from bftrainer.daemon.centre_link import CentreLink
+from bftrainer.daemon.config import GRES, DaemonConfig
+from bftrainer.daemon.held_pool import HeldPool, HoldCounts
+from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
+from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
+from bftrainer.holders.base import HolderError, Holders
+from bftrainer.idle_monitor.runner import CommandError
+from bftrainer.idle_monitor.source import LivePoolSource
+from bftrainer.live import LiveDriver, job_of
+from bftrainer.loop import Loop, LoopState, Policy, Source, Step, TrainerState, WallClock
+from bftrainer.slots import SlotBook
+from bftrainer.state import AllocationRow, Store, TrainerRow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DaemonReading:
+    """The daemon's figures at one instant, as plain data; :mod:`bftrainer.daemon_metrics`
+    renders them for Prometheus. Counts of events are since the daemon started."""
+
+    pool_nodes: int  # the idle pool the main scheduler leaves (held nodes included)
+    held_nodes: int  # nodes whose holder runs: the loop's pool
+    allocated_nodes: int  # held nodes given to trainers
+    trainers: Mapping[str, int]  # by state, every state of the store
+    holders: HoldCounts
+    rescales: int
+    command_errors: Mapping[str, int]  # failed scheduler operations, by kind
+    pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
+    # Holders failing to hold (HolderBackoff.summary: the latest cause, the nodes, the
+    # next try); None: none failing.
+    holders_failing: Mapping[str, Any] | None = None
+
+
+class MetricsSink(Protocol):
+    """Where the daemon's figures go when metrics are enabled (the loop never knows)."""
+
+    def update(self, reading: DaemonReading, latency_s: float | None) -> None:
+        """The figures now, and the latency of the decision just made (None: none)."""
+        ...
+
+
+class StepLog:
+    """The loop's observer: logs each decision and its latency, checks after each
+    recorded step that the loop's pool holds only nodes whose holder runs, and calls
+    ``after`` at every wake-up (the step, or None when nothing was recorded)."""
+
+    def __init__(
+        self,
+        check: Callable[[], None] = lambda: None,
+        after: Callable[[Step | None], None] | None = None,
+    ) -> None:
+        self.check = check
+        self.after = after
+
+    def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
+        if self.after is not None:
+            self.after(None)
+
+    def step(self, step: Step) -> None:
+        self.check()
+        if self.after is not None:
+            self.after(step)
+        if step.decided:
+            log.debug(
+                "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
+                "(joined %d, left %d, arrivals %d, completions %d) %s in %.1f ms, "
+                "latency %.1f ms, T_fwd %s",
+                step.time_s,
+                step.pool_nodes,
+                step.allocated_nodes,
+                step.running,
+                step.waiting,
+                step.joined,
+                step.left,
+                step.arrivals,
+                step.completions,
+                step.status,
+                step.solve_s * 1e3,
+                step.latency_s * 1e3,
+                "-" if step.t_fwd_s is None else f"{step.t_fwd_s:.0f} s",
+            )
+
+
+class Daemon:
+    """Wires the store, the pool, the holders and the live driver to the loop."""
+
+    def __init__(
+        self,
+        store: Store,
+        state_dir: Path,
+        monitor: LivePoolSource,
+        holders: Holders,
+        config: DaemonConfig,
+        *,
+        env: dict[str, str] | None = None,
+        metrics: MetricsSink | None = None,
+        centre: CentreLink | None = None,
+    ) -> None:
+        self.store = store
+        self.state_dir = state_dir
+        self.config = config
+        self.monitor = monitor
+        self.metrics = metrics
+        self.clock = WallClock()
+        self.loop: Loop | None = None
+        self._stop_requested = False
+        self.pool = HeldPool(
+            monitor,
+            holders,
+            store,
+            self._demand,
+            config.poll_interval_s,
+            lease_dir=state_dir / "leases",
+            lease_s=config.holder_lease_s,
+            assigned=centre.assigned_nodes if centre is not None else None,
+        )
+        # A centre agent: the allocator decides (centre.policy follows it), the link
+        # reports this user's trainers to it; None: this daemon decides alone.
+        self.centre = centre
+        self.driver = LiveDriver(
+            store,
+            state_dir,
+            self.pool.exec_plan,
+            env=env,
+            report_every_s=config.report_every_s,
+            slots_per_node=config.slots_per_node,
+            restart_backoff_s=config.restart_backoff_s,
+        )
+        self.queue = SubmissionQueue(store, curves=self.driver.curves)
+
+    def _demand(self) -> tuple[int, set[str]]:
+        """Nodes the admitted trainers can use (their n_max summed; with S slots per
+        node, in slots: the nodes they fill packed), and those in use."""
+        if self.loop is None:
+            return 0, set()
+        admitted = self.loop.admitted()
+        allocated = {n for t in self.loop.trainers.values() for n in t.nodes}
+        slots = sum(t.job.n_max for t in admitted)
+        return -(-slots // self.config.slots_per_node), allocated
+
+    def restore(self) -> LoopState | None:
+        """The loop's state from the store, after reconciling holders with the scheduler
+        and re-attaching to the trainers that still run; None if asked to stop before
+        the scheduler answered."""
+        now_s = self._sync_holders_at_start()
+        if now_s is None:
+            return None
+        running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
+        self.pool.usable = set(running)
+        held = set(running)
+        allocations = self.store.current_allocations()
+        trainers: list[TrainerState] = []
+        lost: list[str] = []
+        for row in self.store.trainers(UNFINISHED):
+            trainers.append(self._restore_trainer(row, held, allocations.get(row.id), lost))
+        self._note_slot_count(trainers, lost)
+        self.queue.known = {t.id for t in trainers}
+        if trainers:
+            log.info("restored %d trainer(s) on %d held node(s)", len(trainers), len(running))
+        return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers)
+
+    def _restore_trainer(
+        self, row: TrainerRow, held: set[str], alloc: AllocationRow | None, lost: list[str]
+    ) -> TrainerState:
+        """The trainer on its nodes that are still held, each slot at most once (the
+        slot book takes back the slots it had, those that still exist)."""
+        stored = alloc.nodes if alloc is not None else ()
+        slots, gone = self.driver.book.restore(
+            row.id, [n for n in stored if n in held], alloc.slots if alloc is not None else {}
+        )
+        nodes = tuple(sorted(n for n, s in slots.items() for _ in s))
+        lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
+        self.driver.attach(row, nodes)
+        return TrainerState(
+            self.driver.curves.prior_job(job_of(row)),
+            nodes=nodes,
+            started_s=row.started_s,
+            processed_samples=float(row.samples_done),
+        )
+
+    def _note_slot_count(self, trainers: Sequence[TrainerState], lost: Sequence[str]) -> None:
+        """Say once when the slots per node changed under running trainers (a restart
+        with another --slots-per-node): slots that no longer exist are given up, their
+        trainers shrink at a step boundary and lose no work; workers keep their share."""
+        slots = self.config.slots_per_node
+        before = self.store.get_setting("slots_per_node", 1)
+        nodes = sorted({n for t in trainers for n in t.nodes})
+        if before != slots and (nodes or lost):
+            log.warning(
+                "slots per node changed from %s to %d while trainers run on %s: %s"
+                "their running workers keep the CPUs and GPUs they started with until they "
+                "restart",
+                before,
+                slots,
+                ", ".join(nodes) or "no node now",
+                f"{'; '.join(lost)} no longer exist and are given up (the trainers shrink "
+                "at a step boundary; no work is lost); "
+                if lost
+                else "",
+            )
+        if before != slots:
+            self.store.set_setting("slots_per_node", slots)
+
+    def use_gpu_slots(self) -> bool:
+        """--slots-per-node gres: read S (:meth:`slots_at_start`), then run with it, and
+        keep the nodes of another GPU count out of the pool; False if asked to stop."""
+        slots = self.slots_at_start()
+        if slots is None:
+            return False
+        self.config = replace(self.config, slots_per_node=slots)
+        self.driver.book = SlotBook(slots)
+        self.pool.gate = GpuSlotGate(slots)
+        return True
+
+    def slots_at_start(self) -> int | None:
+        """--slots-per-node gres: S from the bf partition's GPU counts (gpu_slots.py),
+        read before anything else, however long the scheduler takes to answer (its
+        failures are the pool source's one line each); None if asked to stop meanwhile.
+        Raises ``GresError`` when no node has a GPU count: a number is needed then."""
+        while not self._stop_requested:
+            now_s = self.clock.now_s()
+            try:
+                self.monitor.poll()  # a failed read is its one line
+            except (CommandError, ValueError) as exc:
+                log.warning("GPU counts not read at start: %s", exc)
+            if self.monitor.last_reading is not None:
+                view = self.monitor.view()
+                slots = slots_from_gpus(view.gpus)
+                read = len(view.gpus) + len(view.gpu_errors)
+                if slots is None:
+                    raise GresError(
+                        f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
+                        f"count ({self.monitor.scheduler.gpu_field})"
+                        + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
+                        + ": give --slots-per-node a number"
+                    )
+                fits = sum(c == slots for c in view.gpus.values())
+                log.info(
+                    "slots per node: %d, the GPU count of %d of the %d node(s) read",
+                    slots,
+                    fits,
+                    read,
+                )
+                return slots
+            self.clock.wait_until(now_s + self.pool.poll_interval_s)
+        return None
+
+    def run(self) -> None:
+        """Run until :meth:`request_stop`; then release what no trainer uses."""
+        self.store.set_setting("slots_from", GRES if self.config.gpu_slots else "config")
+        if self.config.gpu_slots and not self.use_gpu_slots():
+            log.info("daemon stopped before the scheduler answered; nothing changed")
+            return
+        state = self.restore()
+        if state is None:
+            log.info("daemon stopped before the scheduler answered; nothing changed")
+            return
+        after = self._publish_metrics if self.metrics is not None else None
+        sources: list[Source] = [self.pool, self.queue]
+        policy: Policy | None = None
+        if self.centre is not None:
+            sources.append(self.centre)
+            policy = self.centre.policy
+        self.loop = Loop(
+            sources,
+            self.driver,
+            self.clock,
+            self.config,
+            policy=policy,
+            observer=StepLog(self.check_pool, after),
+            state=state,
+            keep_finished=False,  # the store has them
+        )
+        if self.centre is not None:
+            self.centre.attach(self.loop, self.store)
+        self._publish_metrics(None)
+        try:
+            self.loop.run()
+        finally:
+            self._shutdown()
+            self._publish_metrics(None)
+
+    def reading(self) -> DaemonReading:
+        """The daemon's figures now (see :class:`DaemonReading`)."""
+        view = self.pool.view
+        last = self.monitor.last_reading
+        trainers = self.loop.trainers.values() if self.loop is not None else ()
+        counts = self.pool.counts
+        return DaemonReading(
+            pool_nodes=len(view.pool) if view is not None else 0,
+            held_nodes=sum(h.state == "running" for h in self.store.holders(live_only=True)),
+            allocated_nodes=len({n for t in trainers for n in t.nodes}),
+            trainers=self.store.trainer_counts(),
+            holders=replace(counts, errors=Counter(counts.errors)),
+            rescales=self.driver.rescales,
+            command_errors=dict(counts.errors + self.monitor.failed_reads),
+            pool_read_s=last.time_s if last is not None else None,
+            holders_failing=self.pool.backoff.summary(),
+        )
+
+    def _publish_metrics(self, step: Step | None) -> None:
+        if self.metrics is None:
+            return
+        latency = step.latency_s if step is not None and step.decided else None
+        self.metrics.update(self.reading(), latency)
+
+    def check_pool(self) -> None:
+        """The invariant the daemon is built on: every node the loop may hand a trainer
+        has a running holder. Logged as an error (never raised: trainers go on)."""
+        if self.loop is None:
+            return
+        running = {h.node for h in self.store.holders(live_only=True) if h.state == "running"}
+        stray = sorted(set(self.loop.pool) - running)
+        if stray:
+            log.error(
+                "internal error: the pool has %s without a running holder (please report)",
+                ", ".join(stray),
+            )
+
+    def _sync_holders_at_start(self) -> float | None:
+        """Read our holders before anything else, however long the scheduler takes to
+        answer: a trainer's nodes are only known from them. One line per failed try;
+        None if the daemon is asked to stop meanwhile."""
+        while not self._stop_requested:
+            now_s = self.clock.now_s()
+            try:
+                self.pool.sync_holders(now_s)
+                return now_s
+            except (HolderError, CommandError) as exc:
+                self.pool.counts.errors["holder_status"] += 1
+                log.warning(
+                    "holders not read at start, trying again in %g s: %s",
+                    self.pool.poll_interval_s,
+                    exc,
+                )
+            self.clock.wait_until(now_s + self.pool.poll_interval_s)
+        return None
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+        self.clock.wake()
+        if self.loop is not None:
+            self.loop.request_stop()
+
+    def _shutdown(self) -> None:
+        """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
+        try:
+            self._release_spare()
+        except (sqlite3.Error, OSError) as exc:
+            if not state_unwritable(exc):
+                raise
+            log.warning("holders not released at exit: the state cannot be written (%s)", exc)
+        log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
+
+    def _release_spare(self) -> None:
+        allocated = {n for a in self.store.current_allocations().values() for n in a.nodes}
+        spare = [h.job_id for h in self.store.holders(live_only=True) if h.node not in allocated]
+        if spare:
+            self.pool.cancel(spare, "released at exit")
+
+
+# errno values that mean "this file system cannot take the write", not a bug.
+_UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO})
+
+
+def state_unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the state directory cannot be written (full disk, quota,
+    read-only, permissions, I/O error) rather than a bug."""
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return any(
+            w in text for w in ("full", "readonly", "read-only", "disk i/o", "unable to open")
+        )
+    return isinstance(exc, OSError) and exc.errno in _UNWRITABLE

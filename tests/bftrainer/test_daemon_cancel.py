@@ -1,0 +1,132 @@
+"""Holders end through one path (``HeldPool.cancel``): a plan's release, a requeued
+holder, the daemon's exit and a holder the store refused are all cancelled with one
+command, recorded ended with their reason and counted; a refused cancel is counted,
+logged, and leaves the record as it was for a later poll.
+
+No scheduler runs here: the real ``SlurmHolders`` read recorded replies (squeue lines as
+captured on the local Slurm 22.05.8, an empty scancel, a scancel that times out).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from bftrainer.daemon import Daemon, DaemonConfig, HeldPool
+from bftrainer.holders import SlurmHolders
+from bftrainer.idle_monitor.runner import (
+    CommandError,
+    CommandResult,
+    CommandTimeoutError,
+    ReplayRunner,
+    recorded,
+)
+from bftrainer.idle_monitor.source import PoolView
+from bftrainer.state import Store, ensure_state_dir
+
+PARTITION_BF = "PartitionName=bf AllowGroups=ALL Default=NO MaxTime=UNLIMITED State=UP\n"
+SCANCEL_TIMES_OUT = CommandTimeoutError(["scancel"], "replay", 20)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with Store.open(ensure_state_dir(tmp_path / "state")) as opened:
+        for job, node in (("11", "node1"), ("12", "node2")):
+            opened.add_holder(job, node, now_s=100.0)
+            opened.set_holder_state(job, "running", now_s=101.0)
+        yield opened
+
+
+def held_pool(
+    store: Store, **replies: Sequence[CommandResult | CommandError]
+) -> tuple[HeldPool, ReplayRunner]:
+    runner = ReplayRunner({"scontrol": [recorded(PARTITION_BF)], **replies})
+    holders = SlurmHolders(runner)
+    # The pool source is not read by what these tests drive.
+    pool = HeldPool(None, holders, store, lambda: (0, set()), 10.0)  # type: ignore[arg-type]
+    return pool, runner
+
+
+def scancels(runner: ReplayRunner) -> list[tuple[str, ...]]:
+    return [argv for argv, _ in runner.calls if argv[0] == "scancel"]
+
+
+def test_a_cancel_is_one_command_then_each_holder_recorded_ended_and_counted(
+    store: Store,
+) -> None:
+    pool, runner = held_pool(store, scancel=[recorded()])
+    assert pool.cancel(["11", "12"], "no trainer needs it", 200.0)
+    assert scancels(runner) == [("scancel", "11", "12")]
+    for job in ("11", "12"):
+        row = store.holder(job)
+        assert (row.state, row.reason, row.ended_s) == ("ended", "no trainer needs it", 200.0)
+    assert (pool.counts.released, pool.counts.lost) == (2, 0)
+    assert not pool.counts.errors
+
+
+def test_a_refused_cancel_is_counted_and_leaves_the_record_for_a_later_poll(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool, _ = held_pool(store, scancel=[SCANCEL_TIMES_OUT])
+    with caplog.at_level(logging.WARNING, logger="bftrainer"):
+        assert not pool.cancel(["11"], "no trainer needs it", 200.0)
+    assert store.holder("11").state == "running"
+    assert pool.counts.errors["holder_cancel"] == 1
+    assert pool.counts.released == 0
+    assert "holders not released (no trainer needs it): cannot cancel holder(s) 11" in caplog.text
+
+
+def test_a_requeued_holder_is_cancelled_recorded_and_counted_lost(store: Store) -> None:
+    # 11 is running in the store but pending in the scheduler: requeued, not ours.
+    squeue = "11|PENDING|node1||N/A|BeginTime|\n12|RUNNING|node2|node2|N/A|None|\n"
+    pool, runner = held_pool(store, squeue=[recorded(squeue)], scancel=[recorded()])
+    pool.sync_holders(300.0)
+    assert scancels(runner) == [("scancel", "11")]
+    row = store.holder("11")
+    assert (row.state, row.reason, row.ended_s) == ("ended", "requeued", 300.0)
+    assert store.holder("12").state == "running"
+    assert (pool.counts.lost, pool.counts.released) == (1, 0)
+
+
+def test_a_requeued_holder_whose_cancel_is_refused_is_tried_again_at_the_next_poll(
+    store: Store,
+) -> None:
+    squeue = "11|PENDING|node1||N/A|BeginTime|\n12|RUNNING|node2|node2|N/A|None|\n"
+    pool, runner = held_pool(
+        store, squeue=[recorded(squeue)], scancel=[SCANCEL_TIMES_OUT, recorded()]
+    )
+    pool.sync_holders(300.0)
+    assert store.holder("11").state == "running"
+    assert pool.counts.errors["holder_cancel"] == 1
+    pool.sync_holders(310.0)
+    assert scancels(runner) == [("scancel", "11"), ("scancel", "11")]
+    assert (store.holder("11").state, store.holder("11").reason) == ("ended", "requeued")
+    assert pool.counts.lost == 1
+
+
+def test_the_exit_releases_through_the_same_path_only_what_no_trainer_uses(
+    store: Store, tmp_path: Path
+) -> None:
+    tid = store.submit("train.py", (), backend="torchrun", max_nodes=1)
+    store.set_trainer_state(tid, "running")
+    store.record_allocation(tid, ["node1"])
+    runner = ReplayRunner({"scontrol": [recorded(PARTITION_BF)], "scancel": [recorded()]})
+    daemon = Daemon(store, tmp_path / "state", None, SlurmHolders(runner), DaemonConfig())  # type: ignore[arg-type]
+    daemon._shutdown()
+    assert scancels(runner) == [("scancel", "12")]
+    assert (store.holder("12").state, store.holder("12").reason) == ("ended", "released at exit")
+    assert store.holder("11").state == "running"
+    assert daemon.pool.counts.released == 1
+
+
+def test_a_holder_the_store_refuses_is_cancelled_unrecorded(store: Store) -> None:
+    # node1 has a live holder (11): the store refuses the new one submitted there.
+    pool, runner = held_pool(store, sbatch=[recorded("13\n")], scancel=[recorded()])
+    view = PoolView(200.0, frozenset({"node1"}), {"node1": None}, False, 0.0, False)
+    pool._acquire(["node1"], view, 200.0)
+    assert scancels(runner) == [("scancel", "13")]
+    assert (pool.counts.acquired, pool.counts.released) == (1, 1)
+    assert {h.job_id for h in store.holders()} == {"11", "12"}
