@@ -194,19 +194,29 @@ class Database:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic, durable write: everything inside commits together or not at all.
+        """Group writes into one commit: everything inside lands together or not at all.
+
+        Outside any block every write method commits on its own. Inside
+        ``with store.transaction():`` none does: the outermost block commits once when it
+        ends, and rolls everything back when it raises; a process that dies first leaves
+        nothing of it. This is how a daemon step is written as one step.
+
+        An inner block (every write method opens one) is a savepoint: when it raises, its
+        own writes are undone and the outer block may catch the error and go on. Should
+        SQLite roll back the whole transaction after an error (an interrupted write does),
+        every later write in the block and the block's end raise ``StateError``, so that
+        no write of the step commits on its own.
 
         Takes the write lock at the start (``BEGIN IMMEDIATE``), so a read-then-write
-        inside never sees a row another process changes before the commit. Nests: an inner
-        block joins the outer one.
+        inside never sees a row another process changes before the commit. Holds the
+        store's thread lock to the end: other threads wait, and never read what is not
+        committed. Keep a block to writes and act after it: other processes' writers
+        (``submit``, ``cancel``) wait for its commit.
         """
         with self._lock:
             if self._depth:
-                self._depth += 1
-                try:
+                with self._savepoint():
                     yield
-                finally:
-                    self._depth -= 1
                 return
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
@@ -219,9 +229,11 @@ class Database:
             self._depth = 1
             try:
                 yield
+                self._check_not_lost()
             except BaseException:
                 self._depth = 0
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
             self._depth = 0
             try:
@@ -230,6 +242,35 @@ class Database:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        """A block inside a block: undone alone when it raises."""
+        self._check_not_lost()
+        name = f"s{self._depth}"
+        self._conn.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+            yield
+            self._check_not_lost()
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute(f"ROLLBACK TO {name}")
+                self._conn.execute(f"RELEASE {name}")
+            raise
+        finally:
+            self._depth -= 1
+        self._conn.execute(f"RELEASE {name}")
+
+    def _check_not_lost(self) -> None:
+        """Inside a block, the transaction must still be open: SQLite ends it by itself
+        after some errors (an interrupt, a full disk), and a write after that would
+        commit alone."""
+        if not self._conn.in_transaction:
+            raise StateError(
+                f"{self.path}: SQLite rolled back this transaction after an earlier error;"
+                " nothing of it is written"
+            )
 
     def _query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         with self._lock:
