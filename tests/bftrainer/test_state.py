@@ -1,5 +1,5 @@
 """The durable store: crash safety, the daemon lock, permissions, schema checks,
-transitions, and several processes writing at once (bftrainer/state.py)."""
+transitions, and several processes writing at once (bftrainer/state/)."""
 
 from __future__ import annotations
 

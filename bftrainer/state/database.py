@@ -1,0 +1,277 @@
+"""One state database opened, checked and migrated, and the transaction that groups writes.
+
+The mechanism under ``Store``: which SQLite connection (WAL, ``synchronous=FULL``, or a
+read-only one that writes nothing), which schema version, and ``transaction``, the one
+way to make several writes one commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from bftrainer.state.directory import (
+    DB_NAME,
+    blame_the_directory_if_read_only,
+    check_existing_db,
+    check_state_dir,
+    ensure_state_dir,
+    file_identity,
+    read_only_uri,
+)
+from bftrainer.state.errors import SchemaError, StateBusyError, StateDirError, StateError
+from bftrainer.state.schema import MIGRATIONS, SCHEMA_VERSION, statements
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 30.0
+
+
+class Database:
+    """One connection to ``<state_dir>/state.db``, behind a lock; ``Store`` adds the tables.
+
+    Safe to share between threads of one process; other processes open their own.
+    """
+
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, unchanged: tuple[int, ...] | None = None
+    ) -> None:
+        self._conn = conn
+        self.path = path
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._unchanged = unchanged  # read as immutable: the file's identity when opened
+
+    # ------------------------------------------------------------- opening
+
+    @classmethod
+    def open(
+        cls,
+        state_dir: Path,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
+    ) -> Self:
+        """Open ``<state_dir>/state.db``, migrated to this version; with ``create`` (the
+        daemon, ``submit``) the directory and database are made if missing, without it
+        (``status``, ``cancel``) a missing one is a ``StateDirError``. ``read_only``
+        (``status``, ``logs``, ``report``; implies not ``create``): no byte of the state
+        directory is written, see ``read_only_uri``.
+
+        Raises ``StateDirError`` for a directory that is not ours alone and
+        ``SchemaError`` for a database that is not ours or is newer than this code.
+        """
+        path = state_dir / DB_NAME
+        if read_only:
+            create = False
+        if create:
+            ensure_state_dir(state_dir)
+            if not os.access(state_dir, os.W_OK | os.X_OK):
+                raise StateDirError(f"state directory {state_dir} is not writable")
+            # Create the file owner-only; SQLite gives its -wal and -shm files that mode.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        else:
+            check_state_dir(state_dir)
+            check_existing_db(path, state_dir)
+        unchanged = None
+        if read_only:
+            uri, immutable = read_only_uri(path)
+            unchanged = file_identity(path) if immutable else None
+            conn = sqlite3.connect(
+                uri, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=True
+            )
+        else:
+            conn = sqlite3.connect(
+                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        conn.row_factory = sqlite3.Row
+        store = cls(conn, path, unchanged)
+        try:
+            store._setup(busy_timeout_s, create=create)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            blame_the_directory_if_read_only(state_dir, exc)
+            raise SchemaError(f"{path} is not a usable bftrainer state database: {exc}") from None
+        except BaseException:
+            conn.close()
+            raise
+        return store
+
+    def _setup(self, busy_timeout_s: float, *, create: bool = True) -> None:
+        c = self._conn
+        c.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        if not create:
+            # status, cancel, logs: never create, migrate or convert; say what is wrong.
+            c.execute("PRAGMA foreign_keys = ON")
+            version = self._check_version()
+            if version != SCHEMA_VERSION:
+                raise SchemaError(
+                    f"{self.path} has schema version {version}, not {SCHEMA_VERSION}: "
+                    + (
+                        "not a bftrainer state database"
+                        if version == 0
+                        else "start the daemon of this version once to migrate it"
+                    )
+                )
+            check = [r[0] for r in c.execute("PRAGMA quick_check(3)").fetchall()]
+            if check != ["ok"]:
+                raise SchemaError(f"{self.path} fails SQLite's integrity check: {'; '.join(check)}")
+            return
+        mode = c.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise SchemaError(f"{self.path}: cannot switch to WAL mode (got {mode!r})")
+        c.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
+        c.execute("PRAGMA foreign_keys = ON")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        # Checked first without the write lock: opening an up-to-date database (status,
+        # cancel) never waits for the daemon's writes.
+        if self._check_version() == SCHEMA_VERSION:
+            return
+        with self.transaction():
+            version = self._check_version()  # another process may have migrated meanwhile
+            if version == 0:
+                tables = self._conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                ).fetchone()[0]
+                if tables:
+                    raise SchemaError(
+                        f"{self.path} holds tables but no bftrainer schema version: "
+                        "not a bftrainer state database"
+                    )
+            for v in range(version, SCHEMA_VERSION):
+                log.info("migrating %s from schema version %d to %d", self.path, v, v + 1)
+                for statement in statements(MIGRATIONS[v]):
+                    self._conn.execute(statement)
+            if version != SCHEMA_VERSION:
+                self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_version(self) -> int:
+        version = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.path} has schema version {version}, newer than this bftrainer "
+                f"understands ({SCHEMA_VERSION}): upgrade bftrainer, or use another "
+                "state directory"
+            )
+        return version
+
+    def close(self) -> None:
+        """Close; a store read as immutable raises ``StateError`` if the file changed
+        meanwhile (a daemon started and checkpointed): what was read may be torn."""
+        with self._lock:
+            self._conn.close()
+        if self._unchanged is not None and file_identity(self.path) != self._unchanged:
+            raise StateError(f"{self.path} changed while it was read: run the command again")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    # ------------------------------------------------------------- transactions
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group writes into one commit: everything inside lands together or not at all.
+
+        Outside any block every write method commits on its own. Inside
+        ``with store.transaction():`` none does: the outermost block commits once when it
+        ends, and rolls everything back when it raises; a process that dies first leaves
+        nothing of it. This is how a daemon step is written as one step.
+
+        An inner block (every write method opens one) is a savepoint: when it raises, its
+        own writes are undone and the outer block may catch the error and go on. Should
+        SQLite roll back the whole transaction after an error (an interrupted write does),
+        every later write in the block and the block's end raise ``StateError``, so that
+        no write of the step commits on its own.
+
+        Takes the write lock at the start (``BEGIN IMMEDIATE``), so a read-then-write
+        inside never sees a row another process changes before the commit. Holds the
+        store's thread lock to the end: other threads wait, and never read what is not
+        committed. Keep a block to writes and act after it: other processes' writers
+        (``submit``, ``cancel``) wait for its commit.
+        """
+        with self._lock:
+            if self._depth:
+                with self._savepoint():
+                    yield
+                return
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc) or "busy" in str(exc):
+                    raise StateBusyError(
+                        f"{self.path} stayed locked by another process: {exc}"
+                    ) from None
+                raise
+            self._depth = 1
+            try:
+                yield
+                self._check_not_lost()
+            except BaseException:
+                self._depth = 0
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+            self._depth = 0
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        """A block inside a block: undone alone when it raises."""
+        self._check_not_lost()
+        name = f"s{self._depth}"
+        self._conn.execute(f"SAVEPOINT {name}")
+        self._depth += 1
+        try:
+            yield
+            self._check_not_lost()
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute(f"ROLLBACK TO {name}")
+                self._conn.execute(f"RELEASE {name}")
+            raise
+        finally:
+            self._depth -= 1
+        self._conn.execute(f"RELEASE {name}")
+
+    def _check_not_lost(self) -> None:
+        """Inside a block, the transaction must still be open: SQLite ends it by itself
+        after some errors (an interrupt, a full disk), and a write after that would
+        commit alone."""
+        if not self._conn.in_transaction:
+            raise StateError(
+                f"{self.path}: SQLite rolled back this transaction after an earlier error;"
+                " nothing of it is written"
+            )
+
+    def _query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()

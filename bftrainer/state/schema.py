@@ -1,0 +1,164 @@
+"""The database's tables, their migrations, and how a row is written to and read from them.
+
+``MIGRATIONS[k]`` takes a database from version k to k + 1; ``PRAGMA user_version`` says
+which version a file has. Columns that hold lists or maps hold compact JSON read back only
+by this package.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
+
+SCHEMA_VERSION = 4
+
+# MIGRATIONS[k] takes a database from version k to k + 1.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE trainers (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        script TEXT NOT NULL,
+        args TEXT NOT NULL,
+        backend TEXT NOT NULL,
+        min_nodes INTEGER NOT NULL CHECK (min_nodes >= 1),
+        max_nodes INTEGER NOT NULL CHECK (max_nodes >= min_nodes),
+        work_samples INTEGER CHECK (work_samples IS NULL OR work_samples > 0),
+        rescale_up_s REAL NOT NULL,
+        rescale_down_s REAL NOT NULL,
+        state TEXT NOT NULL CHECK (state IN
+            ('queued', 'running', 'waiting', 'done', 'failed', 'cancelled')),
+        submitted_s REAL NOT NULL,
+        started_s REAL,
+        finished_s REAL,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        samples_done INTEGER NOT NULL DEFAULT 0,
+        throughput_sps REAL,
+        goodput_sps REAL,
+        batch_size INTEGER,
+        reason TEXT NOT NULL DEFAULT '',
+        trainer_dir TEXT,
+        supervisor TEXT
+    );
+    CREATE INDEX trainers_state ON trainers(state);
+    CREATE TABLE allocations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        trainer_id TEXT NOT NULL REFERENCES trainers(id),
+        time_s REAL NOT NULL,
+        nodes TEXT NOT NULL
+    );
+    CREATE INDEX allocations_trainer ON allocations(trainer_id, id);
+    CREATE VIEW current_allocations AS
+        SELECT a.trainer_id, a.time_s, a.nodes FROM allocations a
+        WHERE a.id = (SELECT MAX(b.id) FROM allocations b WHERE b.trainer_id = a.trainer_id);
+    CREATE TABLE holders (
+        job_id TEXT PRIMARY KEY,
+        node TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'ended')),
+        submitted_s REAL NOT NULL,
+        started_s REAL,
+        ended_s REAL,
+        trainer_id TEXT REFERENCES trainers(id),
+        reason TEXT NOT NULL DEFAULT ''
+    );
+    CREATE UNIQUE INDEX holders_live_node ON holders(node) WHERE state != 'ended';
+    CREATE TABLE pool_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time_s REAL NOT NULL,
+        joined TEXT NOT NULL,
+        left_nodes TEXT NOT NULL,
+        windows TEXT NOT NULL,
+        stale INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE metrics (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        trainer_id TEXT NOT NULL REFERENCES trainers(id),
+        time_s REAL NOT NULL,
+        record TEXT NOT NULL
+    );
+    CREATE INDEX metrics_trainer ON metrics(trainer_id, id);
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    """,
+    # 2: the holder's time limit, so that the loop knows when the scheduler ends it.
+    """
+    ALTER TABLE holders ADD COLUMN limit_s REAL;
+    """,
+    # 3: how often the daemon restarted a trainer's supervisor.
+    """
+    ALTER TABLE trainers ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0;
+    """,
+    # 4: which slots of each node a trainer holds, when several trainers share a node.
+    """
+    ALTER TABLE allocations ADD COLUMN slots TEXT;
+    DROP VIEW current_allocations;
+    CREATE VIEW current_allocations AS
+        SELECT a.trainer_id, a.time_s, a.nodes, a.slots FROM allocations a
+        WHERE a.id = (SELECT MAX(b.id) FROM allocations b WHERE b.trainer_id = a.trainer_id);
+    """,
+)
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def to_json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def trainer_from_row(row: sqlite3.Row) -> TrainerRow:
+    return TrainerRow(
+        id=row["id"],
+        script=row["script"],
+        args=tuple(json.loads(row["args"])),
+        backend=row["backend"],
+        min_nodes=row["min_nodes"],
+        max_nodes=row["max_nodes"],
+        work_samples=row["work_samples"],
+        rescale_up_s=row["rescale_up_s"],
+        rescale_down_s=row["rescale_down_s"],
+        state=row["state"],
+        submitted_s=row["submitted_s"],
+        started_s=row["started_s"],
+        finished_s=row["finished_s"],
+        cancel_requested=bool(row["cancel_requested"]),
+        samples_done=row["samples_done"],
+        throughput_sps=row["throughput_sps"],
+        goodput_sps=row["goodput_sps"],
+        batch_size=row["batch_size"],
+        reason=row["reason"],
+        trainer_dir=row["trainer_dir"],
+        supervisor=row["supervisor"],
+        restarts=row["restarts"],
+    )
+
+
+def allocation_from_row(trainer_id: str, row: sqlite3.Row) -> AllocationRow:
+    slots = json.loads(row["slots"]) if row["slots"] else {}
+    return AllocationRow(
+        trainer_id,
+        tuple(json.loads(row["nodes"])),
+        row["time_s"],
+        {n: tuple(s) for n, s in slots.items()},
+    )
+
+
+def holder_from_row(row: sqlite3.Row) -> HolderRow:
+    return HolderRow(
+        job_id=row["job_id"],
+        node=row["node"],
+        state=row["state"],
+        submitted_s=row["submitted_s"],
+        started_s=row["started_s"],
+        ended_s=row["ended_s"],
+        trainer_id=row["trainer_id"],
+        reason=row["reason"],
+        limit_s=row["limit_s"],
+    )
+
+
+def statements(script: str) -> list[str]:
+    """Split a migration script into statements (no ';' inside our literals)."""
+    return [s.strip() for s in script.split(";") if s.strip()]
