@@ -129,9 +129,13 @@ TRACES = SHARED / "bftrainer-traces"
 WEEK = TRACES / "summit_week1_node_events.csv.gz"
 JOBS = TRACES / "hps-shufflenet-Jbnd-1000J.csv"
 # U of auto may trail the best fixed value by this much (points of U / 100): the sweep in
-# docs/benchmarks.md has auto 0.90700 against 120 s's 0.90715 (the spread of the top
-# three fixed values, 60-300 s, is 0.0015).
+# docs/benchmarks.md (1,024 nodes) has auto 0.90700 against 120 s's 0.90715 (the spread
+# of the top three fixed values, 60-300 s, is 0.0015).
 TOLERANCE = 0.001
+# The test replays the week's first 512 nodes: 10 s of CPU a replay here, against 85 s
+# for 1,024 (a decision's DP grows with the pool, and so does the number of events). Measured
+# on them: auto 0.93207; 60 s 0.93039, 120 s 0.93172, 300 s 0.93151.
+NODES = 512
 
 
 @pytest.mark.data
@@ -140,7 +144,7 @@ TOLERANCE = 0.001
 def test_auto_does_not_lose_u_on_the_summit_week() -> None:
     from bftrainer.idle_monitor.trace import load_trace
 
-    trace = load_trace(WEEK, nodes=slice(0, 1024))
+    trace = load_trace(WEEK, nodes=slice(0, NODES))
     jobs = read_paper_jobs(JOBS)
     base = ReplayConfig(policy="milp", solver="dp")
     u = {
