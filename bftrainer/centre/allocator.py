@@ -36,7 +36,6 @@ from typing import Any, Protocol
 from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport, centre_id, split_id
 from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
-from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.jobs import JobSpec
@@ -58,8 +57,8 @@ from bftrainer.loop import (
     Step,
     TrainerState,
     WallClock,
-    departure_moved,
 )
+from bftrainer.pool_changes import PoolChanges
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,7 @@ class CentrePool:
     def __init__(self, monitor: LivePoolSource, poll_interval_s: float) -> None:
         self.monitor = monitor
         self.poll_interval_s = poll_interval_s
-        self.known: set[str] = set()
-        self._leaves: dict[str, float | None] = {}  # node -> when it leaves, as told
+        self.changes = PoolChanges()
         self._next_s = -math.inf
 
     def prime(self, now_s: float) -> tuple[str, ...] | None:
@@ -117,10 +115,9 @@ class CentrePool:
         if self.monitor.last_reading is None:
             return None
         view = self.monitor.view()
-        self.known = set(view.pool)
-        self._leaves = self._leave_times(view.windows_s, now_s)
+        self.changes.start(view.pool, _leave_times(view.windows_s, now_s))
         self._next_s = now_s + self.poll_interval_s
-        return tuple(sorted(self.known))
+        return tuple(sorted(self.changes.known))
 
     def poll(self, now_s: float) -> Polled:
         if now_s < self._next_s:
@@ -130,19 +127,9 @@ class CentrePool:
         view = self.monitor.view()
         pool = set(view.pool)
         if view.growth_held:  # stale: a node that looks idle may be planned for
-            pool &= self.known
-        joined, left = pool - self.known, self.known - pool
-        leaves = self._leave_times(view.windows_s, now_s, pool)
-        moved = {n for n in pool if departure_moved(self._leaves, n, leaves[n])}
-        self.known, self._leaves = pool, leaves
-        if not joined and not left and not moved:
-            return Polled((), self._next_s)
-        windows = {
-            n: None if leaves[n] is None else max(0.0, leaves[n] - now_s)  # type: ignore[operator]
-            for n in moved | joined
-        }
-        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left), windows_s=windows)
-        return Polled((PoolChange(event),), self._next_s)
+            pool &= self.changes.known
+        event = self.changes.diff(pool, _leave_times(view.windows_s, now_s), now_s)
+        return Polled(() if event is None else (PoolChange(event),), self._next_s)
 
     def _read(self) -> None:
         try:
@@ -150,18 +137,10 @@ class CentrePool:
         except (CommandError, ValueError) as exc:
             log.warning("pool not read, keeping the last good one: %s", exc)
 
-    def _leave_times(
-        self,
-        windows_s: Mapping[str, float | None],
-        now_s: float,
-        pool: set[str] | None = None,
-    ) -> dict[str, float | None]:
-        nodes = self.known if pool is None else pool
-        out: dict[str, float | None] = {}
-        for n in nodes:
-            w = windows_s.get(n)
-            out[n] = None if w is None else now_s + w
-        return out
+
+def _leave_times(windows_s: Mapping[str, float | None], now_s: float) -> dict[str, float | None]:
+    """When each node leaves (epoch s; None: open-ended or not known)."""
+    return {n: None if w is None else now_s + w for n, w in windows_s.items()}
 
 
 # ---------------------------------------------------------------------- metrics

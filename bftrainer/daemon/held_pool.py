@@ -32,7 +32,8 @@ from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.live import ExecPlan
-from bftrainer.loop import Polled, PoolChange, departure_moved
+from bftrainer.loop import Polled, PoolChange
+from bftrainer.pool_changes import PoolChanges
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
 from bftrainer.trainers.channel import renew_lease
 
@@ -78,7 +79,8 @@ class HeldPool:
         # (acquisition.plan_assigned); None: the demand's hold plan (plan_holders).
         self.assigned = assigned
         self.poll_interval_s = poll_interval_s
-        self.usable: set[str] = set(usable)
+        # The nodes whose holder runs, as the loop knows them, and the departures told.
+        self.changes = PoolChanges(usable)
         # Each holder watches a lease file (scripts/slurm/hold-nodes.sbatch): renewed at
         # every poll, so holders end by themselves within lease_s of the daemon's end
         # unless a trainer's supervisor renews them. None: no leases (time limits only).
@@ -86,8 +88,6 @@ class HeldPool:
         self.lease_s = lease_s
         self._lease_until: dict[str, float] = {}
         self._next_s = -math.inf
-        # When each usable node leaves, as last told to the loop (None: not known).
-        self._told: dict[str, float | None] = {}
         self._view: PoolView | None = None  # the last poll's
         self._replan = False  # polled since the last hold plan
         self.counts = HoldCounts()
@@ -97,6 +97,15 @@ class HeldPool:
         self.gate: GpuSlotGate | None = None
         self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
         self._idle: frozenset[str] = frozenset()  # the pool before the gate, for status
+
+    @property
+    def usable(self) -> set[str]:
+        """The nodes whose holder runs: the loop's pool."""
+        return self.changes.known
+
+    @usable.setter
+    def usable(self, nodes: set[str]) -> None:
+        self.changes.known = set(nodes)
 
     @property
     def view(self) -> PoolView | None:
@@ -180,25 +189,19 @@ class HeldPool:
             self._idle = view.pool
             view = self.gate.without(view, set(self._left_out))
             running = {n: h for n, h in running.items() if n not in self._left_out}
-        joined, left = running.keys() - self.usable, self.usable - running.keys()
-        self.usable = set(running)
         self._view = view
         leave_by = leave_by_s(view.claims_s, running.values(), now_s, self.poll_interval_s)
-        # Tell the loop the departures it does not know yet (all of them after a restart).
-        changed = {n: t for n, t in leave_by.items() if departure_moved(self._told, n, t)}
-        self._told = leave_by
-        if not joined and not left and not changed:
+        event = self.changes.diff(running, leave_by, now_s)
+        if event is None:
             return Polled((), self._next_s)
-        if joined or left:
+        if not event.empty:
             self.store.add_pool_event(
-                joined=joined,
-                left=left,
+                joined=event.joined,
+                left=event.left,
                 windows_s=dict(view.windows_s),
                 stale=view.stale,
                 now_s=now_s,
             )
-        windows = {n: None if t is None else max(0.0, t - now_s) for n, t in changed.items()}
-        event = PoolEvent(now_s, joined=frozenset(joined), left=frozenset(left), windows_s=windows)
         return Polled((PoolChange(event),), self._next_s)
 
     def settle(self, now_s: float, decided: bool) -> tuple[PoolChange, ...]:
@@ -216,10 +219,8 @@ class HeldPool:
             self.counts.errors["holder_submit"] += 1
             log.warning("holders not planned at this poll, trying again at the next: %s", exc)
             released = set()
-        self.usable -= released
-        for n in released:
-            self._told.pop(n, None)
-        self._publish(self._view, self._told, now_s)
+        self.changes.forget(released)
+        self._publish(self._view, self.changes.told, now_s)
         if not released:
             return ()
         self.store.add_pool_event(
