@@ -62,7 +62,7 @@ from bftrainer.loop import (
     WallClock,
     departure_moved,
 )
-from bftrainer.policy import LIVE_POLICIES
+from bftrainer.policy import LIVE_POLICIES, make_policy
 from bftrainer.slots import SlotBook
 from bftrainer.state import (
     AllocationRow,
@@ -892,7 +892,7 @@ class Daemon:
             return
         after = self._publish_metrics if self.metrics is not None else None
         sources: list[Source] = [self.pool, self.queue]
-        policy: Policy | None = None
+        policy = make_policy(self.config)
         if self.centre is not None:
             sources.append(self.centre)
             policy = self.centre.policy

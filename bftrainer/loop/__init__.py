@@ -30,7 +30,8 @@ The package shows those parts: ``records`` (the data a step exchanges), ``protoc
 from ``bftrainer.loop``: every public name is here.
 
 **For the daemon.** Build a :class:`Loop` with the live sources, the live driver, a
-:class:`WallClock` and the :class:`~bftrainer.config.Config`; call ``loop.run()`` (until
+:class:`WallClock`, the :class:`~bftrainer.config.Config` and the policy
+(``bftrainer.policy.make_policy(config)``); call ``loop.run()`` (until
 ``request_stop()``, e.g. from a SIGTERM handler, which also wakes the clock) or
 ``loop.step()`` for one step. The observer's ``step`` is the place to persist: after it,
 ``loop.state()`` is a :class:`LoopState` (time, pool, unfinished trainers with their

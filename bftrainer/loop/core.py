@@ -17,6 +17,10 @@ few microseconds ahead rounds to now).
 **Decision latency** (``Step.latency_s``, logged at DEBUG): wall time from the moment
 the step's inputs were seen (the sources returned them) to the moment the last changed
 node set was handed to the driver (``driver.rescale`` returned).
+
+The loop is given its policy: it builds none. Whoever builds a loop (the replay, the
+daemon, the centre, a test) builds the policy from the configuration with
+``bftrainer.policy.make_policy`` or passes its own.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ class Loop:
         clock: Clock,
         config: Config,
         *,
-        policy: Policy | None = None,
+        policy: Policy,
         observer: Observer | None = None,
         state: LoopState | None = None,
         keep_finished: bool = True,
@@ -82,7 +86,7 @@ class Loop:
         self.driver = driver
         self.clock = clock
         self.config = config
-        self.policy = policy if policy is not None else config.make_policy()
+        self.policy = policy
         self.observer = observer
         state = state if state is not None else LoopState(now_s=clock.now_s())
         self.now_s = state.now_s
@@ -430,7 +434,7 @@ def run(
     clock: Clock,
     config: Config,
     *,
-    policy: Policy | None = None,
+    policy: Policy,
     observer: Observer | None = None,
     state: LoopState | None = None,
     until_s: float = math.inf,
