@@ -1,4 +1,5 @@
-"""The seams of the loop: what a policy, a source, a driver and an observer must do.
+"""The seams of the loop: what a policy, a source, a driver, an observer and a clock
+must do.
 
 Each is a small :class:`~typing.Protocol` (as Horovod's ``HostDiscovery``), so a new
 backend is a new class that fits, never a branch in the loop. ``Settler`` and ``Placer``

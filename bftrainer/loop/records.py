@@ -5,8 +5,9 @@ the typed inputs a source or a driver hands the loop (:class:`PoolChange`,
 :class:`Arrival`, :class:`CurveReport`, :class:`Completion`, :class:`Cancel`,
 :class:`Redecide`), what a poll and an advance return (:class:`Polled`,
 :class:`Progress`), and what the loop records and restores (:class:`Step`,
-:class:`LoopState`). They live apart from the loop so that policies, drivers and sources
-import the data they exchange without importing the step order.
+:class:`LoopState`), with the loop's two errors. They live apart from the loop so that
+policies, drivers and sources import the data they exchange without importing the step
+order.
 """
 
 from __future__ import annotations
