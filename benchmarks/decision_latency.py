@@ -44,6 +44,7 @@ from bftrainer.loop import (
     TimedSource,
     VirtualClock,
 )
+from bftrainer.policy import make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
 
@@ -99,11 +100,13 @@ def measure(
     pool, items = script(trainers, nodes, events, seed, slots)
     obs = Steps()
     source = TimedSource(items)
+    config = Config(policy="milp", solver=solver, max_trainers=trainers, slots_per_node=slots)
     loop = Loop(
         [source],
         SimulatedDriver(slots),
         VirtualClock(0.0),
-        Config(policy="milp", solver=solver, max_trainers=trainers, slots_per_node=slots),
+        config,
+        policy=make_policy(config),
         observer=obs,
         state=LoopState(now_s=0.0, pool=pool),
     )

@@ -1,25 +1,25 @@
 """Allocation policies: pure functions of the pool and the admitted trainers.
 
 ``POLICIES`` is the registry (as ``milp.solvers`` has of solvers): a name -> a factory
-that builds the policy from the configuration record (``bftrainer.config.Config``). A
-new policy is a class here and a line in the registry.
+that builds the policy from the configuration record (``bftrainer.config.Config``);
+:func:`make_policy` builds the one a record names, for whoever builds a loop (the loop
+builds none). A new policy is a class here, a line in the registry and its name in
+``bftrainer.config.POLICY_NAMES`` (which the record checks names against).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from bftrainer.churn import Churn, auto_t_fwd_s
+from bftrainer.config import POLICY_NAMES, Config
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import Decision, Policy, TrainerState
+from bftrainer.loop.protocols import Policy
+from bftrainer.loop.records import Decision, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.slots import map_slots
-
-if TYPE_CHECKING:
-    from bftrainer.config import Config
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,19 @@ POLICIES: dict[str, Callable[[Config], Policy]] = {
     "equal": lambda config: EqualSharePolicy(config.slots_per_node),
     "scavenger": lambda config: ScavengerPolicy(config.scavenger_size),
 }
+if tuple(POLICIES) != POLICY_NAMES:  # one list of names, checked where both are seen
+    raise ImportError(
+        f"bftrainer.policy.POLICIES {tuple(POLICIES)} and bftrainer.config.POLICY_NAMES "
+        f"{POLICY_NAMES} differ: name each policy in both, in the same order"
+    )
 # The policies the daemon can carry out on real, elastic trainers. The scavenger baseline
 # models rigid jobs killed and requeued from checkpoints: a replay model only.
 LIVE_POLICIES = ("equal", "milp")
+
+
+def make_policy(config: Config) -> Policy:
+    """The policy ``config`` names, from the registry, built with its settings."""
+    return POLICIES[config.policy](config)
 
 
 def equal_share_counts(limits: list[tuple[str, int, int]], pool_size: int) -> dict[str, int]:

@@ -214,7 +214,7 @@ def test_a_rerun_replaces_an_earlier_output_whole(tmp_path: Path) -> None:
 def test_an_interrupted_rerun_leaves_the_earlier_output_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import bftrainer.cli.replay as replay_cli
+    import bftrainer.replay.runs_output as replay_cli
 
     out = tmp_path / "out"
     assert run(*replay_args(out))[0] == 0

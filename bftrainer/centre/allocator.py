@@ -58,6 +58,7 @@ from bftrainer.loop import (
     TrainerState,
     WallClock,
 )
+from bftrainer.policy import make_policy
 from bftrainer.pool_changes import PoolChanges
 
 log = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ class Allocator:
         self.hello = dict(hello)
         self.clock = clock if clock is not None else WallClock()
         self.pool = pool
-        self.policy = policy
+        self.policy = policy if policy is not None else make_policy(config)
         self.driver = RemoteDriver()
         self.inbox = Inbox(self.clock)
         self.leases = AgentLeases(self, settings.agent_lease_s)

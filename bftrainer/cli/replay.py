@@ -1,23 +1,18 @@
-"""``bftrainer replay``: replay a pool trace with simulated trainers, offline."""
+"""``bftrainer replay``: replay a pool trace with simulated trainers, offline.
+
+The command's options, and the checks that name them; what it replays
+(bftrainer/replay/inputs.py), its runs (sweep.py), where they run (executors.py) and
+what it writes (runs_output.py) live in the replay package.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import multiprocessing
-import os
-import pickle
-import signal
-import tempfile
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import click
-from tqdm import tqdm
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
@@ -31,39 +26,18 @@ from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
 from bftrainer.cli.policy_options import T_FWD, policy_flags, policy_options
 from bftrainer.cli.trace import parse_node_range, parse_time_option
 from bftrainer.config import ConfigError, load_config, with_overrides
-from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
-from bftrainer.idle_monitor.trace import (
-    Trace,
-    TraceFormatError,
-    TraceRangeError,
-    load_trace,
-)
-from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
+from bftrainer.idle_monitor.trace import Trace
+from bftrainer.jobs import JobSpecError, check_workload, jobs_in_slots
+from bftrainer.replay.executors import run_all, run_on_slurm
+from bftrainer.replay.inputs import pollux_jobs, replay_trace, workload_jobs, workload_record
 from bftrainer.replay.learning import CURVES, PRIORS
-from bftrainer.replay.output import summary_table, write_result
-from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
-from bftrainer.replay.pollux_output import pollux_summary, pollux_table, write_pollux_outputs
-from bftrainer.replay.pollux_plots import plot_efficiency
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxReport, PolluxSimOptions
-from bftrainer.replay.pollux_workload import (
-    PolluxWorkloadError,
-    generate_pollux_workload,
-    read_pollux_workload,
-    resolve_data_dir,
-    resolve_workload_path,
-)
-from bftrainer.replay.run import (
-    POLICIES,
-    REPLAY_TABLES,
-    ReplayConfig,
-    ReplayError,
-    ReplayResult,
-    replay,
-)
+from bftrainer.replay.output import summary_table
+from bftrainer.replay.pollux_output import pollux_summary, pollux_table
+from bftrainer.replay.run import POLICIES, REPLAY_TABLES, ReplayConfig, ReplayError
+from bftrainer.replay.runs_output import write_outputs
+from bftrainer.replay.sweep import policy_configs, run_label, sweep_configs
 from bftrainer.replay.windows import WINDOW_MODES
-from bftrainer.replay.workload import WorkloadError, diverse_workload, hpo_workload, read_paper_jobs
 from bftrainer.replay.zoo import ZOO_SPS
-from bftrainer.trainers import lifeline
 
 log = logging.getLogger(__name__)
 
@@ -357,23 +331,31 @@ def replay_cmd(
         _refuse_given(("pollux_data", "batch_adapt"), "needs --workload pollux (and no --jobs)")
     factory = None
     if workload == "pollux" and not jobs_path:
-        jobs, factory = _pollux(
-            pollux_data,
-            pollux_workload,
-            batch_adapt,
-            jobs_count,
-            interval_s,
-            seed,
-            trace,
-            replicas_per_node,
-            base.slots_per_node,
-        )
+        try:
+            jobs, factory = pollux_jobs(
+                pollux_data,
+                pollux_workload,
+                batch_adapt,
+                jobs_count,
+                interval_s,
+                seed,
+                trace,
+                replicas_per_node,
+                base.slots_per_node,
+            )
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
     else:
         if pollux_workload is not None:
             raise UsageError("--pollux-workload needs --workload pollux (and no --jobs)")
         if replicas_per_node != 1:
             raise UsageError("--replicas-per-node needs --workload pollux (and no --jobs)")
-        jobs = _jobs(jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace)
+        try:
+            jobs = workload_jobs(
+                jobs_path, profiles_path, workload, jobs_count, model, interval_s, seed, trace
+            )
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
         jobs = jobs_in_slots(jobs, base.slots_per_node)
     try:
         check_workload(jobs)  # the whole workload, before any replay starts
@@ -382,22 +364,12 @@ def replay_cmd(
     if sweep:
         if policies is not None and policies.strip() != "milp":
             raise UsageError(f"--sweep runs the milp policy only; drop --policy {policies!r}")
-        configs = [replace(base, policy="milp", t_fwd_s=v) for v in _sweep_values(sweep)]
+        configs = sweep_configs(base, _sweep_values(sweep))
     else:
-        names = [p.strip() for p in (policies or base.policy).split(",") if p.strip()]
-        if not names:
-            raise UsageError(f"--policy {policies!r}: name one of {', '.join(POLICIES)}")
-        for p in names:
-            if p not in POLICIES:
-                raise UsageError(f"--policy {p!r} is not one of {', '.join(POLICIES)}")
-            if names.count(p) > 1:
-                raise UsageError(f"--policy {p!r} is named twice (its runs share one folder)")
-        configs = [replace(base, policy=p) for p in names]
-        if factory is not None and "scavenger" in names:
-            raise UsageError(
-                "--policy scavenger replays rigid jobs from their throughput curves; it "
-                "cannot run Pollux's trainers (--workload pollux)"
-            )
+        try:
+            configs = policy_configs(base, policies, pollux=factory is not None)
+        except ReplayError as e:
+            raise UsageError(str(e)) from None
     windows_count = (trace.end_s - trace.start_s) / base.window_s
     if windows_count > MAX_WINDOWS:
         raise UsageError(
@@ -421,7 +393,7 @@ def replay_cmd(
     try:
         if executor == "slurm":
             folder = slurm_folder or out_dir.with_name(out_dir.name + ".slurm")
-            outcomes, failures = _run_on_slurm(
+            outcomes, failures = run_on_slurm(
                 (trace, jobs, factory),
                 configs,
                 folder,
@@ -431,75 +403,34 @@ def replay_cmd(
                 progress,
             )
         else:
-            outcomes = _run_all(trace, jobs, configs, progress, factory)
+            outcomes = run_all(trace, jobs, configs, progress, factory)
     except ReplayError as e:
         raise UsageError(str(e)) from None
     for config, reason, log_path in failures:
-        click.echo(f"replay {_label(config)} failed: {reason}; its log: {log_path}", err=True)
+        click.echo(f"replay {run_label(config)} failed: {reason}; its log: {log_path}", err=True)
     if not outcomes:
         raise click.ClickException(f"every replay failed; --out {out_dir} left as it was")
     results = [r for r, _ in outcomes]
     for r, rep in outcomes:
-        r.summary["workload"] = _workload_record(jobs_path, workload, pollux_workload, len(jobs))
+        r.summary["workload"] = workload_record(jobs_path, workload, pollux_workload, len(jobs))
         if rep is not None:
             end_s = r.metrics.start_s + r.summary["hours"] * 3600
             r.summary.update(pollux_summary(r.trainers, end_s, rep))
     reports = [(r, rep) for r, rep in outcomes if rep is not None]
     try:
         with replaced_on_success(out_dir, "replay") as tmp:
-            _write_outputs(tmp, results, reports, bool(sweep), nested=len(configs) > 1)
+            write_outputs(tmp, results, reports, bool(sweep), nested=len(configs) > 1)
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
     click.echo(summary_table(results))
     if reports:
-        click.echo("\n" + pollux_table([(_label(r), r.summary) for r, _ in reports]))
+        click.echo("\n" + pollux_table([(run_label(r), r.summary) for r, _ in reports]))
     click.echo(f"\nwrote {out_dir}/")
     if failures:
         raise click.ClickException(
             f"{len(failures)} of {len(configs)} replays failed (named above); the others' "
             "results are written"
         )
-
-
-def _write_outputs(
-    out_dir: Path,
-    results: list[ReplayResult],
-    reports: list[tuple[ReplayResult, PolluxReport]],
-    sweep: bool,
-    nested: bool,
-) -> None:
-    """Every output file, into ``out_dir`` (a fresh folder: see cli/outdir.py); with
-    ``nested``, each run in its own folder (several runs asked for, even if some failed)."""
-    if not nested:
-        write_result(results[0], out_dir)
-    else:
-        for r in results:
-            write_result(r, out_dir / _label(r))
-        runs = [json.loads((out_dir / _label(r) / "summary.json").read_text()) for r in results]
-        (out_dir / "summary.json").write_text(strict_json.dumps({"runs": runs}, indent=2) + "\n")
-    _plot(plot_windows, results, out_dir / "utilization_per_window.png")
-    _plot(plot_costs, results, out_dir / "costs.png")
-    if sweep:
-        _plot(plot_sweep, results, out_dir / "utilization_vs_tfwd.png")
-    for r, rep in reports:
-        write_pollux_outputs(r.trainers, rep, out_dir / _label(r) if nested else out_dir)
-    if len(reports) > 1:
-        _plot(plot_efficiency, [(_label(r), rep) for r, rep in reports], out_dir / "efficiency.png")
-
-
-def _plot(draw: Callable[[Any, Path], object], data: Any, path: Path) -> None:
-    """A figure that cannot be drawn costs that figure only: the runs' results (hours of
-    work, all in summary.json and the CSVs) are written whatever a plot does."""
-    try:
-        draw(data, path)
-    except Exception as exc:
-        log.error("%s not written: %r (the figures are in the CSV files)", path.name, exc)
-
-
-def _label(run: ReplayResult | ReplayConfig) -> str:
-    c = run.config if isinstance(run, ReplayResult) else run
-    tfwd = c.t_fwd_s if isinstance(c.t_fwd_s, str) else f"{c.t_fwd_s:g}"
-    return f"milp-tfwd{tfwd}" if c.policy == "milp" else c.policy
 
 
 # Windows of the per-window U: each is a row of windows.csv and a bar of its plot.
@@ -532,18 +463,11 @@ def _load(
     start_s = parse_time_option("--start", start)
     end_s = parse_time_option("--end", end)
     try:
-        if path is None:
-            trace = synthetic_trace(
-                SyntheticConfig(nodes=synthetic_nodes, duration_s=synthetic_hours * 3600, seed=seed)
-            )
-            if node_slice or start_s is not None or end_s is not None:
-                trace = trace.slice(nodes=node_slice, start_s=start_s, end_s=end_s)
-            return trace
-        return load_trace(path, nodes=node_slice, start_s=start_s, end_s=end_s)
-    except (TraceFormatError, TraceRangeError, ValueError) as e:
+        return replay_trace(
+            path, node_slice, start_s, end_s, synthetic_nodes, synthetic_hours, seed
+        )
+    except ReplayError as e:
         raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
 
 
 # Options of the built-in workloads, which a paper job set (--jobs) replaces.
@@ -575,205 +499,3 @@ def _refuse_workload_with_jobs(jobs_path: str | None) -> None:
             f"{flag} and --jobs conflict: --jobs replays a paper job set, {flag} "
             "shapes a built-in workload; give one of them"
         )
-
-
-def _workload_record(
-    jobs_path: str | None, workload: str, pollux_workload: str | None, count: int
-) -> dict[str, Any]:
-    """What summary.json says was replayed."""
-    if jobs_path:
-        return {"name": "jobs", "file": str(jobs_path), "jobs": count}
-    return {"name": workload, "file": pollux_workload, "jobs": count}
-
-
-def _jobs(
-    jobs_path: str | None,
-    profiles_path: str | None,
-    workload: str,
-    count: int,
-    model: str,
-    interval_s: float,
-    seed: int,
-    trace: Trace,
-) -> list[JobSpec]:
-    try:
-        if jobs_path:
-            return read_paper_jobs(Path(jobs_path), Path(profiles_path) if profiles_path else None)
-        if workload == "hpo":
-            return hpo_workload(count, trace.start_s, model=model, interval_s=interval_s)
-        return diverse_workload(count, trace.start_s, mean_interarrival_s=interval_s, seed=seed)
-    except WorkloadError as e:
-        raise UsageError(str(e)) from None
-
-
-Run = tuple[ReplayResult, PolluxReport | None]
-
-
-def _run_one(
-    args: tuple[Trace, list[JobSpec], ReplayConfig, PolluxDriverFactory | None],
-) -> Run:
-    trace, jobs, config, factory = args
-    if factory is None:
-        return replay(trace, jobs, config), None
-    driver = factory()
-    return replay(trace, jobs, config, driver=driver), driver.report()
-
-
-# A worker's copy of the inputs every run shares (see _run_all).
-_inputs: tuple[Trace, list[JobSpec], PolluxDriverFactory | None] | None = None
-
-
-def _load_inputs(path: str, parent_pid: int) -> None:
-    """A worker's start: it dies with the replay that started it, however that ends
-    (SIGKILL included: the pool's own exit never runs then), and reads the inputs."""
-    global _inputs
-    lifeline.die_with_parent(signal.SIGKILL, parent_pid)
-    _inputs = pickle.loads(Path(path).read_bytes())
-
-
-def _run_config(config: ReplayConfig) -> Run:
-    assert _inputs is not None, "the pool's initializer did not run"
-    return run_with_inputs(_inputs, config)
-
-
-Inputs = tuple[Trace, list[JobSpec], PolluxDriverFactory | None]
-
-
-def run_with_inputs(inputs: Inputs, config: ReplayConfig) -> Run:
-    """One run of a sweep, from the inputs every run shares (a Slurm task runs this)."""
-    trace, jobs, factory = inputs
-    return _run_one((trace, jobs, config, factory))
-
-
-def _run_on_slurm(
-    inputs: Inputs,
-    configs: list[ReplayConfig],
-    folder: Path,
-    partition: str | None,
-    account: str | None,
-    time_min: int | None,
-    progress: bool,
-) -> tuple[list[Run], list[tuple[ReplayConfig, str, Path]]]:
-    """The runs as one Slurm job array (bftrainer/replay/slurm_sweep.py): the runs that
-    ended, and (config, why, log) for each task that did not."""
-    try:
-        from bftrainer.replay.slurm_sweep import SlurmOptions, SlurmSweepError, run_array
-    except ImportError:
-        raise UsageError(
-            "--executor slurm needs submitit: pip install 'bftrainer[slurm]'"
-        ) from None
-    options = SlurmOptions(folder, partition, account, time_min or 60)
-    try:
-        outcomes = run_array(run_with_inputs, inputs, configs, options, progress)
-    except SlurmSweepError as e:
-        raise UsageError(str(e)) from None
-    runs: list[Run] = []
-    failures = []
-    for config, outcome in zip(configs, outcomes, strict=True):
-        if isinstance(outcome, tuple):
-            runs.append(outcome)
-        else:
-            failures.append((config, outcome.reason, outcome.log))
-    return runs, failures
-
-
-def _run_all(
-    trace: Trace,
-    jobs: list[JobSpec],
-    configs: list[ReplayConfig],
-    progress: bool,
-    factory: PolluxDriverFactory | None = None,
-) -> list[Run]:
-    if len(configs) > 1:
-        workers = min(len(configs), os.cpu_count() or 1)
-        # Single-threaded BLAS in each worker: two Pollux replays side by side, each with
-        # OpenBLAS's own threads, ran 8x slower on 2 cores. Spawned workers read the
-        # variable when they import numpy.
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        spawn = multiprocessing.get_context("spawn")
-        # Ctrl-C reaches every process of the terminal's group. Workers are born
-        # ignoring it (SIG_IGN survives exec, so it holds while they import): none prints
-        # a traceback, and the pool's exit terminates them. This process ignores it only
-        # while it starts them, with SIGINT blocked meanwhile: a Ctrl-C in that window
-        # stays pending and lands once the pool is in its ``with`` (it was lost before,
-        # and the replay ran to its end). Tasks hold only a config: a large task blocked
-        # in the pool's pipe would hang the pool's exit once its workers are gone.
-        with tempfile.TemporaryDirectory(prefix="bftrainer-replay-") as tmp:
-            inputs = Path(tmp) / "inputs.pickle"
-            inputs.write_bytes(pickle.dumps((trace, jobs, factory)))
-            sigint = {signal.SIGINT}
-            signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
-            try:
-                handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-                try:
-                    pool = spawn.Pool(workers, _load_inputs, (str(inputs), os.getpid()))
-                finally:
-                    signal.signal(signal.SIGINT, handler)
-                with pool:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
-                    results = list(
-                        tqdm(
-                            pool.imap(_run_config, configs),
-                            total=len(configs),
-                            desc="replays",
-                            unit="run",
-                            disable=not progress or None,
-                        )
-                    )
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
-        return results
-    with tqdm(total=1000, desc=configs[0].policy, unit="‰", disable=not progress or None) as bar:
-
-        def update(fraction: float) -> None:
-            bar.update(int(fraction * 1000) - bar.n)
-
-        driver = factory() if factory else None
-        result = replay(trace, jobs, configs[0], driver=driver, on_progress=update)
-        return [(result, driver.report() if driver else None)]
-
-
-def _pollux(
-    data: str | None,
-    workload_file: str | None,
-    batch_adapt: bool,
-    count: int,
-    interval_s: float,
-    seed: int,
-    trace: Trace,
-    replicas_per_node: int = 1,
-    slots_per_node: int = 1,
-) -> tuple[list[JobSpec], PolluxDriverFactory]:
-    """Jobs of Pollux's applications, submitted from the trace's start, and the factory
-    of their driver; a node runs ``replicas_per_node`` replicas of a job, or with
-    ``slots_per_node`` S > 1, one replica per slot of several jobs."""
-    if slots_per_node > 1 and replicas_per_node != 1:
-        raise UsageError(
-            "--replicas-per-node gives a whole node's replicas to one job; with "
-            "--slots-per-node a slot is one replica: give one of them"
-        )
-    try:
-        data_dir = resolve_data_dir(data)
-        if workload_file is not None:
-            path = resolve_workload_path(workload_file, data_dir)
-            w = read_pollux_workload(
-                path,
-                data_dir,
-                trace.start_s,
-                replicas_per_node=replicas_per_node,
-                slots_per_node=slots_per_node,
-            )
-        else:
-            w = generate_pollux_workload(
-                count,
-                trace.start_s,
-                data_dir,
-                mean_interarrival_s=interval_s,
-                seed=seed,
-                replicas_per_node=replicas_per_node,
-                slots_per_node=slots_per_node,
-            )
-    except PolluxWorkloadError as e:
-        raise UsageError(str(e)) from None
-    options = PolluxSimOptions(batch_adapt=batch_adapt, seed=seed, slots_per_node=slots_per_node)
-    return list(w.jobs), PolluxDriverFactory(tuple(w.apps.items()), data_dir, options)

@@ -39,6 +39,7 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.live import LiveDriver, job_of
 from bftrainer.loop import Loop, LoopState, Policy, Source, Step, TrainerState, WallClock
+from bftrainer.policy import make_policy
 from bftrainer.slots import SlotBook
 from bftrainer.state import AllocationRow, Store, TrainerRow
 
@@ -289,7 +290,8 @@ class Daemon:
             return
         after = self._publish_metrics if self.metrics is not None else None
         sources: list[Source] = [self.pool, self.queue]
-        policy: Policy | None = None
+        # The daemon's own policy; in centre mode the allocator's decisions instead.
+        policy: Policy = make_policy(self.config)
         if self.centre is not None:
             sources.append(self.centre)
             policy = self.centre.policy

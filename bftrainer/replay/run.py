@@ -29,7 +29,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.policy import POLICIES as POLICY_REGISTRY
-from bftrainer.policy import ScavengerPolicy
+from bftrainer.policy import ScavengerPolicy, make_policy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
 from bftrainer.replay.learning import (
     CURVES,
@@ -186,13 +186,15 @@ def replay(
     jobs: Sequence[JobSpec],
     config: ReplayConfig,
     *,
+    policy: Policy | None = None,
     driver: TrainerDriver | None = None,
     on_progress: Callable[[float], None] | None = None,
 ) -> ReplayResult:
     """Run ``jobs`` on the idle nodes of ``trace`` under ``config``'s policy.
 
     The replay starts at the first job's submission (or the trace's start, if later) and
-    ends at the trace's end, or earlier once every job has completed. ``driver`` simulates
+    ends at the trace's end, or earlier once every job has completed. ``policy``: the one
+    ``config`` names, from the registry, unless given (a test's wrapper). ``driver`` simulates
     the trainers (default: ``SimulatedDriver``, progress from each job's throughput
     curve; for the scavenger policy, ``CheckpointRestartDriver``, the same progress with
     a rigid job's kills and restarts). ``on_progress`` gets the fraction of the trace's
@@ -218,7 +220,7 @@ def replay(
     if start_s > trace.start_s:
         trace = trace.slice(start_s=start_s)
     check_fits(jobs, len(trace.nodes), config.slots_per_node)
-    policy = config.make_policy()
+    policy = policy if policy is not None else make_policy(config)
     learning = config.curves == "learned"
     if learning and (isinstance(policy, ScavengerPolicy) or config.objective == "goodput"):
         raise ReplayError(

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from bftrainer.cli import cli
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
-from bftrainer.policy import POLICIES, EqualSharePolicy, MilpPolicy
+from bftrainer.policy import POLICIES, EqualSharePolicy, MilpPolicy, make_policy
 from bftrainer.replay.run import REPLAY_TABLES, ReplayConfig
 
 
@@ -31,9 +31,9 @@ def test_defaults_come_from_one_place() -> None:
 
 def test_the_registry_builds_each_policy_with_the_record() -> None:
     config = Config(policy="milp", t_fwd_s=30.0, solver="dp", objective="goodput")
-    policy = config.make_policy()
+    policy = make_policy(config)
     assert isinstance(policy, MilpPolicy) and policy.config is config
-    assert isinstance(Config(policy="equal").make_policy(), EqualSharePolicy)
+    assert isinstance(make_policy(Config(policy="equal")), EqualSharePolicy)
     assert set(POLICIES) >= {"milp", "equal"}
 
 

@@ -20,6 +20,7 @@ from bftrainer.daemon import SubmissionQueue
 from bftrainer.live import ExecPlan, LiveDriver, job_of, prior_curve
 from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Arrival, CurveReport, TrainerState
+from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningOptions
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
@@ -71,7 +72,7 @@ def test_a_new_trainer_is_not_starved_by_the_prior(tmp_path: Path) -> None:
             learned = curves.measured(running.job, MetricsRecord.from_dict(rec))
         assert learned is not None
         running.reported_curves["throughput"] = learned
-        policy = Config().make_policy()
+        policy = make_policy(Config())
         pool = ("n1", "n2", "n3", "n4")
 
         def nodes_of_new(trainer: TrainerState) -> int:

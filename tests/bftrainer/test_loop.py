@@ -46,7 +46,7 @@ from bftrainer.loop import (
     run,
 )
 from bftrainer.milp.mapping import map_counts
-from bftrainer.policy import equal_share_counts
+from bftrainer.policy import equal_share_counts, make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -364,7 +364,8 @@ def test_the_simulated_driver_finishes_jobs_even_at_epoch_milliseconds() -> None
         for i in range(3)
     ]  # fmt: skip
     source = TimedSource((t0, Arrival(j)) for j in jobs)
-    loop = Loop([source], SimulatedDriver(), VirtualClock(t0), Config(policy="equal"),
+    config = Config(policy="equal")
+    loop = Loop([source], SimulatedDriver(), VirtualClock(t0), config, policy=make_policy(config),
                 state=LoopState(now_s=t0, pool=("a", "b", "c", "d")))  # fmt: skip
     t_wall = time.perf_counter()
     loop.run(until_s=t0 + 3_600_000.0, stop=lambda lp: source.exhausted and not lp.trainers)
@@ -513,11 +514,13 @@ def test_a_signal_handler_stops_a_loop_that_sleeps_with_nothing_due() -> None:
 
 def test_run_is_the_loop_in_one_call() -> None:
     source = TimedSource([(0.0, Arrival(job("x", work=20.0)))])
+    config = Config(policy="equal")
     loop = run(
         [source],
         ScriptedDriver(),
         VirtualClock(0.0),
-        Config(policy="equal"),
+        config,
+        policy=make_policy(config),
         state=LoopState(now_s=0.0, pool=("a", "b")),
         until_s=1000.0,
         stop=lambda lp: source.exhausted and not lp.trainers,

@@ -37,6 +37,7 @@ from bftrainer.loop import (
     VirtualClock,
     WallClock,
 )
+from bftrainer.policy import make_policy
 from bftrainer.replay.pollux_sim import PolluxSimDriver, PolluxSimOptions
 from bftrainer.replay.rigid import CheckpointRestartDriver
 from bftrainer.replay.simulator import SimulatedDriver
@@ -227,6 +228,7 @@ def drive(
         checked,
         clock,
         case.config,
+        policy=make_policy(case.config),
         state=LoopState(now_s=t0, pool=case.pool),
     )
     loop.run(until_s=t0 + case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)

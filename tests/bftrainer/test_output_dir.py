@@ -97,7 +97,7 @@ def test_an_out_that_cannot_be_created_is_refused_before_the_replay(tmp_path: Pa
 
 def test_a_plot_that_fails_loses_no_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sweep's plot failed after every run had finished, and nothing was written."""
-    import bftrainer.cli.replay as replay_cli
+    import bftrainer.replay.runs_output as replay_cli
 
     def broken(*_args: object) -> None:
         raise ValueError("cannot draw this")

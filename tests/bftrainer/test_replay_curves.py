@@ -17,6 +17,7 @@ from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Decision, Policy, TrainerState
+from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningDriver
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import diverse_workload, hpo_workload, read_paper_jobs
@@ -57,15 +58,6 @@ class Watching:
         for t in trainers:
             self.seen.append((t.id, t.curve("throughput"), len(decision.nodes.get(t.id, ()))))
         return decision
-
-
-@dataclass(frozen=True)
-class WatchedConfig(ReplayConfig):
-    seen: list[Any] | None = None
-
-    def make_policy(self) -> Policy:
-        assert self.seen is not None
-        return Watching(super().make_policy(), self.seen)
 
 
 # ---- the rule ---------------------------------------------------------------------------
@@ -160,10 +152,8 @@ def test_the_policy_sees_measurements_and_priors_never_the_profile(prior: str) -
     jobs = diverse_workload(30, trace.start_s, seed=3)
     truth = {j.id: j for j in jobs}
     seen: list[Any] = []
-    config = WatchedConfig(
-        policy="milp", solver="dp", curves="learned", curves_prior=prior, seen=seen
-    )
-    result = replay(trace, jobs, config)
+    config = ReplayConfig(policy="milp", solver="dp", curves="learned", curves_prior=prior)
+    result = replay(trace, jobs, config, policy=Watching(make_policy(config), seen))
     assert result.summary["measurements"] > 0 and result.summary["trainers_completed"] > 0
     noise = config.curves_noise
     grew = 0
@@ -184,10 +174,8 @@ def test_the_policy_sees_measurements_and_priors_never_the_profile(prior: str) -
 def test_optimistic_growth_is_capped_at_twice_the_largest_count_run() -> None:
     trace, jobs = small()
     seen: list[Any] = []
-    config = WatchedConfig(
-        policy="milp", solver="dp", curves="learned", curves_noise=0.0, seen=seen
-    )
-    replay(trace, jobs, config)
+    config = ReplayConfig(policy="milp", solver="dp", curves="learned", curves_noise=0.0)
+    replay(trace, jobs, config, policy=Watching(make_policy(config), seen))
     for _, curve, given in seen:
         measured = [n for n, v in curve if n.is_integer()]
         # The curve is flat from its cap on; the milp gives no node beyond a flat curve.

@@ -27,8 +27,8 @@ import json, sys
 from bftrainer.replay.run import ReplayConfig, replay
 what, policies, mode = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 if mode == "set-order":
-    import bftrainer.loop
-    bftrainer.loop.sorted = lambda items, **_: list(items)
+    import bftrainer.loop.core
+    bftrainer.loop.core.sorted = lambda items, **_: list(items)
 if what == "synthetic":
     from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
     from bftrainer.replay.workload import hpo_workload

@@ -20,6 +20,7 @@ from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, Loop, LoopState, PoolChange, TimedSource, VirtualClock
+from bftrainer.policy import make_policy
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.replay.windows import WindowKnowledge, events_with_windows
@@ -113,6 +114,7 @@ def run_loop(events: list[PoolEvent]) -> tuple[Loop, list[float]]:
         SimulatedDriver(),
         VirtualClock(0.0),
         config,
+        policy=make_policy(config),
         state=LoopState(now_s=0.0, pool=("n0", "n1")),
     )
     while loop.now_s < events[-1].time_s:

@@ -1,28 +1,4 @@
-"""The core loop: one driving function for the daemon (live) and the replay (offline).
-
-:func:`run` (or :class:`Loop`, one step at a time) owns the order of a step; the two
-modes differ only in what is plugged in:
-
-- **Sources** (:class:`Source`, one method, as Horovod's ``HostDiscovery``):
-  ``poll(now_s)`` returns the typed inputs due by ``now_s`` -- :class:`PoolChange`,
-  :class:`Arrival`, :class:`Cancel` (and, from a source that reads trainers' reports,
-  :class:`CurveReport` and :class:`Completion`; :class:`Redecide` when the policy's own
-  input moved) -- and when it wants to be polled next.
-  Replay: a trace and a job list (:class:`TimedSource`). Daemon: the live pool source,
-  the SQLite queue of submissions and cancels, the trainers' report files, each
-  polling on its own interval; :class:`Inbox` for inputs pushed from other threads.
-- **Clock** (:class:`Clock`): :class:`VirtualClock` jumps to the next input or
-  wake-up; :class:`WallClock` sleeps until then, and ``wake()`` cuts the sleep short.
-- **Driver** (:class:`TrainerDriver`): acts on trainers. ``advance(running, now_s)``
-  lets them progress to ``now_s`` and returns their :class:`Progress`, with curve
-  reports and completions as inputs (a driver never writes a trainer's curves or retires
-  it itself); ``next_wakeup_s`` says when it next has something to report (a completion
-  at current rates, a report timer). A wake-up is not an event: nothing is recorded
-  unless it brings an input or a decision.
-- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers, from the
-  pool, the trainers and the pool's churn (:class:`~bftrainer.churn.Churn`: the loop's
-  rolling window of the pool changes it applied, the same in both modes; the milp
-  policy's ``t_fwd_s = "auto"`` reads it).
+"""The loop itself: the step order, for the daemon (live) and the replay (offline).
 
 One step, in this order: wait for the earliest of the sources' next poll, the driver's
 wake-up, a rate-limited re-decision and ``until_s``; ``driver.advance`` to the clock's
@@ -42,34 +18,40 @@ few microseconds ahead rounds to now).
 the step's inputs were seen (the sources returned them) to the moment the last changed
 node set was handed to the driver (``driver.rescale`` returned).
 
-**For the daemon.** Build a :class:`Loop` with the live sources, the live driver, a
-:class:`WallClock` and the :class:`~bftrainer.config.Config`; call ``loop.run()`` (until
-``request_stop()``, e.g. from a SIGTERM handler, which also wakes the clock) or
-``loop.step()`` for one step. The observer's ``step`` is the place to persist: after it,
-``loop.state()`` is a :class:`LoopState` (time, pool, unfinished trainers with their
-nodes and progress, finished ones, the last decision's time). After a restart, pass
-the :class:`LoopState` rebuilt from those records as ``state=``: the first step then
-decides again (keeping current nodes wherever the policy's costs say so) before any
-new input is needed. Live sources report changes relative to the restored pool.
+The loop is given its policy: it builds none. Whoever builds a loop (the replay, the
+daemon, the centre, a test) builds the policy from the configuration with
+``bftrainer.policy.make_policy`` or passes its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
-import select
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from bftrainer.churn import Churn, ChurnWindow
+from bftrainer.churn import ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
+from bftrainer.loop.protocols import Clock, Observer, Placer, Policy, Settler, Source, TrainerDriver
+from bftrainer.loop.records import (
+    Arrival,
+    Cancel,
+    Completion,
+    CurveReport,
+    Decision,
+    Input,
+    LoopError,
+    LoopStalledError,
+    LoopState,
+    PoolChange,
+    Redecide,
+    Step,
+    TrainerState,
+)
+from bftrainer.loop.sources import WINDOW_TOLERANCE_S
 from bftrainer.milp.problem import fair_admission, group_key
 
 if TYPE_CHECKING:
@@ -77,379 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Curve = tuple[tuple[float, float], ...]
 # Steps in a row at one instant with nothing recorded before the loop gives up.
 MAX_STALLED_STEPS = 1000
-# A node's known departure that moves by less than this is no news (no new decision).
-WINDOW_TOLERANCE_S = 1.0
 
 
-def departure_moved(told: Mapping[str, float | None], node: str, at_s: float | None) -> bool:
-    """A departure (``at_s``, None: not known) a loop has not been told: a new node, or
-    one whose departure moved by ``WINDOW_TOLERANCE_S`` or more (the daemon's and the
-    centre allocator's pool sources)."""
-    if node not in told:
-        return True
-    was = told[node]
-    if was is None or at_s is None:
-        return (was is None) != (at_s is None)
-    return abs(was - at_s) >= WINDOW_TOLERANCE_S
-
-
-class LoopError(ValueError):
-    """The loop was given inputs or a state it cannot use; names the value."""
-
-
-class LoopStalledError(RuntimeError):
-    """The loop would spin: the clock cannot move and no input or decision comes."""
-
-
-# ---- the trainers' records ---------------------------------------------------------------
-@dataclass
-class TrainerState:
-    """One trainer's live record (mutable: the loop updates it in place, incrementally)."""
-
-    job: JobSpec
-    nodes: tuple[str, ...] = ()
-    started_s: float | None = None
-    finished_s: float | None = None
-    cancelled_s: float | None = None
-    processed_samples: float = 0.0
-    rescale_cost_samples: float = 0.0
-    preemption_cost_samples: float = 0.0
-    rescales: int = 0
-    # Curves the trainer reported from its own model, by metric ("throughput",
-    # "goodput"): breakpoints (nodes, value/s). Policies prefer them to the job's profile.
-    reported_curves: dict[str, Curve] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    def curve(self, metric: str) -> Curve:
-        """The latest curve for ``metric``; the job's throughput profile otherwise."""
-        return self.reported_curves.get(metric, self.job.curve)
-
-    @property
-    def progress_samples(self) -> float:
-        """Useful work: processed minus what rescales and preemptions lost."""
-        return self.processed_samples - self.rescale_cost_samples - self.preemption_cost_samples
-
-
-@dataclass(frozen=True)
-class Decision:
-    """A policy's answer: node sets for the admitted trainers, and how it was reached."""
-
-    nodes: Mapping[str, tuple[str, ...]]
-    status: str = "optimal"
-    solve_s: float = 0.0
-    t_fwd_s: float | None = None  # the look-ahead used, for a policy that has one
-
-
-class Policy(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``, knowing the
-        pool's recent ``churn``; pure."""
-        ...
-
-
-# ---- inputs ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PoolChange:
-    """Nodes joined and/or left the pool, without warning."""
-
-    event: PoolEvent
-
-
-@dataclass(frozen=True)
-class Arrival:
-    """A trainer was submitted; it queues, first come first served."""
-
-    job: JobSpec
-
-
-@dataclass(frozen=True)
-class CurveReport:
-    """A trainer's own model of ``metric`` ("throughput", "goodput") per node count."""
-
-    trainer_id: str
-    metric: str
-    curve: Curve
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A trainer finished its work; its nodes return to the pool."""
-
-    trainer_id: str
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Stop a trainer (queued or running) for good; its nodes return to the pool."""
-
-    trainer_id: str
-
-
-@dataclass(frozen=True)
-class Redecide:
-    """Decide again: something the policy reads besides the loop's state changed (a
-    centre agent's policy follows the allocator's last assignment)."""
-
-
-Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
-
-
-@dataclass(frozen=True)
-class Polled:
-    """A source's answer: the inputs due by now, and when to poll it next (inf: only
-    when something else wakes the loop)."""
-
-    inputs: tuple[Input, ...] = ()
-    next_s: float = math.inf
-
-
-class Source(Protocol):
-    def poll(self, now_s: float) -> Polled:
-        """Inputs due by ``now_s``, each returned once. Called at every step, possibly
-        before the ``next_s`` it gave (another source or the driver woke the loop)."""
-        ...
-
-
-@runtime_checkable
-class Settler(Protocol):
-    """A source that acts on the step's decision before the step ends (the daemon's
-    hold plan). What it does to the pool comes back as inputs, applied in the same
-    step: so no later step sees a node the source has already let go of."""
-
-    def poll(self, now_s: float) -> Polled: ...
-
-    def settle(self, now_s: float, decided: bool) -> Sequence[Input]:
-        """Act after the decision (``decided``: one was made this step); the inputs
-        that this causes (e.g. a :class:`PoolChange` of released free nodes)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What ``TrainerDriver.advance`` saw: samples processed since the last call, and
-    the trainers' reports (curves, completions) as inputs for the loop. A report may
-    concern a trainer at zero nodes now (what it wrote while it ran, or its crash),
-    never one the driver has not run or one cancelled."""
-
-    processed_samples: float = 0.0
-    reports: tuple[CurveReport | Completion, ...] = ()
-
-
-class TrainerDriver(Protocol):
-    """Acts on trainers. The loop owns ``TrainerState.nodes`` and the curves; the driver
-    owns progress (``processed_samples``) and cost accounting, and returns costs."""
-
-    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
-        """``trainers`` (those holding nodes) ran from the previous call's ``now_s`` to
-        this one (the first call only sets the clock); their progress and reports."""
-        ...
-
-    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
-        """When the driver next has something to report (a completion at current
-        rates, a report timer); inf if nothing is expected."""
-        ...
-
-    def preempt(self, trainer: TrainerState, old_count: int) -> float:
-        """Some of the trainer's nodes left without warning (already removed from
-        ``trainer.nodes``); returns the samples it cost."""
-        ...
-
-    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        """Move the trainer to ``nodes`` (no migration: a superset or subset; () stops
-        it until it gets nodes again); returns the samples it cost."""
-        ...
-
-    def cancel(self, trainer: TrainerState) -> None:
-        """Stop the trainer for good (it was cancelled; its nodes are already freed)."""
-        ...
-
-
-@runtime_checkable
-class Placer(Protocol):
-    """A driver that must see a decision whole before it is handed out one trainer at a
-    time (the live driver: with shared nodes, the slot one trainer frees is the slot
-    another is given, whichever of them comes first)."""
-
-    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
-        """The new node sets of the trainers whose sets change, before ``rescale``."""
-        ...
-
-
-# ---- clocks ------------------------------------------------------------------------------
-class Clock(Protocol):
-    def now_s(self) -> float: ...
-
-    def wait_until(self, t_s: float) -> float:
-        """Return at ``t_s`` (or earlier if woken); the time then."""
-        ...
-
-    def wake(self) -> None:
-        """Cut a wait short (thread- and signal-safe)."""
-        ...
-
-
-class VirtualClock:
-    """The replay's clock: waiting is jumping."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self._now_s = start_s
-
-    def now_s(self) -> float:
-        return self._now_s
-
-    def wait_until(self, t_s: float) -> float:
-        if not math.isfinite(t_s):
-            raise LoopStalledError(
-                f"the virtual clock was asked to wait forever at {self._now_s}: no source, "
-                "driver or re-decision expects anything (give run() an until_s or a stop)"
-            )
-        self._now_s = max(self._now_s, t_s)
-        return self._now_s
-
-    def wake(self) -> None:
-        pass
-
-
-class WallClock:
-    """The daemon's clock: epoch seconds; ``wait_until`` sleeps, ``wake`` interrupts.
-
-    ``wake`` writes a byte to a pipe that the sleep selects on: no lock, so it is safe
-    from another thread and from a signal handler (a SIGTERM handler calling
-    ``Loop.request_stop``) alike.
-    """
-
-    def __init__(self, time_fn: Callable[[], float] = time.time) -> None:
-        self._time = time_fn
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
-
-    def now_s(self) -> float:
-        return self._time()
-
-    def wait_until(self, t_s: float) -> float:
-        delay = t_s - self._time()
-        if delay > 0:
-            select.select([self._read_fd], [], [], None if math.isinf(delay) else delay)
-        self._drain()
-        return self._time()
-
-    def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # the pipe is full: it is awake anyway
-            os.write(self._write_fd, b"!")
-
-    def _drain(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._read_fd, 4096):
-                pass
-
-    def close(self) -> None:
-        for fd in (self._read_fd, self._write_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-# ---- sources -----------------------------------------------------------------------------
-class TimedSource:
-    """Inputs at known times (a trace, a job list, a test's script), sorted by time;
-    each is due once the clock reaches its time. Reads ``items`` lazily."""
-
-    def __init__(self, items: Iterable[tuple[float, Input]]) -> None:
-        self._items: Iterator[tuple[float, Input]] = iter(items)
-        self._next: tuple[float, Input] | None = next(self._items, None)
-
-    @property
-    def exhausted(self) -> bool:
-        return self._next is None
-
-    def poll(self, now_s: float) -> Polled:
-        due: list[Input] = []
-        while self._next is not None and self._next[0] <= now_s:
-            t_s, item = self._next
-            due.append(item)
-            self._next = next(self._items, None)
-            if self._next is not None and self._next[0] < t_s:
-                raise LoopError(f"inputs out of time order: {self._next[0]} after {t_s}")
-        return Polled(tuple(due), self._next[0] if self._next is not None else math.inf)
-
-
-class Inbox:
-    """Inputs pushed from elsewhere (another thread, a signal handler's caller): due at
-    the next step. ``put`` wakes the clock it was given."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
-        self._queue: deque[Input] = deque()
-        self._lock = threading.Lock()
-        self._clock = clock
-
-    def put(self, item: Input) -> None:
-        with self._lock:
-            self._queue.append(item)
-        if self._clock is not None:
-            self._clock.wake()
-
-    def poll(self, now_s: float) -> Polled:
-        with self._lock:
-            items = tuple(self._queue)
-            self._queue.clear()
-        return Polled(items)
-
-
-# ---- records -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Step:
-    """What happened at one instant of the loop, for the per-event log and metrics."""
-
-    time_s: float
-    pool_nodes: int
-    allocated_nodes: int
-    running: int
-    waiting: int
-    joined: int
-    left: int
-    arrivals: int
-    completions: int
-    rescale_cost_samples: float
-    preemption_cost_samples: float
-    decided: bool
-    status: str
-    solve_s: float
-    cancels: int = 0
-    latency_s: float = 0.0  # inputs seen -> node sets handed to the driver (wall time)
-    t_fwd_s: float | None = None  # the decision's look-ahead (milp policy), else None
-
-
-class Observer(Protocol):
-    def interval(
-        self, t0_s: float, t1_s: float, pool_nodes: int, processed_samples: float
-    ) -> None: ...
-
-    def step(self, step: Step) -> None: ...
-
-
-@dataclass
-class LoopState:
-    """What the loop needs to go on: to start a replay, or to restore a daemon from its
-    durable records. ``trainers``: unfinished, in arrival order, with their current
-    nodes (all in ``pool``) and progress; ``finished``: completed or cancelled."""
-
-    now_s: float
-    pool: tuple[str, ...] = ()
-    trainers: list[TrainerState] = field(default_factory=list)
-    finished: list[TrainerState] = field(default_factory=list)
-    last_decision_s: float = -math.inf
-
-
-# ---- the loop ----------------------------------------------------------------------------
 class Loop:
     """The step order, for both modes; see the module docstring."""
 
@@ -460,7 +73,7 @@ class Loop:
         clock: Clock,
         config: Config,
         *,
-        policy: Policy | None = None,
+        policy: Policy,
         observer: Observer | None = None,
         state: LoopState | None = None,
         keep_finished: bool = True,
@@ -473,7 +86,7 @@ class Loop:
         self.driver = driver
         self.clock = clock
         self.config = config
-        self.policy = policy if policy is not None else config.make_policy()
+        self.policy = policy
         self.observer = observer
         state = state if state is not None else LoopState(now_s=clock.now_s())
         self.now_s = state.now_s
@@ -821,7 +434,7 @@ def run(
     clock: Clock,
     config: Config,
     *,
-    policy: Policy | None = None,
+    policy: Policy,
     observer: Observer | None = None,
     state: LoopState | None = None,
     until_s: float = math.inf,

@@ -1,0 +1,113 @@
+"""The seams of the loop: what a policy, a source, a driver, an observer and a clock
+must do.
+
+Each is a small :class:`~typing.Protocol` (as Horovod's ``HostDiscovery``), so a new
+backend is a new class that fits, never a branch in the loop. ``Settler`` and ``Placer``
+are optional extras that the loop looks for at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from bftrainer.churn import Churn
+from bftrainer.loop.records import (
+    Decision,
+    Input,
+    Polled,
+    Progress,
+    Step,
+    TrainerState,
+)
+
+
+class Policy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``, knowing the
+        pool's recent ``churn``; pure."""
+        ...
+
+
+class Source(Protocol):
+    def poll(self, now_s: float) -> Polled:
+        """Inputs due by ``now_s``, each returned once. Called at every step, possibly
+        before the ``next_s`` it gave (another source or the driver woke the loop)."""
+        ...
+
+
+@runtime_checkable
+class Settler(Protocol):
+    """A source that acts on the step's decision before the step ends (the daemon's
+    hold plan). What it does to the pool comes back as inputs, applied in the same
+    step: so no later step sees a node the source has already let go of."""
+
+    def poll(self, now_s: float) -> Polled: ...
+
+    def settle(self, now_s: float, decided: bool) -> Sequence[Input]:
+        """Act after the decision (``decided``: one was made this step); the inputs
+        that this causes (e.g. a :class:`PoolChange` of released free nodes)."""
+        ...
+
+
+class TrainerDriver(Protocol):
+    """Acts on trainers. The loop owns ``TrainerState.nodes`` and the curves; the driver
+    owns progress (``processed_samples``) and cost accounting, and returns costs."""
+
+    def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
+        """``trainers`` (those holding nodes) ran from the previous call's ``now_s`` to
+        this one (the first call only sets the clock); their progress and reports."""
+        ...
+
+    def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
+        """When the driver next has something to report (a completion at current
+        rates, a report timer); inf if nothing is expected."""
+        ...
+
+    def preempt(self, trainer: TrainerState, old_count: int) -> float:
+        """Some of the trainer's nodes left without warning (already removed from
+        ``trainer.nodes``); returns the samples it cost."""
+        ...
+
+    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
+        """Move the trainer to ``nodes`` (no migration: a superset or subset; () stops
+        it until it gets nodes again); returns the samples it cost."""
+        ...
+
+    def cancel(self, trainer: TrainerState) -> None:
+        """Stop the trainer for good (it was cancelled; its nodes are already freed)."""
+        ...
+
+
+@runtime_checkable
+class Placer(Protocol):
+    """A driver that must see a decision whole before it is handed out one trainer at a
+    time (the live driver: with shared nodes, the slot one trainer frees is the slot
+    another is given, whichever of them comes first)."""
+
+    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
+        """The new node sets of the trainers whose sets change, before ``rescale``."""
+        ...
+
+
+class Clock(Protocol):
+    def now_s(self) -> float: ...
+
+    def wait_until(self, t_s: float) -> float:
+        """Return at ``t_s`` (or earlier if woken); the time then."""
+        ...
+
+    def wake(self) -> None:
+        """Cut a wait short (thread- and signal-safe)."""
+        ...
+
+
+class Observer(Protocol):
+    def interval(
+        self, t0_s: float, t1_s: float, pool_nodes: int, processed_samples: float
+    ) -> None: ...
+
+    def step(self, step: Step) -> None: ...

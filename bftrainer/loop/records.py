@@ -1,0 +1,176 @@
+"""The loop's records: what flows through a step, as plain data.
+
+A trainer's live record (:class:`TrainerState`), a policy's answer (:class:`Decision`),
+the typed inputs a source or a driver hands the loop (:class:`PoolChange`,
+:class:`Arrival`, :class:`CurveReport`, :class:`Completion`, :class:`Cancel`,
+:class:`Redecide`), what a poll and an advance return (:class:`Polled`,
+:class:`Progress`), and what the loop records and restores (:class:`Step`,
+:class:`LoopState`), with the loop's two errors. They live apart from the loop so that
+policies, drivers and sources import the data they exchange without importing the step
+order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bftrainer.idle_monitor.events import PoolEvent
+from bftrainer.jobs import JobSpec
+
+Curve = tuple[tuple[float, float], ...]
+
+
+class LoopError(ValueError):
+    """The loop was given inputs or a state it cannot use; names the value."""
+
+
+class LoopStalledError(RuntimeError):
+    """The loop would spin: the clock cannot move and no input or decision comes."""
+
+
+# ---- the trainers' records ---------------------------------------------------------------
+@dataclass
+class TrainerState:
+    """One trainer's live record (mutable: the loop updates it in place, incrementally)."""
+
+    job: JobSpec
+    nodes: tuple[str, ...] = ()
+    started_s: float | None = None
+    finished_s: float | None = None
+    cancelled_s: float | None = None
+    processed_samples: float = 0.0
+    rescale_cost_samples: float = 0.0
+    preemption_cost_samples: float = 0.0
+    rescales: int = 0
+    # Curves the trainer reported from its own model, by metric ("throughput",
+    # "goodput"): breakpoints (nodes, value/s). Policies prefer them to the job's profile.
+    reported_curves: dict[str, Curve] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.job.id
+
+    def curve(self, metric: str) -> Curve:
+        """The latest curve for ``metric``; the job's throughput profile otherwise."""
+        return self.reported_curves.get(metric, self.job.curve)
+
+    @property
+    def progress_samples(self) -> float:
+        """Useful work: processed minus what rescales and preemptions lost."""
+        return self.processed_samples - self.rescale_cost_samples - self.preemption_cost_samples
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer: node sets for the admitted trainers, and how it was reached."""
+
+    nodes: Mapping[str, tuple[str, ...]]
+    status: str = "optimal"
+    solve_s: float = 0.0
+    t_fwd_s: float | None = None  # the look-ahead used, for a policy that has one
+
+
+# ---- inputs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PoolChange:
+    """Nodes joined and/or left the pool, without warning."""
+
+    event: PoolEvent
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A trainer was submitted; it queues, first come first served."""
+
+    job: JobSpec
+
+
+@dataclass(frozen=True)
+class CurveReport:
+    """A trainer's own model of ``metric`` ("throughput", "goodput") per node count."""
+
+    trainer_id: str
+    metric: str
+    curve: Curve
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A trainer finished its work; its nodes return to the pool."""
+
+    trainer_id: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a trainer (queued or running) for good; its nodes return to the pool."""
+
+    trainer_id: str
+
+
+@dataclass(frozen=True)
+class Redecide:
+    """Decide again: something the policy reads besides the loop's state changed (a
+    centre agent's policy follows the allocator's last assignment)."""
+
+
+Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
+
+
+@dataclass(frozen=True)
+class Polled:
+    """A source's answer: the inputs due by now, and when to poll it next (inf: only
+    when something else wakes the loop)."""
+
+    inputs: tuple[Input, ...] = ()
+    next_s: float = math.inf
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What ``TrainerDriver.advance`` saw: samples processed since the last call, and
+    the trainers' reports (curves, completions) as inputs for the loop. A report may
+    concern a trainer at zero nodes now (what it wrote while it ran, or its crash),
+    never one the driver has not run or one cancelled."""
+
+    processed_samples: float = 0.0
+    reports: tuple[CurveReport | Completion, ...] = ()
+
+
+# ---- records -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    """What happened at one instant of the loop, for the per-event log and metrics."""
+
+    time_s: float
+    pool_nodes: int
+    allocated_nodes: int
+    running: int
+    waiting: int
+    joined: int
+    left: int
+    arrivals: int
+    completions: int
+    rescale_cost_samples: float
+    preemption_cost_samples: float
+    decided: bool
+    status: str
+    solve_s: float
+    cancels: int = 0
+    latency_s: float = 0.0  # inputs seen -> node sets handed to the driver (wall time)
+    t_fwd_s: float | None = None  # the decision's look-ahead (milp policy), else None
+
+
+@dataclass
+class LoopState:
+    """What the loop needs to go on: to start a replay, or to restore a daemon from its
+    durable records. ``trainers``: unfinished, in arrival order, with their current
+    nodes (all in ``pool``) and progress; ``finished``: completed or cancelled."""
+
+    now_s: float
+    pool: tuple[str, ...] = ()
+    trainers: list[TrainerState] = field(default_factory=list)
+    finished: list[TrainerState] = field(default_factory=list)
+    last_decision_s: float = -math.inf
