@@ -219,6 +219,10 @@ class Service:
         )
         return job, time.monotonic() - t0
 
+    def end_main_job(self, job: str) -> None:
+        """End a main job now (its nodes go back to idle), as a job that finishes does."""
+        self.cluster.run(["scancel", job])
+
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)

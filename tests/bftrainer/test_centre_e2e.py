@@ -210,13 +210,14 @@ def test_a_silent_agent_loses_its_nodes_after_its_lease_never_before(
         return sum(len(t["nodes"]) for t in view["trainers"] if "id" in t)
 
     wait_until(lambda: assigned(alice) == 4 and assigned(bob) == 4, 120, "the pool split 4/4")
-    # Bob's agent stops answering (SIGSTOP): for the lease (15 s) nothing moves.
+    # Bob's agent stops answering (SIGSTOP): within the lease (20 s) nothing moves; its
+    # last sync may be some seconds old already on a loaded machine, so look for 8 s.
     agent = daemon_running(bob.state_dir)
     assert agent is not None
     os.kill(agent, signal.SIGSTOP)
     try:
         stopped = time.monotonic()
-        while time.monotonic() - stopped < 10:
+        while time.monotonic() - stopped < 8:
             assert assigned(alice) == 4, "Bob's nodes were reclaimed before his lease ran out"
             time.sleep(2)
         # Past the lease: Bob's trainer is withdrawn and Alice's is given his nodes.

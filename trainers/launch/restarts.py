@@ -15,10 +15,10 @@ fresh one. A lost host is not a failure: the trainer goes on without it, uncount
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bftrainer import strict_json
 from bftrainer.trainers import channel
 
 MAX_RESTARTS = 3
@@ -68,5 +68,5 @@ def take(trainer_dir: Path, why: str) -> Restart:
         count = kept if isinstance(kept, int) and kept >= 0 else 0
     number = count + 1
     record = {"commit": commit, "count": number, "last": why}
-    channel.write_text_atomic(trainer_dir / RESTARTS, json.dumps(record) + "\n")
+    channel.write_text_atomic(trainer_dir / RESTARTS, strict_json.dumps(record) + "\n")
     return Restart(number, number <= MAX_RESTARTS, why)
