@@ -188,10 +188,14 @@ def test_no_import_circle_among_the_projects_modules() -> None:
 
 
 def test_the_walk_sees_every_kind_of_import() -> None:
-    """The walk itself: a circle through a function-level and a relative import is
-    found, one through TYPE_CHECKING is not."""
+    """The walk itself: a circle is found and named, a function-level import counts,
+    one under TYPE_CHECKING does not, and relative imports resolve."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": set()}
     assert circles(graph) == [["a", "b", "c", "a"]]
+    modules = dict.fromkeys(["p", "p.q", "p.q.m", "p.q.n", "p.r"], Path())
+    source = "from . import n\nfrom .. import r\nfrom ..r import f\n"
+    relative = [s for s in ast.parse(source).body if isinstance(s, ast.ImportFrom)]
+    assert [_named(s, "p.q", modules) for s in relative] == [["p.q.n"], ["p.r"], ["p.r"]]
     source = (
         "from typing import TYPE_CHECKING\n"
         "import x\n"
@@ -199,8 +203,8 @@ def test_the_walk_sees_every_kind_of_import() -> None:
         "def f():\n    from .sibling import name\n"
     )
     found = list(_imports(ast.parse(source)))
-    modules = [s.module if isinstance(s, ast.ImportFrom) else s.names[0].name for s in found]
-    assert modules == ["typing", "x", "shown", "sibling"]
+    names = [s.module if isinstance(s, ast.ImportFrom) else s.names[0].name for s in found]
+    assert names == ["typing", "x", "shown", "sibling"]
     graph = import_graph()
     # A module-level absolute import, a function-level one, and a package's __init__.
     assert "bftrainer.state" in graph["bftrainer.cli.service"]
