@@ -2,7 +2,9 @@
 allocation planner's plan for the claims on idle hosts, ``bjobs`` for bftrainer's own jobs.
 
 LSF cannot run here; the parsers are tested on recorded outputs in the documented
-formats (``idle_monitor/fixtures/lsf-*``).
+formats (``idle_monitor/fixtures/lsf-*``). They are in ``lsf_hosts.py`` (what LSF says of
+its hosts) and ``lsf_jobs.py`` (of the jobs: the plan, ``lsid``, ``bjobs``); this module
+runs the commands and combines their readings (``LsfScheduler``).
 
 - ``bhosts -w``: ``HOST_NAME STATUS JL/U MAX NJOBS RUN SSUSP USUSP RSV``. A host is idle
   when its status is ``ok`` and ``NJOBS`` is 0. A host with no running or suspended job
@@ -36,14 +38,36 @@ formats (``idle_monitor/fixtures/lsf-*``).
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
+from bftrainer.idle_monitor.lsf_hosts import (
+    BHOSTS_COLUMNS,
+    BackfillSlots,
+    HostState,
+    host_windows_s,
+    parse_bhosts,
+    parse_bslots,
+    parse_lsload_gpus,
+    parse_runtime_s,
+    release_own,
+)
+from bftrainer.idle_monitor.lsf_jobs import (
+    BJOBS_FIELDS,
+    QUEUE_NAME,
+    PlannedJob,
+    QueueJob,
+    bjobs_records,
+    job_base_id,
+    parse_bjobs_json,
+    parse_exec_host,
+    parse_lsid_cluster,
+    parse_plan,
+    plan_claims,
+)
 from bftrainer.idle_monitor.runner import (
     CommandFailedError,
     CommandResult,
@@ -58,439 +82,41 @@ from bftrainer.idle_monitor.source import (
     Scheduler,
     merge_claims,
 )
-from bftrainer.names import BadNameError, check_host
+
+# The parsers live in lsf_hosts.py and lsf_jobs.py; their names stay importable from here.
+__all__ = [
+    "BHOSTS_COLUMNS",
+    "BJOBS_FIELDS",
+    "PLAN_AUTO",
+    "PLAN_FILE_NAME",
+    "BackfillSlots",
+    "HostState",
+    "LsfScheduler",
+    "PlannedJob",
+    "QueueJob",
+    "bjobs_records",
+    "host_windows_s",
+    "job_base_id",
+    "parse_bhosts",
+    "parse_bjobs_json",
+    "parse_bslots",
+    "parse_exec_host",
+    "parse_lsid_cluster",
+    "parse_lsload_gpus",
+    "parse_plan",
+    "parse_runtime_s",
+    "plan_claims",
+    "release_own",
+]
 
 log = logging.getLogger(__name__)
 
-BHOSTS_COLUMNS = ("HOST_NAME", "STATUS", "JL/U", "MAX", "NJOBS", "RUN", "SSUSP", "USUSP", "RSV")
-_UNIT_S = {"day": 86400.0, "hour": 3600.0, "minute": 60.0, "second": 1.0}
 PLAN_AUTO = "auto"  # --lsf-plan-file default: the documented path where commands run
 PLAN_FILE_NAME = "lsb.allocation.plan.json"
-BJOBS_FIELDS = "jobid stat queue exec_host"
 # bjobs says this (stderr, non-zero exit) when a queue has no unfinished job.
 _NO_JOBS = re.compile(r"^\s*No (?:\w+ )*job found", re.MULTILINE)
 # Job states in which a job holds slots on its execution hosts.
 _HOLDING_STATES = frozenset({"RUN", "SSUSP", "USUSP", "PROV"})
-# bhosts statuses that a host has only because of the jobs on it.
-_JOB_STATUSES = frozenset({"ok", "closed_Full", "closed_Excl"})
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-
-
-def _is_host(name: str) -> bool:
-    try:
-        check_host(name)
-    except BadNameError:
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class HostState:
-    """One ``bhosts`` row (counts in slots)."""
-
-    name: str
-    status: str
-    max_slots: int | None
-    njobs: int
-    run: int
-    ssusp: int
-    ususp: int
-    rsv: int
-
-    @property
-    def kind(self) -> str:
-        """``idle``, ``set_aside`` (reserved, nothing running) or ``busy``."""
-        if self.run or self.ssusp or self.ususp:
-            return "busy"
-        if self.status == "ok" and self.njobs == 0:
-            return "idle"
-        if self.rsv > 0 and self.status in ("ok", "closed_Full"):
-            return "set_aside"
-        return "busy"
-
-
-def _count(text: str, what: str, line_no: int, line: str) -> int:
-    if not text.isdigit():
-        raise OutputParseError(f"bad {what} {text!r}", line_no, line)
-    return int(text)
-
-
-def parse_bhosts(text: str, known_hosts: Iterable[str] = ()) -> list[HostState]:
-    """Host rows from ``bhosts -w`` (or plain ``bhosts``, resolving truncated names)."""
-    rows: list[HostState] = []
-    lines = text.splitlines()
-    header_at = next((i for i, line in enumerate(lines) if line.strip()), None)
-    if header_at is None:
-        raise OutputParseError("empty bhosts output")
-    header = lines[header_at].split()
-    if tuple(header) != BHOSTS_COLUMNS:
-        raise OutputParseError(
-            f"expected the header {' '.join(BHOSTS_COLUMNS)}", header_at + 1, lines[header_at]
-        )
-    known = {h for h in known_hosts if not h.endswith("*")}
-    for line_no, line in enumerate(lines[header_at + 1 :], header_at + 2):
-        if not line.strip():
-            continue
-        f = line.split()
-        if len(f) != len(BHOSTS_COLUMNS):
-            raise OutputParseError(f"expected {len(BHOSTS_COLUMNS)} columns", line_no, line)
-        name = f[0]
-        if name.endswith("*"):
-            name = _resolve_truncated(name, known, line_no, line)
-        try:
-            check_host(name)  # it reaches ssh's command line (bftrainer.names)
-        except BadNameError as exc:
-            raise OutputParseError(f"host name: {exc}", line_no, line) from None
-        max_slots = None if f[3] == "-" else _count(f[3], "MAX", line_no, line)
-        counts = [
-            _count(v, c, line_no, line) for v, c in zip(f[4:], BHOSTS_COLUMNS[4:], strict=True)
-        ]
-        rows.append(HostState(name, f[1], max_slots, *counts))
-    if not rows:
-        raise OutputParseError("no host rows in bhosts output")
-    return rows
-
-
-def _resolve_truncated(name: str, known: set[str], line_no: int, line: str) -> str:
-    prefix = name.rstrip("*")
-    matches = sorted(h for h in known if h.startswith(prefix))
-    if len(matches) == 1:
-        return matches[0]
-    what = "no" if not matches else f"{len(matches)} ({', '.join(matches[:3])})"
-    raise OutputParseError(
-        f"truncated host name {name!r} matches {what} known host(s); run bhosts with -w",
-        line_no,
-        line,
-    )
-
-
-def parse_runtime_s(text: str) -> float | None:
-    """Seconds from a ``bslots`` RUNTIME (``1 hour 30 minutes``); None for UNLIMITED."""
-    value = text.strip()
-    if value.upper() == "UNLIMITED":
-        return None
-    parts = re.findall(r"(\d+)\s*(day|hour|minute|second)s?\b", value, flags=re.IGNORECASE)
-    rest = re.sub(r"(\d+)\s*(day|hour|minute|second)s?\b", "", value, flags=re.IGNORECASE)
-    if not parts or rest.strip():
-        raise OutputParseError(f"bad RUNTIME {value!r}")
-    return sum(int(n) * _UNIT_S[unit.lower()] for n, unit in parts)
-
-
-@dataclass(frozen=True)
-class BackfillSlots:
-    """One ``bslots -l`` block: ``slots`` free for ``runtime_s`` (None: unlimited)."""
-
-    slots: int
-    runtime_s: float | None
-    hosts: tuple[tuple[str, int], ...]
-
-
-def parse_bslots(text: str) -> list[BackfillSlots]:
-    """Blocks from ``bslots -l``; ``No backfill window exists at this time`` gives none."""
-    blocks: list[BackfillSlots] = []
-    slots: int | None = None
-    runtime: float | None = None
-    hosts: list[tuple[str, int]] = []
-    in_hosts = False
-    seen_runtime = False
-
-    def close(line_no: int) -> None:
-        nonlocal slots, runtime, hosts, in_hosts, seen_runtime
-        if slots is None:
-            return
-        if not seen_runtime:
-            raise OutputParseError("SLOTS without RUNTIME", line_no)
-        blocks.append(BackfillSlots(slots, runtime, tuple(hosts)))
-        slots, runtime, hosts, in_hosts, seen_runtime = None, None, [], False, False
-
-    for line_no, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if not stripped:
-            in_hosts = False
-            continue
-        if stripped.lower().startswith("no backfill window"):
-            continue
-        key, sep, value = stripped.partition(":")
-        key = key.strip().upper()
-        if sep and key == "SLOTS":
-            close(line_no)
-            slots = _count(value.strip(), "SLOTS", line_no, line)
-            in_hosts = False
-        elif sep and key == "RUNTIME":
-            if slots is None:
-                raise OutputParseError("RUNTIME before SLOTS", line_no, line)
-            try:
-                runtime = parse_runtime_s(value)
-            except OutputParseError as exc:
-                raise OutputParseError(exc.problem, line_no, line) from None
-            seen_runtime = True
-            in_hosts = False
-        elif sep and key == "HOSTS":
-            if slots is None:
-                raise OutputParseError("HOSTS before SLOTS", line_no, line)
-            hosts.extend(_host_slots(value, line_no, line))
-            in_hosts = True
-        elif in_hosts and "*" in stripped:
-            hosts.extend(_host_slots(stripped, line_no, line))
-        else:
-            raise OutputParseError("expected SLOTS:, RUNTIME: or HOSTS:", line_no, line)
-    close(len(text.splitlines()))
-    return blocks
-
-
-def _host_slots(text: str, line_no: int, line: str) -> list[tuple[str, int]]:
-    out = []
-    for item in text.split():
-        if item == "...":
-            continue
-        m = re.fullmatch(r"(\d+)\*(\S+)", item)
-        if not m:
-            raise OutputParseError(f"expected n*host, got {item!r}", line_no, line)
-        out.append((m.group(2), int(m.group(1))))
-    return out
-
-
-def host_windows_s(blocks: Iterable[BackfillSlots]) -> dict[str, float | None]:
-    """Each host's whole-node backfill window: the runtime of the block in which it
-    offers the most slots (the longest such); None is unlimited."""
-    best: dict[str, tuple[int, float]] = {}
-    for block in blocks:
-        length = float("inf") if block.runtime_s is None else block.runtime_s
-        for host, n in block.hosts:
-            if host not in best or (n, length) > best[host]:
-                best[host] = (n, length)
-    return {h: (None if length == float("inf") else length) for h, (_, length) in best.items()}
-
-
-# ---------------------------------------------------------------------- allocation plan
-
-
-@dataclass(frozen=True)
-class PlannedJob:
-    """One entry of the allocation plan: ``job_id`` is planned to start on ``hosts`` at
-    ``start_s`` (epoch seconds)."""
-
-    job_id: str
-    start_s: float
-    hosts: tuple[str, ...]
-    rank: int | None = None
-
-    @property
-    def base_id(self) -> str:
-        return job_base_id(self.job_id)
-
-
-def job_base_id(job_id: str) -> str:
-    """The numeric job id: ``172024`` from ``montreal@172024``, ``172024[3]`` or ``172024``.
-
-    The plan names jobs ``cluster@id``; ``bjobs`` names them ``id``.
-    """
-    return re.sub(r"\[[^\]]*\]$", "", job_id.strip().rpartition("@")[2])
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise OutputParseError(
-            f"{what} is not JSON (cut off?): {exc.msg} at column {exc.colno}", exc.lineno
-        ) from None
-    if not isinstance(data, dict):
-        raise OutputParseError(f"{what} is not a JSON object")
-    return data
-
-
-def _epoch_s(value: object, where: str) -> float:
-    text = str(value).strip() if isinstance(value, str | int) else ""
-    if not text.isdigit():
-        raise OutputParseError(f"{where}: START_TIME {value!r} is not epoch seconds")
-    return float(text)
-
-
-def parse_plan(text: str) -> list[PlannedJob]:
-    """Planned jobs from ``lsb.allocation.plan.json``.
-
-    Each ``PLANS`` entry needs ``JOB_ID``, ``START_TIME`` (epoch seconds, a string in
-    LSF's dump) and an ``ALLOC`` list of ``{"HOST": ...}``; what else an entry holds
-    (``RSRC`` amounts, ``FINISH_TIME``) is not needed: any planned slot claims the host.
-    """
-    data = _json_object(text, "allocation plan")
-    plans = data.get("PLANS")
-    if plans is None and str(data.get("NUM_PLANS", "")).strip() == "0":
-        return []
-    if not isinstance(plans, list):
-        raise OutputParseError("allocation plan without a PLANS list")
-    jobs: list[PlannedJob] = []
-    for i, plan in enumerate(plans):
-        if not isinstance(plan, dict):
-            raise OutputParseError(f"plan {i} is not a JSON object")
-        job_id = str(plan.get("JOB_ID") or "").strip()
-        if not job_id:
-            raise OutputParseError(f"plan {i} has no JOB_ID")
-        where = f"plan {i} (job {job_id})"
-        start_s = _epoch_s(plan.get("START_TIME"), where)
-        alloc = plan.get("ALLOC")
-        if not isinstance(alloc, list):
-            raise OutputParseError(f"{where} has no ALLOC list")
-        hosts: list[str] = []
-        for entry in alloc:
-            host = entry.get("HOST") if isinstance(entry, dict) else None
-            if not isinstance(host, str) or not _is_host(host):
-                raise OutputParseError(f"{where}: ALLOC entry without a host name: {entry!r:.100}")
-            hosts.append(host)
-        rank_text = str(plan.get("RANK", "")).strip()
-        rank = int(rank_text) if rank_text.isdigit() else None
-        jobs.append(PlannedJob(job_id, start_s, tuple(dict.fromkeys(hosts)), rank))
-    declared = str(data.get("NUM_PLANS", "")).strip()
-    if declared.isdigit() and int(declared) != len(jobs):
-        log.debug("lsf: plan says NUM_PLANS=%s but lists %d plan(s)", declared, len(jobs))
-    return jobs
-
-
-def plan_claims(
-    jobs: Iterable[PlannedJob],
-    now_s: float,
-    *,
-    overdue_s: float,
-    skip_ids: frozenset[str] = frozenset(),
-) -> tuple[dict[str, float], list[PlannedJob]]:
-    """Earliest planned start per host, and the entries left out as overdue.
-
-    Jobs in ``skip_ids`` (bftrainer's own) are left out: our own pending job does not
-    take a host away from us. An entry whose start passed more than ``overdue_s`` ago is
-    left out too: the job should have started, and a live planner re-plans it; a plan
-    file left behind when planning was switched off would otherwise keep its hosts out
-    of the pool for ever. An entry less overdue claims its hosts now.
-    """
-    keep: list[PlannedJob] = []
-    overdue: list[PlannedJob] = []
-    for job in jobs:
-        if job.base_id in skip_ids:
-            continue
-        (overdue if job.start_s < now_s - overdue_s else keep).append(job)
-    return merge_claims(*({h: j.start_s for h in j.hosts} for j in keep)), overdue
-
-
-def parse_lsid_cluster(text: str) -> str:
-    """The cluster name from ``lsid`` (``My cluster name is summit``)."""
-    for line_no, line in enumerate(text.splitlines(), 1):
-        m = re.match(r"\s*My cluster name is\s+(\S+)\s*$", line)
-        if m:
-            if not _QUEUE_NAME.fullmatch(m.group(1)):
-                raise OutputParseError(f"bad cluster name {m.group(1)!r}", line_no, line)
-            return m.group(1)
-    raise OutputParseError("no 'My cluster name is ...' line in lsid output")
-
-
-# ---------------------------------------------------------------------- own jobs
-
-
-@dataclass(frozen=True)
-class QueueJob:
-    """One ``bjobs -o "jobid stat queue exec_host" -json`` record; ``slots``: host -> slots."""
-
-    job_id: str
-    stat: str
-    queue: str
-    slots: tuple[tuple[str, int], ...]
-
-
-def parse_exec_host(text: str) -> dict[str, int]:
-    """Host -> slots from an ``EXEC_HOST`` value.
-
-    LSF writes ``6*hostA:6*hostB`` (slots per host) or one name per slot
-    (``hostA:hostA:hostB``); Summit's jobs start with their launch node
-    (``1*batch2:42*a01n01:...``). Pending jobs have ``""`` (or ``-``).
-    """
-    value = text.strip()
-    slots: dict[str, int] = {}
-    if value in ("", "-"):
-        return slots
-    for item in re.split(r"[:\s]+", value):
-        if not item:
-            continue
-        m = re.fullmatch(r"(?:(\d+)\*)?([A-Za-z0-9][A-Za-z0-9_.\-]*)", item)
-        if not m:
-            raise OutputParseError(f"bad EXEC_HOST entry {item!r} in {value[:80]!r}")
-        slots[m.group(2)] = slots.get(m.group(2), 0) + int(m.group(1) or 1)
-    return slots
-
-
-def bjobs_records(text: str, fields: Sequence[str], asked: str) -> list[dict[str, Any]]:
-    """The records of ``bjobs -o "<asked>" -json``, each checked to hold ``fields``
-    (upper-case, as LSF names them); a record LSF marks as an error is refused."""
-    data = _json_object(text, "bjobs output")
-    records = data.get("RECORDS")
-    if not isinstance(records, list):
-        raise OutputParseError("bjobs JSON without a RECORDS list")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            raise OutputParseError(f"bjobs record {i} is not a JSON object")
-        if rec.get("ERROR"):
-            raise OutputParseError(f"bjobs record {i}: {rec['ERROR']!r:.200}")
-        missing = [k for k in fields if k not in rec]
-        if missing:
-            raise OutputParseError(
-                f"bjobs record {i} lacks {', '.join(missing)} (expected -o '{asked}')"
-            )
-    return records
-
-
-def parse_bjobs_json(text: str) -> list[QueueJob]:
-    """Jobs from ``bjobs -o "jobid stat queue exec_host" -json``."""
-    records = bjobs_records(text, ("JOBID", "STAT", "QUEUE", "EXEC_HOST"), BJOBS_FIELDS)
-    jobs: list[QueueJob] = []
-    for i, rec in enumerate(records):
-        try:
-            slots = parse_exec_host(str(rec["EXEC_HOST"]))
-        except OutputParseError as exc:
-            raise OutputParseError(f"bjobs record {i} (job {rec['JOBID']}): {exc}") from None
-        jobs.append(
-            QueueJob(str(rec["JOBID"]), str(rec["STAT"]), str(rec["QUEUE"]), tuple(slots.items()))
-        )
-    return jobs
-
-
-def release_own(row: HostState, own_slots: int) -> HostState:
-    """The row as LSF would show it without bftrainer's jobs, when those jobs hold every
-    used slot of the host; otherwise the row unchanged (another job shares the host).
-
-    Reserved slots stay: a host reserved for a pending job stays set aside.
-    """
-    used = row.run + row.ssusp + row.ususp
-    if used == 0 or own_slots < used or row.status not in _JOB_STATUSES:
-        return row
-    return replace(row, status="ok", njobs=row.rsv, run=0, ssusp=0, ususp=0)
-
-
-def parse_lsload_gpus(text: str) -> tuple[dict[str, int], dict[str, str]]:
-    """GPUs per host from ``lsload -gpu -w`` (module docstring): the counts that parse,
-    and for each host whose ``ngpus`` does not, why (the other hosts still count)."""
-    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
-    if not lines:
-        raise OutputParseError("no header line in lsload -gpu output")
-    header_no, header = lines[0]
-    columns = header.split()
-    if "HOST_NAME" not in columns or "ngpus" not in columns:
-        raise OutputParseError("expected a header with HOST_NAME and ngpus", header_no, header)
-    host_at, count_at = columns.index("HOST_NAME"), columns.index("ngpus")
-    status_at = columns.index("status") if "status" in columns else None
-    gpus: dict[str, int] = {}
-    errors: dict[str, str] = {}
-    for line_no, line in lines[1:]:
-        fields = line.split()
-        if len(fields) != len(columns):
-            raise OutputParseError(f"expected {len(columns)} columns", line_no, line)
-        host, count = fields[host_at], fields[count_at]
-        if count.isdigit():
-            gpus[host] = int(count)
-        else:
-            status = f" (status {fields[status_at]})" if status_at is not None else ""
-            errors[host] = f"ngpus {count!r} is not a number{status}"
-    return gpus, errors
-
-
-# ---------------------------------------------------------------------- the adapter
 
 
 class LsfScheduler(Scheduler):
@@ -526,7 +152,7 @@ class LsfScheduler(Scheduler):
         read_gpus: bool = False,
     ) -> None:
         for queue in bf_queues:
-            if not _QUEUE_NAME.fullmatch(queue):
+            if not QUEUE_NAME.fullmatch(queue):
                 raise ValueError(f"bad LSF queue name {queue!r}")
         if plan_file is not None and plan_file != PLAN_AUTO and not plan_file.startswith("/"):
             raise ValueError(

@@ -30,6 +30,9 @@ stop now, hosts changed, a rank leaving, rank 0's learning-rate factor) ride on 
 gradient all-reduce as extra numbers, so the runtime adds no collective to a step; they
 are read on the host one step later (every rank acts on the same step), so no step
 waits for the device.
+
+Its options are in ``runtime_options.py``; the records it keeps of a run (progress,
+``CommitInfo``) in ``runtime_state.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,7 @@ from bftrainer.trainers.runtime_options import (
     add_runtime_args,
     parse_runtime_args,
 )
+from bftrainer.trainers.runtime_state import CommitInfo, ReplicaDivergenceError, RunProgress
 from bftrainer.trainers.sampler import ElasticSampler
 
 __all__ = [
@@ -88,35 +91,6 @@ REFIT_EVERY_S = 60.0
 # one would take at most this share of the time, at the last commit's cost: a small
 # model's short epochs each get one, a large checkpoint waits for --commit-every-s.
 COMMIT_SHARE = 0.05
-
-
-class ReplicaDivergenceError(RuntimeError):
-    """Ranks hold different models at a commit: a bug, never to be trained through."""
-
-
-@dataclass
-class CommitInfo:
-    """What a commit made durable: steps ``from_step..to_step`` and their sample ids.
-
-    ``ids`` holds ``(epoch, ids)`` pairs of every rank's processed samples (only when
-    the runtime was given ``on_commit``). A later commit with a smaller ``from_step``
-    supersedes this one (a restart after a crash between the two writes).
-    """
-
-    from_step: int
-    to_step: int
-    samples_done: int
-    ids: list[tuple[int, list[int]]] = field(default_factory=list)
-
-
-@dataclass
-class _Progress:
-    step: int = 0
-    samples_done: int = 0
-    resets: int = -1  # the first start is not a reset
-    retunes: int = 0  # batch changes between resets
-    batch_sizes: list[int] = field(default_factory=list)
-    committed_step: int = 0
 
 
 def default_fetch(dataset: Any) -> Callable[[np.ndarray], Any]:
@@ -192,7 +166,7 @@ class ElasticRuntime:
             lr_rule_name=opts.lr_rule,
         )
         self.probe = TorchGradientProbe(self.agent, model, optimizer)
-        self.progress = _Progress()
+        self.progress = RunProgress()
         self._pending: list[tuple[int, list[int]]] = []
         self._leaving = False
         self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
@@ -228,14 +202,7 @@ class ElasticRuntime:
             "sampler": self.sampler.state_dict(),
             "agent": copy.deepcopy(self.agent.state()),
             "scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
-            "progress": {
-                "step": p.step,
-                "samples_done": p.samples_done,
-                "resets": p.resets,
-                "retunes": p.retunes,
-                "batch_sizes": list(p.batch_sizes),
-                "committed_step": p.committed_step,
-            },
+            "progress": p.to_dict(),
         }
 
     def load_snapshot(self, snap: dict[str, Any]) -> None:
@@ -246,15 +213,7 @@ class ElasticRuntime:
         self.agent.restore(copy.deepcopy(snap["agent"]))
         if self.grad_scaler is not None and snap.get("scaler"):
             self.grad_scaler.load_state_dict(snap["scaler"])
-        pr = snap["progress"]
-        self.progress = _Progress(
-            step=int(pr["step"]),
-            samples_done=int(pr["samples_done"]),
-            resets=int(pr["resets"]),
-            retunes=int(pr.get("retunes", 0)),
-            batch_sizes=[int(b) for b in pr["batch_sizes"]],
-            committed_step=int(pr["committed_step"]),
-        )
+        self.progress = RunProgress.from_dict(snap["progress"])
         self._pending = []
 
     def sync_key(self) -> int:

@@ -25,7 +25,7 @@ class UsageError(click.ClickException):
 # `--help` lists it), so that `bftrainer status` does not pay for the allocator's solvers
 # and matplotlib: a user on a busy login node waits for none of it.
 COMMANDS: dict[str, str] = {
-    "agent": "bftrainer.cli.centre:agent_cmd",
+    "agent": "bftrainer.cli.agent:agent_cmd",
     "allocate": "bftrainer.cli.allocate:allocate_cmd",
     "cancel": "bftrainer.cli.service:cancel_cmd",
     "daemon": "bftrainer.cli.daemon:daemon_cmd",

@@ -1,4 +1,8 @@
-"""``bftrainer daemon``: the live service on a login node (docs/deployment.md)."""
+"""``bftrainer daemon``: the live service on a login node (docs/deployment.md).
+
+``serve`` and ``holder_factory`` run a daemon on a state directory for this command and
+for ``bftrainer agent`` (cli/agent.py), which is such a daemon taking the centre's
+decisions; ``--centre`` runs the centre's allocator instead (cli/centre.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number, SlotsPerNode
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
-from bftrainer.cli.service import socket_dir_option, state_dir_option
 from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders
 from bftrainer.idle_monitor.runner import CommandRunner
@@ -147,7 +151,7 @@ def daemon_cmd(
         "metrics_textfile": metrics_textfile,
         "metrics_port": metrics_port,
     }
-    holders_of = _holder_factory(source, holder_script, holder_args, holder_slack_s, job_name)
+    holders_of = holder_factory(source, holder_script, holder_args, holder_slack_s, job_name)
     try:
         names = {
             **FLAG_NAMES,
@@ -300,7 +304,7 @@ def _open_metrics(config: DaemonConfig) -> DaemonMetrics | None:
         raise click.ClickException(str(exc)) from None
 
 
-def _holder_factory(
+def holder_factory(
     source: dict[str, Any],
     holder_script: Path | None,
     holder_args: tuple[str, ...],

@@ -7,7 +7,7 @@ the daemon acts on both at its next poll. ``status`` and ``logs`` read.
 With ``--socket-dir`` (or ``$BFTRAINER_SOCKET_DIR``), centre mode: the state directory is
 the user's agent's (``submit`` starts the agent when none runs), ``cancel`` goes through
 the centre's allocator, which refuses another user's trainer, and ``status`` adds what
-the allocator decided (bftrainer.cli.centre).
+the allocator decided (bftrainer.cli.centre_client).
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import os
 import pwd
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from bftrainer import strict_json
 from bftrainer.cli import UsageError
+from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, Number
 from bftrainer.names import BadNameError, check_trainer_id
 from bftrainer.state import (
@@ -46,29 +47,8 @@ from bftrainer.trainers.channel import SUPERVISOR_LOG
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 from bftrainer.trainers.learned_curve import curve_summary, live_curve
 
-F = TypeVar("F", bound=Callable[..., Any])
 # A rescale that takes longer than a day is a typo, not an elastic job.
 RESCALE_S = Number(min=0.0, max=86400.0)
-
-
-def state_dir_option(func: F) -> F:
-    return click.option(
-        "--state-dir",
-        # No access check here: check_state_dir says in one line whose directory it is.
-        type=click.Path(file_okay=False, readable=False, path_type=Path),
-        help="The daemon's state directory (default: $BFTRAINER_STATE_DIR, else "
-        "$XDG_STATE_HOME/bftrainer).",
-    )(func)
-
-
-def socket_dir_option(func: F) -> F:
-    return click.option(
-        "--socket-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        envvar="BFTRAINER_SOCKET_DIR",
-        help="Centre mode: the directory of the centre allocator's socket (default: "
-        "$BFTRAINER_SOCKET_DIR; docs/deployment.md).",
-    )(func)
 
 
 def my_user() -> str:
@@ -90,7 +70,7 @@ def own_trainer(trainer_id: str, socket_dir: Path | None) -> str:
         return trainer_id
     if user != my_user():
         from bftrainer.centre import protocol
-        from bftrainer.cli.centre import ask
+        from bftrainer.cli.centre_client import ask
 
         ask(socket_dir, protocol.STATUS, {"trainer": trainer_id})
     return local
@@ -220,7 +200,7 @@ def submit_cmd(
     up_s, down_s = DEFAULT_RESCALE_S[backend]
     if socket_dir is not None:
         from bftrainer.centre import protocol
-        from bftrainer.cli.centre import ask, ensure_agent
+        from bftrainer.cli.centre_client import ask, ensure_agent
 
         socket_dir = socket_dir.expanduser().absolute()
         ask(socket_dir, protocol.HELLO)  # the allocator runs: else say so before queueing
@@ -344,7 +324,7 @@ def status_cmd(
     local = None if trainer_id is None else own_trainer(trainer_id, socket_dir).rpartition("/")[2]
     centre = None
     if socket_dir is not None:
-        from bftrainer.cli.centre import centre_view
+        from bftrainer.cli.centre_client import centre_view
 
         centre = centre_view(socket_dir.expanduser().absolute(), local)
     with open_store(state_dir, need_daemon=False, read_only=True) as store:
@@ -468,7 +448,7 @@ def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None)
         raise UsageError(str(exc)) from None
     if socket_dir is not None:
         from bftrainer.centre import protocol
-        from bftrainer.cli.centre import ask
+        from bftrainer.cli.centre_client import ask
 
         reply = ask(socket_dir.expanduser().absolute(), protocol.CANCEL, {"trainer": trainer_id})
         click.echo(f"{reply['trainer']}: cancel requested (your agent stops it)")

@@ -32,7 +32,7 @@ from bftrainer.holders.base import (
     HolderStatus,
     job_script,
 )
-from bftrainer.idle_monitor.lsf import bjobs_records
+from bftrainer.idle_monitor.lsf_jobs import bjobs_records
 from bftrainer.idle_monitor.runner import CommandResult, CommandRunner
 
 SCRIPT = job_script("lsf", "bsub-hold.lsf")

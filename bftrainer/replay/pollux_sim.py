@@ -30,8 +30,10 @@ bftrainer trainer with the Pollux agent would (docs/goodput-replay.md):
 * **Costs.** A rescale or preemption costs R seconds at the old configuration, counted
   in samples (so U keeps the meaning of docs/replay.md) and in statistical progress.
 
-The applications' truth is ``pollux_app.py``; the efficiency series
-``pollux_series.py``; outputs and plots ``pollux_output.py`` and ``pollux_plots.py``.
+The applications' truth is ``pollux_app.py``; the options, a trainer's record and the
+report ``pollux_trainer.py``; the curves a trainer reports ``pollux_curves.py``; the
+efficiency series ``pollux_series.py``; outputs and plots ``pollux_output.py`` and
+``pollux_plots.py``.
 
 The driver learns the clock from ``advance(trainers, now_s)``. Its reports are inputs of
 the core loop (``CurveReport``, ``Completion``), never written into the trainers' records:
@@ -50,33 +52,29 @@ import statistics
 import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from bftrainer.loop import Completion, Curve, CurveReport, Progress, TrainerState
 from bftrainer.policy import spread_metric
-from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_app
+from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, sim_app
+from bftrainer.replay.pollux_curves import best_at, node_curves, slot_curves
 from bftrainer.replay.pollux_series import EfficiencySeries, ratio
+from bftrainer.replay.pollux_trainer import PolluxReport, PolluxSimOptions, SimTrainer
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import GradientSample
 from bftrainer.trainers.goodput import (
-    DEFAULT_SWITCH_GAIN,
-    EXPLORATION_GROWTH,
     GoodputConfig,
     GoodputModel,
     retune_choice,
 )
-from bftrainer.trainers.throughput import predict_step_time
 
 log = logging.getLogger(__name__)
 
-DONE_RTOL = 1e-9
 TIME_EPS_S = 1e-6  # clock comparisons: the loop stops exactly at the times asked for
 LR_RULE = "adascale"
-START_BATCHES = ("user", "pollux")
 
 __all__ = [
     "PolluxDriverFactory",
@@ -86,111 +84,6 @@ __all__ = [
     "PolluxSimError",
     "PolluxSimOptions",
 ]
-
-
-@dataclass(frozen=True)
-class PolluxSimOptions:
-    """How the simulated trainers behave; defaults in one place.
-
-    ``noise``: sigma of the log-normal factor on observed step times (one draw per
-    trainer and interval between events). ``report_interval_s``: a trainer reports new
-    curves at least this often while it runs. ``refit_interval_s``: it refits its
-    step-time model at most this often (Pollux's scheduling interval).
-    ``series_bin_s``: width of the efficiency time series. ``start_batch``: what an
-    adapting trainer runs before its first fit: ``"user"``, the user's batch per replica
-    (what it keeps without adaptation), or ``"pollux"``, Pollux's smallest batch >= M0.
-    ``gns_smoothing``: the agent's noise-scale smoothing per base-batch step. The driver
-    feeds it exact statistics (the profile's, per epoch), so 0 (the latest) has no
-    noise to average and no lag; the library's default for real, noisy estimates,
-    0.999, lags a fast-growing noise scale several-fold (docs/goodput-replay.md).
-    ``switch_gain``: between rescales, an adapting trainer moves to its model's best
-    batch only when that promises this much more goodput than what it runs: the live
-    runtime's rule and default (``goodput.retune_choice``).
-    """
-
-    batch_adapt: bool = True
-    start_batch: str = "user"
-    gns_smoothing: float = 0.0
-    switch_gain: float = DEFAULT_SWITCH_GAIN
-    noise: float = 0.05
-    report_interval_s: float = 60.0
-    refit_interval_s: float = 60.0
-    series_bin_s: float = 3600.0
-    seed: int = 0
-    # S > 1: a trainer's nodes name a node once per slot (one replica each); its step
-    # time is its placement's (placements.csv), and it reports packed and spread curves.
-    slots_per_node: int = 1
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.noise) and self.noise >= 0):
-            raise PolluxSimError(f"noise is {self.noise!r}, expected a finite number >= 0")
-        if self.start_batch not in START_BATCHES:
-            raise PolluxSimError(
-                f"start_batch is {self.start_batch!r}, expected one of {', '.join(START_BATCHES)}"
-            )
-        if not (0.0 <= self.gns_smoothing < 1.0):
-            raise PolluxSimError(f"gns_smoothing is {self.gns_smoothing!r}, expected 0 <= x < 1")
-        if not (math.isfinite(self.switch_gain) and self.switch_gain >= 0):
-            raise PolluxSimError(f"switch_gain is {self.switch_gain!r}, expected a number >= 0")
-        for name in ("report_interval_s", "series_bin_s", "refit_interval_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise PolluxSimError(f"{name} is {value!r}, expected a finite number > 0")
-
-
-@dataclass
-class _Trainer:
-    """A simulated trainer: its agent (what it saw and fitted) and the truth it achieved.
-
-    ``config`` is what it runs now (None without nodes); the agent knows the same
-    configuration from ``set_config`` whenever it runs.
-    """
-
-    spec: PolluxJob
-    app: SimApp
-    rng: np.random.Generator
-    agent: PolluxAgent
-    config: TrainerConfig | None = None
-    placement: tuple[int, ...] | None = None  # slots: replicas per node, ascending
-    progress: float = 0.0  # true statistical progress, base-batch steps
-    next_check_s: float = math.inf  # next refit-and-report check while it runs
-    last_fit_s: float = -math.inf
-    refits: int = 0
-    reports: int = 0
-    samples: float = 0.0
-    statistical_samples: float = 0.0
-    run_s: float = 0.0
-    efficiency_s: float = 0.0
-    batch_s: float = 0.0
-    fallback_s: float = 0.0
-    model_error_sum: float = 0.0
-    model_error_n: int = 0
-    finished_s: float | None = None
-    configs: set[TrainerConfig] = field(default_factory=set)
-
-    @property
-    def done(self) -> bool:
-        return self.progress >= self.app.target_progress * (1 - DONE_RTOL)
-
-    def run(self, config: TrainerConfig | None) -> None:
-        """Run ``config`` from now on (None: no nodes); the agent learns it too."""
-        self.config = config
-        if config is not None:
-            self.agent.set_config(
-                config.nodes, config.local_bsz, config.accum_steps, replicas=config.replicas
-            )
-            self.configs.add(config)
-
-
-@dataclass(frozen=True)
-class PolluxReport:
-    """What a replay with :class:`PolluxSimDriver` adds to the plain outputs (plain data,
-    so it travels between processes)."""
-
-    options: dict[str, Any]
-    series: list[dict[str, Any]]
-    trainers: dict[str, dict[str, Any]]
-    summary: dict[str, Any]
 
 
 class PolluxSimDriver:
@@ -209,7 +102,7 @@ class PolluxSimDriver:
         self.jobs = dict(jobs)
         self.data_dir = Path(data_dir)
         self.options = options or PolluxSimOptions()
-        self._trainers: dict[str, _Trainer] = {}
+        self._trainers: dict[str, SimTrainer] = {}
         self._now_s: float | None = None
         self._series = EfficiencySeries(self.options.series_bin_s)
         self._completed: set[str] = set()
@@ -285,7 +178,7 @@ class PolluxSimDriver:
         return best
 
     # -- progress ------------------------------------------------------------------------
-    def _trainer(self, trainer: TrainerState) -> _Trainer:
+    def _trainer(self, trainer: TrainerState) -> SimTrainer:
         tr = self._trainers.get(trainer.id)
         if tr is None:
             spec = self.jobs.get(trainer.id)
@@ -302,18 +195,18 @@ class PolluxSimDriver:
                 smoothing=self.options.gns_smoothing,
                 clock=lambda: self._now_s if self._now_s is not None else 0.0,
             )
-            tr = _Trainer(spec=spec, app=app, rng=np.random.default_rng(seed), agent=agent)
+            tr = SimTrainer(spec=spec, app=app, rng=np.random.default_rng(seed), agent=agent)
             self._trainers[trainer.id] = tr
         return tr
 
-    def _rates(self, tr: _Trainer) -> tuple[float, float]:
+    def _rates(self, tr: SimTrainer) -> tuple[float, float]:
         """(samples/s, base-batch steps/s) of the current configuration, now."""
         assert tr.config is not None
         step_s, _ = tr.app.step_time(tr.config, tr.placement)
         gain = tr.app.stats(tr.config.batch_size, tr.app.segment(tr.progress)).gain
         return tr.config.batch_size / step_s, gain / step_s
 
-    def _charge(self, tr: _Trainer, seconds: float) -> float:
+    def _charge(self, tr: SimTrainer, seconds: float) -> float:
         """R seconds at the current configuration: samples lost; progress lost too."""
         if tr.config is None or tr.done or seconds <= 0:
             return 0.0
@@ -321,12 +214,12 @@ class PolluxSimDriver:
         tr.progress = max(0.0, tr.progress - seconds * progress_ps)
         return seconds * samples_sps
 
-    def _time_to_target(self, tr: _Trainer) -> float:
+    def _time_to_target(self, tr: SimTrainer) -> float:
         assert tr.config is not None
         step_s, _ = tr.app.step_time(tr.config, tr.placement)
         return step_s * tr.app.steps_to_target(tr.config.batch_size, tr.progress)
 
-    def _integrate(self, t: TrainerState, tr: _Trainer, t0_s: float, dt_s: float) -> float:
+    def _integrate(self, t: TrainerState, tr: SimTrainer, t0_s: float, dt_s: float) -> float:
         """Run ``tr`` at its configuration from ``t0_s`` for ``dt_s`` (or to its target)."""
         assert tr.config is not None
         app, cfg = tr.app, tr.config
@@ -372,7 +265,7 @@ class PolluxSimDriver:
         return samples
 
     # -- the trainer's own model ---------------------------------------------------------
-    def _refit(self, tr: _Trainer, now_s: float) -> bool:
+    def _refit(self, tr: SimTrainer, now_s: float) -> bool:
         """Refit the agent's step-time model if a configuration was run that the last fit
         missed (at most once every ``refit_interval_s`` after the first fit)."""
         agent = tr.agent
@@ -388,13 +281,13 @@ class PolluxSimDriver:
         tr.refits += 1
         return True
 
-    def _goodput_model(self, tr: _Trainer, now_s: float) -> GoodputModel | None:
+    def _goodput_model(self, tr: SimTrainer, now_s: float) -> GoodputModel | None:
         """The agent's goodput model from its last fit (None before the first), also for
         a trainer that comes back from zero nodes: it keeps what it learned."""
         self._refit(tr, now_s)
         return tr.agent.goodput_model(refit=False)
 
-    def _refit_and_report(self, t: TrainerState, tr: _Trainer, now_s: float) -> list[CurveReport]:
+    def _refit_and_report(self, t: TrainerState, tr: SimTrainer, now_s: float) -> list[CurveReport]:
         """After a refit, or when a check is due: report curves and (adapting) re-pick the
         batch size, as the live agent does on its reporting timer."""
         refitted = self._refit(tr, now_s)
@@ -408,10 +301,10 @@ class PolluxSimDriver:
         spread: tuple[Curve, Curve] | None = None
         best_configs: list[GoodputConfig | None]
         if self.options.slots_per_node > 1:
-            goodput, throughput, *rest = self._slot_curves(t, tr, gm)
+            goodput, throughput, *rest = slot_curves(t, tr, gm, self.options)
             spread, best_configs = (rest[0], rest[1]), []
         else:
-            goodput, throughput, best_configs = self._curves(t, tr, gm)
+            goodput, throughput, best_configs = node_curves(t, tr, gm, self.options)
         tr.reports += 1
         true_s, _ = tr.app.step_time(tr.config, tr.placement)
         predicted = float(
@@ -424,7 +317,7 @@ class PolluxSimDriver:
         if self.options.batch_adapt:
             cfg = tr.config
             if self.options.slots_per_node > 1:
-                best = self._best_at(gm, cfg.nodes, cfg.replicas)
+                best = best_at(gm, cfg.nodes, cfg.replicas)
             else:
                 best = best_configs[cfg.nodes - 1] if cfg.nodes <= len(best_configs) else None
                 if best is None:
@@ -451,99 +344,7 @@ class PolluxSimDriver:
             ]
         return reports
 
-    def _curves(
-        self, t: TrainerState, tr: _Trainer, gm: GoodputModel
-    ) -> tuple[
-        tuple[tuple[float, float], ...],
-        tuple[tuple[float, float], ...],
-        list[GoodputConfig | None],
-    ]:
-        """(goodput, throughput) breakpoints over 1..n_max of what the trainer would run,
-        flat past the model's exploration cap, as the allocator takes them; and, adapting,
-        the best configuration at each node count up to the cap (one search for all)."""
-        n_max = t.job.n_max
-        limit = gm.node_limit(1, n_max)
-        nodes = list(range(1, limit + 1))
-        configs: list[GoodputConfig | None] = []
-        if self.options.batch_adapt:
-            configs = gm.best_configs(nodes)
-            good = [0.0 if c is None else c.goodput_sps for c in configs]
-            goodput = [(float(n), float(v)) for n, v in zip(nodes, good, strict=True)]
-            if limit < n_max:
-                goodput.append((float(n_max), goodput[-1][1]))
-            thr = [0.0 if c is None else c.throughput_sps for c in configs]
-        else:
-            cfgs = [tr.app.config(n, tr.spec.local_bsz) for n in nodes]
-            n_arr = np.array([c.nodes for c in cfgs])
-            k_arr = np.array([c.replicas for c in cfgs])
-            m_arr = np.array([c.local_bsz for c in cfgs])
-            s_arr = np.array([c.accum_steps for c in cfgs])
-            batch = np.array([c.batch_size for c in cfgs], dtype=float)
-            step_s = predict_step_time(gm.params, n_arr, k_arr, m_arr, s_arr)
-            thr = [float(v) for v in batch / step_s]
-            good = gm.goodput(n_arr, m_arr, s_arr)
-            goodput = [(float(n), float(v)) for n, v in zip(nodes, good, strict=True)]
-            if limit < n_max:
-                goodput.append((float(n_max), goodput[-1][1]))
-        throughput = [(float(n), float(v)) for n, v in zip(nodes, thr, strict=True)]
-        if limit < n_max:
-            throughput.append((float(n_max), throughput[-1][1]))
-        return tuple(goodput), tuple(throughput), configs
-
-    def _slot_limit(self, t: TrainerState, tr: _Trainer, gm: GoodputModel) -> int:
-        """Slots: Pollux's exploration cap on replicas (the model's own counts nodes)."""
-        seen = max((c.replicas for c in tr.configs), default=1)
-        return max(1, min(t.job.n_max, gm.max_feasible_nodes(), EXPLORATION_GROWTH * seen))
-
-    def _slot_curves(
-        self, t: TrainerState, tr: _Trainer, gm: GoodputModel
-    ) -> tuple[Curve, Curve, Curve, Curve]:
-        """(goodput, throughput) packed, then spread, over 1..n_max slots, flat past the
-        exploration cap. Packed: on ceil(k/S) nodes; spread: over 2 nodes. Pollux's model
-        tells one node from several only (``predict_step_time``), so the two differ at
-        2..S slots alone, and past S the curve is linear between multiples of S (breakpoints
-        at 1..S, every multiple of S and the cap: a few dozen, not n_max)."""
-        s, n_max = self.options.slots_per_node, t.job.n_max
-        limit = self._slot_limit(t, tr, gm)
-        ks = np.array(sorted({*range(1, min(s, limit) + 1), *range(s, limit + 1, s), limit}))
-        split = ks[(ks >= 2) & (ks <= s)]
-        all_k = np.concatenate([ks, split])
-        all_m = np.concatenate([-(-ks // s), np.full(len(split), 2)])
-        if self.options.batch_adapt:
-            configs = gm.best_configs(list(all_m), replicas=list(all_k))
-            good = np.array([0.0 if c is None else c.goodput_sps for c in configs])
-            thr = np.array([0.0 if c is None else c.throughput_sps for c in configs])
-        else:
-            cfgs = [
-                tr.app.config(int(m), tr.spec.local_bsz, replicas=int(k))
-                for m, k in zip(all_m, all_k, strict=True)
-            ]
-            m_arr = np.array([c.local_bsz for c in cfgs])
-            s_arr = np.array([c.accum_steps for c in cfgs])
-            batch = np.array([c.batch_size for c in cfgs], dtype=float)
-            thr = batch / predict_step_time(gm.params, all_m, all_k, m_arr, s_arr)
-            good = gm.goodput(all_m, m_arr, s_arr, replicas=all_k)
-        n = len(ks)
-        sp_good, sp_thr = good[:n].copy(), thr[:n].copy()
-        at = np.searchsorted(ks, split)
-        sp_good[at], sp_thr[at] = good[n:], thr[n:]
-
-        def curve(values: np.ndarray) -> Curve:
-            points = [(float(k), float(v)) for k, v in zip(ks, values, strict=True)]
-            if limit < n_max:
-                points.append((float(n_max), points[-1][1]))
-            return tuple(points)
-
-        return curve(good[:n]), curve(thr[:n]), curve(sp_good), curve(sp_thr)
-
-    @staticmethod
-    def _best_at(gm: GoodputModel, nodes: int, replicas: int) -> GoodputConfig:
-        best = gm.best_configs([nodes], replicas=[replicas])[0]
-        if best is None:
-            raise PolluxSimError(f"no feasible batch on {replicas} replicas over {nodes} nodes")
-        return best
-
-    def _set_config(self, t: TrainerState, tr: _Trainer, holding: tuple[str, ...]) -> None:
+    def _set_config(self, t: TrainerState, tr: SimTrainer, holding: tuple[str, ...]) -> None:
         """The configuration to run on ``holding`` (None when it holds none)."""
         if self.options.slots_per_node > 1:
             self._set_slot_config(tr, holding)
@@ -568,7 +369,7 @@ class PolluxSimDriver:
             best = gm.best_config(nodes)
             tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
 
-    def _set_slot_config(self, tr: _Trainer, holding: tuple[str, ...]) -> None:
+    def _set_slot_config(self, tr: SimTrainer, holding: tuple[str, ...]) -> None:
         """Slots: the configuration on this placement (replicas per node)."""
         if not holding or tr.done:
             tr.placement = None
@@ -585,7 +386,7 @@ class PolluxSimDriver:
         elif gm is None:
             tr.run(tr.app.default_config(m, replicas=k))
         else:
-            best = self._best_at(gm, m, k)
+            best = best_at(gm, m, k)
             tr.run(TrainerConfig(best.nodes, best.replicas, best.local_bsz, best.accum_steps))
 
     # -- results -------------------------------------------------------------------------
@@ -646,7 +447,7 @@ class PolluxDriverFactory:
 
     jobs: tuple[tuple[str, PolluxJob], ...]
     data_dir: Path
-    options: PolluxSimOptions = PolluxSimOptions()
+    options: PolluxSimOptions = PolluxSimOptions()  # noqa: RUF009 - frozen, so one is shared safely
 
     def __call__(self) -> PolluxSimDriver:
         return PolluxSimDriver(dict(self.jobs), self.data_dir, self.options)
