@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import SlurmCluster, wait_until
 
 pytest.importorskip("submitit")
+pytestmark = pytest.mark.slurm  # its tests take the local cluster (the slurm fixture)
 
 # A small synthetic day with churn, so that the twelve T_fwd give twelve different rows.
 INPUTS = [
