@@ -40,6 +40,7 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.jobs import JobSpec
 from bftrainer.live import prior_curve
+from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import (
     Arrival,
     Cancel,
@@ -234,7 +235,7 @@ def account_of(gid: int) -> str:
         return str(gid)
 
 
-class Allocator:
+class Allocator(LiveService):
     """Serves the agents and users on ``socket_dir`` and runs the loop over the pool."""
 
     def __init__(
@@ -253,14 +254,13 @@ class Allocator:
         self.metrics = metrics
         self.settings = settings
         self.hello = dict(hello)
-        self.clock = clock if clock is not None else WallClock()
+        super().__init__(clock if clock is not None else WallClock())
         self.pool = pool
         self.policy = policy if policy is not None else make_policy(config)
         self.driver = RemoteDriver()
         self.inbox = Inbox(self.clock)
         self.leases = AgentLeases(self, settings.agent_lease_s)
         self.server = Server(socket_dir, self.handle)
-        self.loop: Loop | None = None
         self.steps: list[Step] = []  # recorded steps with a decision (for benchmarks)
         self._lock = threading.Lock()
         self._agents: dict[int, AgentRecord] = {}
@@ -268,7 +268,6 @@ class Allocator:
         self._restoring: dict[str, tuple[JobSpec, tuple[str, ...]]] = {}
         self._snapshot: dict[str, tuple[str, ...]] = {}
         self._pool_now: tuple[str, ...] = ()
-        self._stop = False
 
     # ---- running ----------------------------------------------------------------------
     def run(self) -> None:
@@ -277,17 +276,9 @@ class Allocator:
         self.server.start()
         try:
             deadline = self.clock.now_s() + self.settings.restore_grace_s
-            while not self._stop and self.clock.now_s() < deadline:
+            while not self.stopping and self.clock.now_s() < deadline:
                 self.clock.wait_until(deadline)
-            pool = None if self._stop else self.pool.prime(self.clock.now_s())
-            while pool is None and not self._stop:
-                log.warning(
-                    "the pool cannot be read yet: agents keep their nodes until it can "
-                    "(trying again in %g s)",
-                    self.settings.poll_interval_s,
-                )
-                self.clock.wait_until(self.clock.now_s() + self.settings.poll_interval_s)
-                pool = None if self._stop else self.pool.prime(self.clock.now_s())
+            pool = self.until_answered(self._pool_read, self.settings.poll_interval_s)
             if pool is None:
                 return
             self.start_loop(pool)
@@ -295,6 +286,18 @@ class Allocator:
             self.loop.run()
         finally:
             self.server.close()
+
+    def _pool_read(self, now_s: float) -> tuple[str, ...] | None:
+        """One try at the pool the loop starts on; None (and one line) while the
+        scheduler cannot be read: an empty pool would take every trainer's nodes."""
+        pool = self.pool.prime(now_s)
+        if pool is None:
+            log.warning(
+                "the pool cannot be read yet: agents keep their nodes until it can "
+                "(trying again in %g s)",
+                self.settings.poll_interval_s,
+            )
+        return pool
 
     def start_loop(self, pool: tuple[str, ...] | None = None) -> Loop:
         """The loop on ``pool`` (else read now), restored from what the agents reported
@@ -320,7 +323,7 @@ class Allocator:
                 self.clock,
                 self.config,
                 policy=self.policy,
-                observer=_Publish(self),
+                observer=StepObserver(self._after_step, self._metrics),
                 state=state,
                 keep_finished=False,  # the agents' stores have them
             )
@@ -330,15 +333,20 @@ class Allocator:
             log.info("restored %d trainer(s) from their agents, on %d node(s)", len(trainers), kept)
         return self.loop
 
-    def request_stop(self) -> None:
-        self._stop = True
-        self.clock.wake()
-        if self.loop is not None:
-            self.loop.request_stop()
-
     def publish(self) -> None:
         with self._lock:
             self._publish_locked()
+
+    def _after_step(self, step: Step) -> None:
+        """After each recorded step: the node sets go out; decided steps are kept."""
+        self.publish()
+        if step.decided:
+            self.steps.append(step)
+            del self.steps[:-1000]
+
+    def _metrics(self, latency_s: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.update(self.reading(), latency_s)
 
     def _publish_locked(self) -> None:
         assert self.loop is not None
@@ -543,37 +551,3 @@ def _check_owner(peer: Peer, user: str, local: str, verb: str) -> None:
             f"uid {peer.uid} ({peer.user}) may not {verb} {centre_id(user, local)}: "
             f"it belongs to {user}"
         )
-
-
-class _Publish:
-    """The allocator's observer: after each recorded step, the node sets go out."""
-
-    def __init__(self, allocator: Allocator) -> None:
-        self.allocator = allocator
-
-    def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
-        # Each wake-up of the loop (a poll, a sync's news) refreshes the metrics, so
-        # that they do not wait for the next event.
-        self._metrics(None)
-
-    def step(self, step: Step) -> None:
-        self.allocator.publish()
-        self._metrics(step.latency_s if step.decided else None)
-        if step.decided:
-            self.allocator.steps.append(step)
-            del self.allocator.steps[:-1000]
-            log.debug(
-                "decided at %.1f: pool %d, allocated %d, running %d, waiting %d, %s, "
-                "latency %.1f ms",
-                step.time_s,
-                step.pool_nodes,
-                step.allocated_nodes,
-                step.running,
-                step.waiting,
-                step.status,
-                step.latency_s * 1e3,
-            )
-
-    def _metrics(self, latency_s: float | None) -> None:
-        if self.allocator.metrics is not None:
-            self.allocator.metrics.update(self.allocator.reading(), latency_s)

@@ -21,7 +21,6 @@ from bftrainer.daemon.service import (
     Daemon,
     DaemonReading,
     MetricsSink,
-    StepLog,
     state_unwritable,
 )
 
@@ -36,7 +35,6 @@ __all__ = [
     "HeldPool",
     "HoldCounts",
     "MetricsSink",
-    "StepLog",
     "SubmissionQueue",
     "leave_by_s",
     "load_daemon_config",

@@ -24,7 +24,7 @@ import errno
 import logging
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,8 @@ from bftrainer.holders.base import HolderError, Holders
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.live import LiveDriver, job_of
-from bftrainer.loop import Loop, LoopState, Policy, Source, Step, TrainerState, WallClock
+from bftrainer.live_service import LiveService, StepObserver
+from bftrainer.loop import Loop, LoopState, Policy, Source, TrainerState, WallClock
 from bftrainer.policy import make_policy
 from bftrainer.slots import SlotBook
 from bftrainer.state import AllocationRow, Store, TrainerRow
@@ -72,49 +73,7 @@ class MetricsSink(Protocol):
         ...
 
 
-class StepLog:
-    """The loop's observer: logs each decision and its latency, checks after each
-    recorded step that the loop's pool holds only nodes whose holder runs, and calls
-    ``after`` at every wake-up (the step, or None when nothing was recorded)."""
-
-    def __init__(
-        self,
-        check: Callable[[], None] = lambda: None,
-        after: Callable[[Step | None], None] | None = None,
-    ) -> None:
-        self.check = check
-        self.after = after
-
-    def interval(self, t0_s: float, t1_s: float, pool_nodes: int, processed: float) -> None:
-        if self.after is not None:
-            self.after(None)
-
-    def step(self, step: Step) -> None:
-        self.check()
-        if self.after is not None:
-            self.after(step)
-        if step.decided:
-            log.debug(
-                "decided at %.1f: pool %d, allocated %d, running %d, waiting %d "
-                "(joined %d, left %d, arrivals %d, completions %d) %s in %.1f ms, "
-                "latency %.1f ms, T_fwd %s",
-                step.time_s,
-                step.pool_nodes,
-                step.allocated_nodes,
-                step.running,
-                step.waiting,
-                step.joined,
-                step.left,
-                step.arrivals,
-                step.completions,
-                step.status,
-                step.solve_s * 1e3,
-                step.latency_s * 1e3,
-                "-" if step.t_fwd_s is None else f"{step.t_fwd_s:.0f} s",
-            )
-
-
-class Daemon:
+class Daemon(LiveService):
     """Wires the store, the pool, the holders and the live driver to the loop."""
 
     def __init__(
@@ -134,9 +93,7 @@ class Daemon:
         self.config = config
         self.monitor = monitor
         self.metrics = metrics
-        self.clock = WallClock()
-        self.loop: Loop | None = None
-        self._stop_requested = False
+        super().__init__(WallClock())
         self.pool = HeldPool(
             monitor,
             holders,
@@ -250,33 +207,31 @@ class Daemon:
         read before anything else, however long the scheduler takes to answer (its
         failures are the pool source's one line each); None if asked to stop meanwhile.
         Raises ``GresError`` when no node has a GPU count: a number is needed then."""
-        while not self._stop_requested:
-            now_s = self.clock.now_s()
-            try:
-                self.monitor.poll()  # a failed read is its one line
-            except (CommandError, ValueError) as exc:
-                log.warning("GPU counts not read at start: %s", exc)
-            if self.monitor.last_reading is not None:
-                view = self.monitor.view()
-                slots = slots_from_gpus(view.gpus)
-                read = len(view.gpus) + len(view.gpu_errors)
-                if slots is None:
-                    raise GresError(
-                        f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
-                        f"count ({self.monitor.scheduler.gpu_field})"
-                        + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
-                        + ": give --slots-per-node a number"
-                    )
-                fits = sum(c == slots for c in view.gpus.values())
-                log.info(
-                    "slots per node: %d, the GPU count of %d of the %d node(s) read",
-                    slots,
-                    fits,
-                    read,
-                )
-                return slots
-            self.clock.wait_until(now_s + self.pool.poll_interval_s)
-        return None
+        return self.until_answered(self._slots_read, self.pool.poll_interval_s)
+
+    def _slots_read(self, now_s: float) -> int | None:
+        """One try of :meth:`slots_at_start`: S, or None if the scheduler did not answer."""
+        try:
+            self.monitor.poll()  # a failed read is its one line
+        except (CommandError, ValueError) as exc:
+            log.warning("GPU counts not read at start: %s", exc)
+        if self.monitor.last_reading is None:
+            return None
+        view = self.monitor.view()
+        slots = slots_from_gpus(view.gpus)
+        read = len(view.gpus) + len(view.gpu_errors)
+        if slots is None:
+            raise GresError(
+                f"--slots-per-node gres: none of the {read} node(s) read has a GPU "
+                f"count ({self.monitor.scheduler.gpu_field})"
+                + (f"; {len(view.gpu_errors)} do not parse" if view.gpu_errors else "")
+                + ": give --slots-per-node a number"
+            )
+        fits = sum(c == slots for c in view.gpus.values())
+        log.info(
+            "slots per node: %d, the GPU count of %d of the %d node(s) read", slots, fits, read
+        )
+        return slots
 
     def run(self) -> None:
         """Run until :meth:`request_stop`; then release what no trainer uses."""
@@ -288,7 +243,7 @@ class Daemon:
         if state is None:
             log.info("daemon stopped before the scheduler answered; nothing changed")
             return
-        after = self._publish_metrics if self.metrics is not None else None
+        publish = self._publish_metrics if self.metrics is not None else None
         sources: list[Source] = [self.pool, self.queue]
         # The daemon's own policy; in centre mode the allocator's decisions instead.
         policy: Policy = make_policy(self.config)
@@ -301,7 +256,7 @@ class Daemon:
             self.clock,
             self.config,
             policy=policy,
-            observer=StepLog(self.check_pool, after),
+            observer=StepObserver(lambda step: self.check_pool(), publish),
             state=state,
             keep_finished=False,  # the store has them
         )
@@ -332,11 +287,9 @@ class Daemon:
             holders_failing=self.pool.backoff.summary(),
         )
 
-    def _publish_metrics(self, step: Step | None) -> None:
-        if self.metrics is None:
-            return
-        latency = step.latency_s if step is not None and step.decided else None
-        self.metrics.update(self.reading(), latency)
+    def _publish_metrics(self, latency_s: float | None) -> None:
+        if self.metrics is not None:
+            self.metrics.update(self.reading(), latency_s)
 
     def check_pool(self) -> None:
         """The invariant the daemon is built on: every node the loop may hand a trainer
@@ -355,26 +308,21 @@ class Daemon:
         """Read our holders before anything else, however long the scheduler takes to
         answer: a trainer's nodes are only known from them. One line per failed try;
         None if the daemon is asked to stop meanwhile."""
-        while not self._stop_requested:
-            now_s = self.clock.now_s()
-            try:
-                self.pool.sync_holders(now_s)
-                return now_s
-            except (HolderError, CommandError) as exc:
-                self.pool.counts.errors["holder_status"] += 1
-                log.warning(
-                    "holders not read at start, trying again in %g s: %s",
-                    self.pool.poll_interval_s,
-                    exc,
-                )
-            self.clock.wait_until(now_s + self.pool.poll_interval_s)
-        return None
+        return self.until_answered(self._holders_read, self.pool.poll_interval_s)
 
-    def request_stop(self) -> None:
-        self._stop_requested = True
-        self.clock.wake()
-        if self.loop is not None:
-            self.loop.request_stop()
+    def _holders_read(self, now_s: float) -> float | None:
+        """One try of :meth:`_sync_holders_at_start`: the time read, or None."""
+        try:
+            self.pool.sync_holders(now_s)
+            return now_s
+        except (HolderError, CommandError) as exc:
+            self.pool.counts.errors["holder_status"] += 1
+            log.warning(
+                "holders not read at start, trying again in %g s: %s",
+                self.pool.poll_interval_s,
+                exc,
+            )
+            return None
 
     def _shutdown(self) -> None:
         """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
