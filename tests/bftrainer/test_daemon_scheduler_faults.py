@@ -5,6 +5,7 @@ said so in a line naming the command, and carries on once the command heals."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -43,9 +44,23 @@ def test_the_daemon_survives_every_scheduler_command_failing(
         daemon.wait_line(0, r"\bsqueue\b", f"a line naming squeue at start ({how})")
         slurm.fail("squeue", None)
     daemon.wait_line(0, r"\bsinfo\b", f"a line naming sinfo at start ({how})")
+    healed_s = time.time()
     for command in ("sinfo", "squeue", "scontrol"):
         slurm.fail(command, None)
     daemon.wait_pool()
+
+    # ... and a poll read the claims (scontrol show res) since: breaking scontrol again
+    # before that left the pool's growth held, so no holder was ever asked for and the
+    # line below never came (1 run in 2 at load 8).
+    def claims_read_s() -> float | None:
+        started = [t for t, args in slurm.calls("scontrol") if t >= healed_s and "res" in args]
+        return min(started) if started else None
+
+    wait_until(
+        lambda: (t := claims_read_s()) is not None and (daemon.status()["pool_time_s"] or 0.0) > t,
+        60,
+        "a pool read with the claims once scontrol healed",
+    )
 
     # scontrol: the bf partition's MaxTime is read when the first holder is asked for.
     _fails_then_heals(
