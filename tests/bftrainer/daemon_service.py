@@ -207,7 +207,7 @@ class Service:
             "-w",
             ",".join(nodes),
             "-t",
-            "2",
+            str(seconds // 60 + 2),  # minutes: never cut short by its own limit
             "--wrap",
             f"sleep {seconds}",
         )
