@@ -132,9 +132,10 @@ JOBS = TRACES / "hps-shufflenet-Jbnd-1000J.csv"
 # docs/benchmarks.md (1,024 nodes) has auto 0.90700 against 120 s's 0.90715 (the spread
 # of the top three fixed values, 60-300 s, is 0.0015).
 TOLERANCE = 0.001
-# The test replays the week's first 512 nodes: 10 s of CPU a replay here, against 85 s
-# for 1,024 (a decision's DP grows with the pool, and so does the number of events). Measured
-# on them: auto 0.93207; 60 s 0.93039, 120 s 0.93172, 300 s 0.93151.
+# The test replays the week's first 512 nodes: 10 s of CPU a replay here (measured with
+# time.process_time), against about 85 s for 1,024 (CI's four replays took 348 s; not
+# measured alone). Measured on 512 nodes: auto 0.93207; 60 s 0.93039, 120 s 0.93172,
+# 300 s 0.93151.
 NODES = 512
 
 
