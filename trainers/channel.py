@@ -35,6 +35,8 @@ SUPERVISOR_LOG = "supervisor.log"
 STOP_REQUEST = "stop.request"  # the supervisor asks the workers to checkpoint and exit
 # The supervisor's copy of the hosts that Horovod's discovery reads (never empty).
 DISCOVERY_HOSTS = "discovery-hosts"
+# The environment variable naming that file to the Horovod driver (launch/horovod_driver.py).
+DISCOVERY_HOSTS_VARIABLE = "BFTRAINER_DISCOVERY_HOSTS"
 EXEC_MODES = ("local", "ssh", "slurm")
 
 

@@ -129,7 +129,11 @@ class Trainer:
                 continue
             line = b" ".join(cmd)
             is_worker = b"bftrainer.trainers.launch.worker" in cmd and b"python" in cmd[0]
-            agent = b"bftrainer.trainers.launch.torchrun_agent" in cmd or b"horovodrun" in line
+            agent = (
+                b"bftrainer.trainers.launch.torchrun_agent" in cmd
+                or b"bftrainer.trainers.launch.horovod_driver" in cmd
+                or b"horovodrun" in line
+            )
             if is_worker and not agent and remote.alive(pid):
                 out.append(pid)
         return out

@@ -48,11 +48,11 @@ checkpoint and exit).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import sys
@@ -220,12 +220,12 @@ class HorovodBackend(Backend):
         )
         shim.chmod(0o755)
 
-    def _horovodrun(self) -> str:
-        beside = Path(self.spec.python).parent / "horovodrun"
-        found = str(beside) if beside.exists() else shutil.which("horovodrun")
-        if found is None:
-            raise LaunchError("horovodrun not found: build Horovod with scripts/build-horovod.sh")
-        return found
+    def _driver(self) -> list[str]:
+        """horovodrun, as our driver module runs it (horovod_driver: the hosts read in
+        its own process, not by a new interpreter every second)."""
+        if importlib.util.find_spec("horovod") is None:
+            raise LaunchError("Horovod not found: build it with scripts/build-horovod.sh")
+        return [self.spec.python, "-m", "bftrainer.trainers.launch.horovod_driver"]
 
     def start(self, hosts: Hosts) -> None:
         self._write_files()
@@ -237,7 +237,7 @@ class HorovodBackend(Backend):
         np_ = min(sum(s for _, s in hosts), max_np)
         cooldown = _setting("BFTRAINER_BLACKLIST_COOLDOWN_S", "5 10").split()
         argv = [
-            self._horovodrun(),
+            *self._driver(),
             "-np",
             str(np_),
             "--min-np",
@@ -254,6 +254,8 @@ class HorovodBackend(Backend):
         argv += self.worker_argv()
         env = self.worker_env()
         env["PATH"] = f"{self.shim_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+        # The file discover-hosts.sh prints, read by the driver itself.
+        env[channel.DISCOVERY_HOSTS_VARIABLE] = str(self.discovery_hosts)
         self.procs = [self.spawn(argv, env)]
 
     def update(self, hosts: Hosts) -> None:
