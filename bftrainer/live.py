@@ -10,8 +10,14 @@ Costs are not simulated here: a rescale costs what it costs in real time, and th
 samples a trainer reports are net of it. So ``rescale``/``preempt`` return 0 and
 ``advance`` returns the samples the trainers reported since the last call.
 
-Every change is written to the store before the daemon goes on (``record_allocation``,
-trainer states), and every read of a trainer's files survives a torn or bad line.
+**Decide, commit, then act.** Inside the loop's step (the daemon's transaction) the driver
+only records what it decided: each trainer's nodes and state. :meth:`LiveDriver.act`
+carries it out after the commit: starts supervisors, tells them their hosts, stops the
+cancelled, ends what a dead supervisor left. What an action learns (a supervisor's pid, a
+start that failed) is recorded at the next step. Every action is idempotent, so a daemon
+killed between the commit and the action does it on restart: a supervisor already
+running for a trainer is adopted (:meth:`Launcher.running_in`), never started twice.
+Every read of a trainer's files survives a torn or bad line.
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from bftrainer.jobs import JobSpec
-from bftrainer.live_curves import LiveCurves
+from bftrainer.exec_plan import ExecPlan
+from bftrainer.live_curves import LiveCurves, job_of
 from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
@@ -46,57 +52,8 @@ CANCEL_GRACE_S = 30.0
 RESTART_BACKOFF_S = 10.0
 
 
-def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
-    """Linear scaling at one (unit) sample per second per node: the centre allocator's
-    prior before a trainer's agent reports (the daemon's loop plans on
-    :class:`~bftrainer.live_curves.LiveCurves` instead, the replay's rule)."""
-    return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
-
-
-def job_of(row: TrainerRow) -> JobSpec:
-    """The loop's view of a submitted trainer (its curve: :meth:`LiveCurves.prior_job`
-    gives the prior the daemon plans on)."""
-    return JobSpec(
-        id=row.id,
-        model=Path(row.script).name,
-        submit_s=row.submitted_s,
-        n_min=row.min_nodes,
-        n_max=row.max_nodes,
-        rescale_up_s=row.rescale_up_s,
-        rescale_down_s=row.rescale_down_s,
-        work_samples=math.inf if row.work_samples is None else float(row.work_samples),
-        curve=prior_curve(row.max_nodes),
-    )
-
-
-@dataclass(frozen=True)
-class ExecPlan:
-    """How the trainers' workers reach their nodes: ``mode`` of ``exec.json``, in
-    ``slurm`` mode the holder job of each node, and each node's holder lease (which the
-    supervisor renews for ``lease_s`` while it runs there); when trainers share nodes,
-    the trainer's slots of each node (``bftrainer/slots.py``)."""
-
-    mode: str
-    jobs: Mapping[str, str]
-    leases: Mapping[str, str] = field(default_factory=dict)
-    lease_s: float | None = None
-    slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    slots_per_node: int = 1
-
-    def reachable(self, nodes: Sequence[str]) -> tuple[str, ...]:
-        """``nodes`` that workers can run on now: in slurm mode, those with a holder."""
-        return tuple(nodes) if self.mode != "slurm" else tuple(n for n in nodes if n in self.jobs)
-
-    def write(self, trainer_dir: Path) -> None:
-        channel.write_exec(
-            trainer_dir,
-            self.mode,
-            self.jobs,
-            leases=self.leases,
-            lease_s=self.lease_s,
-            slots=self.slots,
-            slots_per_node=self.slots_per_node,
-        )
+# The actions that start a supervisor (act()).
+STARTS = ("start", "restart")
 
 
 class LiveDriver:
@@ -137,13 +94,64 @@ class LiveDriver:
         # Node-count changes made by decisions since the start (logged "rescaled"), for
         # the daemon's metrics; starts and preemptions are not rescales.
         self.rescales = 0
+        # What the step decided for each trainer, carried out by act() after the commit:
+        # "hosts" (tell its supervisor), "start" or "restart" (start its supervisor),
+        # "stop" (cancelled); the nodes to act on; supervisors to stop or end.
+        self._due: dict[str, str] = {}
+        self._intended: dict[str, tuple[str, ...]] = {}
+        self._stopping: dict[str, Launcher] = {}
+        self._kills: list[Launcher] = []
+        # What act() learnt, recorded at the next step (advance), in its transaction.
+        self._learnt: list[Callable[[], object]] = []
 
     # ---- restore --------------------------------------------------------------------
+    def restore(
+        self, rows: Iterable[TrainerRow], held: set[str]
+    ) -> tuple[list[TrainerState], list[str]]:
+        """The unfinished trainers ``rows`` as a new daemon's loop starts with them: each
+        on its recorded nodes that are still ``held``, each slot at most once (the book
+        takes back the slots it had, those that still exist), re-attached (:meth:`attach`);
+        the slots given up, said in words. Cancelled trainers still running are stopped.
+        What the earlier daemon decided and did not do is done by the next :meth:`act`."""
+        allocations = self.store.current_allocations()
+        trainers: list[TrainerState] = []
+        lost: list[str] = []
+        for row in rows:
+            alloc = allocations.get(row.id)
+            stored = alloc.nodes if alloc is not None else ()
+            slots, gone = self.book.restore(
+                row.id, [n for n in stored if n in held], alloc.slots if alloc is not None else {}
+            )
+            nodes = tuple(sorted(n for n, s in slots.items() for _ in s))
+            lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
+            self.attach(row, nodes)
+            job = self.curves.prior_job(job_of(row))
+            trainers.append(
+                TrainerState(
+                    job, nodes=nodes, started_s=row.started_s, processed_samples=row.samples_done
+                )
+            )
+        self.stop_cancelled()
+        return trainers, lost
+
     def attach(self, row: TrainerRow, nodes: Sequence[str]) -> None:
         """Re-attach to a trainer started by an earlier daemon; give it ``nodes`` (its
         nodes that are still held). A supervisor that ended meanwhile is reported at the
-        next ``advance``."""
+        next ``advance``; a start the earlier daemon decided but did not do (or did and
+        did not record) is done by the next :meth:`act`."""
+        trainer_dir = Path(row.trainer_dir) if row.trainer_dir else self.trainers_dir / row.id
+        running = Launcher.running_in(trainer_dir)
+        if running is not None:  # its supervisor runs, whatever the record says
+            self._adopt(row, running)
+            if row.supervisor != str(running.pid):
+                self.store.set_launch(row.id, trainer_dir=trainer_dir, supervisor=str(running.pid))
+            self._decide_hosts(row.id, tuple(nodes))
+            log.info("trainer %s: re-attached to its supervisor (pid %d)", row.id, running.pid)
+            return
         if row.trainer_dir is None:
+            if nodes:  # decided and recorded, then the daemon stopped before the start
+                log.info("trainer %s: starting it, as decided before the daemon stopped", row.id)
+                self._decide_start(row.id, tuple(nodes))
             return
         if row.supervisor is None:
             # An earlier daemon counted its supervisor's death and stopped before starting
@@ -151,7 +159,6 @@ class LiveDriver:
             self._restarts[row.id] = (time.time(), "its restart was pending")
             log.info("trainer %s: starting it again, as decided before the daemon stopped", row.id)
             return
-        trainer_dir = Path(row.trainer_dir)
         try:
             launcher = Launcher.attach(trainer_dir)
         except LaunchError as exc:
@@ -159,15 +166,27 @@ class LiveDriver:
             self.launchers.pop(row.id, None)
             self._restart_later(row.id, None, f"cannot re-attach: {exc}", time.time())
             return
+        self._adopt(row, launcher)
+        log.info("trainer %s: its supervisor ended while the daemon was away", row.id)
+        # advance() reads how it ended
+
+    def _adopt(self, row: TrainerRow, launcher: Launcher) -> None:
         self.launchers[row.id] = launcher
         # Re-read the reports from the start: the store keeps only the latest figures.
         self._samples[row.id] = row.samples_done
         self._offsets[row.id] = 0
-        if not launcher.alive():
-            log.info("trainer %s: its supervisor ended while the daemon was away", row.id)
-            return  # advance() reads how it ended
-        self._set_hosts(row.id, launcher, tuple(nodes))
-        log.info("trainer %s: re-attached to its supervisor (pid %d)", row.id, launcher.pid)
+
+    def stop_cancelled(self) -> None:
+        """Stop the supervisors of cancelled trainers that still run: an earlier daemon
+        recorded the cancel and stopped before it stopped them (at restore)."""
+        for row in self.store.trainers(("cancelled",)):
+            if row.trainer_dir is None or row.supervisor is None:
+                continue
+            launcher = Launcher.running_in(Path(row.trainer_dir))
+            if launcher is not None:
+                log.info("trainer %s: stopping it, cancelled before the daemon stopped", row.id)
+                self._stopping[row.id] = launcher
+                self._due[row.id] = "stop"
 
     # ---- the TrainerDriver interface ------------------------------------------------
     def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
@@ -181,20 +200,23 @@ class LiveDriver:
         Progress and curves are read for every launched trainer (a trainer at zero
         nodes reports nothing new); an ended supervisor is noticed whether or not the
         trainer holds nodes now: a crash at zero nodes must also free it."""
+        learnt, self._learnt = self._learnt, []
+        for record in learnt:  # what the last step's actions learnt
+            record()
         processed = 0.0
         running = {t.id: t for t in trainers}
         for trainer_id, (at_s, _) in list(self._restarts.items()):
             if now_s >= at_s:
                 del self._restarts[trainer_id]
                 t = running.get(trainer_id)
-                self._launch(trainer_id, t.nodes if t is not None else (), restart=True)
+                self._decide_start(trainer_id, t.nodes if t is not None else (), restart=True)
         for trainer_id, launcher in list(self.launchers.items()):
             if not launcher.trainer_dir.is_dir():
                 # Deleted by hand: its checkpoint and reports are gone with it. Its
-                # supervisor and workers may still run: stopped first (by PID), so that
-                # the new start does not train beside them on the same nodes.
+                # supervisor and workers may still run: stopped first (by PID, when this
+                # step acts), so the new start does not train beside them on the same nodes.
                 del self.launchers[trainer_id]
-                launcher.kill()
+                self._kills.append(launcher)
                 why = f"its directory {launcher.trainer_dir} was deleted; it starts over"
                 self._restart_later(trainer_id, launcher, why, now_s)
                 continue
@@ -239,7 +261,7 @@ class LiveDriver:
             self._fail(trainer_id, f"{restart.gave_up()} (bftrainer logs {trainer_id})")
             return
         if launcher is not None:
-            launcher.kill()  # whatever the dead supervisor left running here
+            self._kills.append(launcher)  # whatever the dead supervisor left running here
         delay_s = self.restart_backoff_s * 2 ** (restart.number - 1)
         self._restarts[trainer_id] = (now_s + delay_s, why)
         self.store.decide_restart(trainer_id)  # counted when decided: a failed start counts too
@@ -257,22 +279,19 @@ class LiveDriver:
         return min([t, *(at for at, _ in self._restarts.values())])
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        launcher = self.launchers.get(trainer.id)
-        if launcher is None:
-            if trainer.id in self._restarts:  # started again on its nodes when due
-                self._record(trainer.id, nodes)
-            elif nodes:
-                self._launch(trainer.id, nodes)
-            else:
-                self.book.release(trainer.id)
-            return 0.0
-        self._set_hosts(trainer.id, launcher, nodes)
+        if trainer.id in self.launchers or self._due.get(trainer.id) in STARTS:
+            self._decide_hosts(trainer.id, nodes)
+        elif trainer.id in self._restarts:  # started again on its nodes when due
+            self._record(trainer.id, nodes)
+        elif nodes:
+            self._decide_start(trainer.id, nodes)
+        else:
+            self.book.release(trainer.id)
         return 0.0
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         self.book.assign(trainer.id, trainer.nodes)  # its slots on the nodes gone are free
-        launcher = self.launchers.get(trainer.id)
-        if launcher is not None:
+        if trainer.id in self.launchers or self._due.get(trainer.id) in STARTS:
             log.info(
                 "trainer %s lost %d %s: now on %d",
                 trainer.id,
@@ -280,21 +299,48 @@ class LiveDriver:
                 self._unit,
                 len(trainer.nodes),
             )
-            self._set_hosts(trainer.id, launcher, trainer.nodes, say=False)
+            self._decide_hosts(trainer.id, trainer.nodes, say=False)
         return 0.0
 
     def cancel(self, trainer: TrainerState) -> None:
         self._restarts.pop(trainer.id, None)
+        self._due.pop(trainer.id, None)
         launcher = self.launchers.pop(trainer.id, None)
         self._record(trainer.id, ())
-        if launcher is None:
-            self._finish(trainer.id, "cancelled", "cancelled")
-            return
-        # The supervisor checkpoints and stops in the background; the loop goes on.
-        threading.Thread(
-            target=launcher.stop, args=(CANCEL_GRACE_S,), name=f"stop-{trainer.id}", daemon=True
-        ).start()
+        if launcher is not None:
+            # The supervisor checkpoints and stops in the background (act); the loop goes on.
+            self._stopping[trainer.id] = launcher
+            self._due[trainer.id] = "stop"
         self._finish(trainer.id, "cancelled", "cancelled")
+
+    # ---- after the commit -------------------------------------------------------------
+    def act(self, now_s: float) -> None:
+        """Carry out what the step decided (see the module docstring): end what dead
+        supervisors left, then each trainer's start, hosts or stop."""
+        kills, self._kills = self._kills, []
+        for launcher in kills:
+            launcher.kill()
+        due, self._due = self._due, {}
+        intended, self._intended = self._intended, {}
+        for trainer_id, what in due.items():
+            if what == "stop":
+                launcher = self._stopping.pop(trainer_id)
+                threading.Thread(
+                    target=launcher.stop,
+                    args=(CANCEL_GRACE_S,),
+                    name=f"stop-{trainer_id}",
+                    daemon=True,
+                ).start()
+            elif what in STARTS:
+                self._start(trainer_id, intended.get(trainer_id, ()), restart=what == "restart")
+            elif trainer_id in self.launchers:
+                self._tell_hosts(trainer_id, self.launchers[trainer_id], intended[trainer_id])
+
+    def flush(self) -> None:
+        """Record what the last actions learnt now (the daemon's exit: no next step)."""
+        learnt, self._learnt = self._learnt, []
+        for record in learnt:
+            record()
 
     # ---- helpers --------------------------------------------------------------------
     @property
@@ -320,8 +366,21 @@ class LiveDriver:
             slots = self.book.assign(trainer_id, nodes)
         self.store.record_allocation(trainer_id, nodes, slots=slots)
 
-    def _launch(self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool = False) -> None:
-        """Start the trainer's supervisor on ``nodes`` (those with a holder now); a
+    def _decide_start(
+        self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool = False
+    ) -> None:
+        """Record the trainer's nodes and state; act() starts its supervisor there."""
+        self._record(trainer_id, nodes)
+        row = self.store.trainer(trainer_id)
+        if not row.finished:
+            self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
+        restart = restart or self._due.get(trainer_id) == "restart"
+        self._due[trainer_id] = "restart" if restart else "start"
+        self._intended[trainer_id] = nodes
+
+    def _start(self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool) -> None:
+        """Start the trainer's supervisor on ``nodes`` (those with a holder now), or adopt
+        the one that already runs there (a restart of the daemon redoing this start); a
         restart resumes from the trainer's checkpoint in its directory."""
         row = self.store.trainer(trainer_id)
         trainer_dir = self.trainers_dir / trainer_id
@@ -343,12 +402,18 @@ class LiveDriver:
             plan = self._plan(trainer_id, nodes)
             hosts = self._reachable(trainer_id, plan, nodes)
             plan.write(trainer_dir)
-            launcher = Launcher.start(spec, host_counts(hosts))
+            launcher = Launcher.running_in(trainer_dir)
+            if launcher is not None:
+                launcher.set_hosts(host_counts(hosts))
+            else:
+                launcher = Launcher.start(spec, host_counts(hosts))
         except OSError as exc:  # the file system, not the trainer: try again (bounded)
-            self._restart_later(trainer_id, None, f"cannot start: {exc}", time.time())
+            why = f"cannot start: {exc}"
+            self._learnt.append(lambda: self._restart_later(trainer_id, None, why, time.time()))
             return
         except (LaunchError, channel.ChannelError) as exc:
-            self._fail(trainer_id, f"cannot start: {exc}")
+            why = f"cannot start: {exc}"
+            self._learnt.append(lambda: self._fail(trainer_id, why))
             return
         self.launchers[trainer_id] = launcher
         if not (trainer_dir / channel.METRICS).exists():  # new, or its directory was deleted
@@ -356,8 +421,10 @@ class LiveDriver:
         if not restart:  # a restart reads on from where the dead supervisor's reports were
             self._offsets[trainer_id] = 0
             self._samples[trainer_id] = row.samples_done
-        self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=str(launcher.pid))
-        self._record(trainer_id, nodes)
+        pid = str(launcher.pid)
+        self._learnt.append(
+            lambda: self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=pid)
+        )
         if restart:
             log.info(
                 "trainer %s started again (restart %d) on %d %s, from its checkpoint",
@@ -370,8 +437,6 @@ class LiveDriver:
             log.info(
                 "trainer %s started on %d %s: %s", trainer_id, len(hosts), self._unit, _names(hosts)
             )
-        if not row.finished:
-            self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
 
     def _reachable(
         self, trainer_id: str, plan: ExecPlan, nodes: tuple[str, ...]
@@ -390,27 +455,18 @@ class LiveDriver:
             )
         return hosts
 
-    def _set_hosts(
-        self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...], *, say: bool = True
-    ) -> None:
-        """Tell the supervisor its hosts: exec plan first, so new hosts are reachable;
-        ``say``: log the rescale (a preemption has said it already)."""
-        hosts = nodes
-        try:
-            if nodes:
-                plan = self._plan(trainer_id, nodes)
-                hosts = self._reachable(trainer_id, plan, nodes)
-                plan.write(launcher.trainer_dir)
-            launcher.set_hosts(host_counts(hosts))
-        except FileNotFoundError:
-            if launcher.trainer_dir.is_dir():
-                raise
-            return  # its directory was deleted meanwhile: the next look starts it over
+    def _decide_hosts(self, trainer_id: str, nodes: tuple[str, ...], *, say: bool = True) -> None:
+        """Record the trainer's nodes and state; act() tells its supervisor (or starts
+        it there, when its start is due). ``say``: log the rescale (a preemption has
+        said it already)."""
         before = self.store.current_allocation(trainer_id)
         self._record(trainer_id, nodes)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
+        if self._due.get(trainer_id) not in STARTS:
+            self._due[trainer_id] = "hosts"
+        self._intended[trainer_id] = nodes
         if say and tuple(before) != tuple(nodes):
             self.rescales += 1
             log.info(
@@ -421,6 +477,20 @@ class LiveDriver:
                 self._unit,
                 "" if nodes else " (waiting for nodes)",
             )
+
+    def _tell_hosts(self, trainer_id: str, launcher: Launcher, nodes: tuple[str, ...]) -> None:
+        """Tell the supervisor its hosts: exec plan first, so new hosts are reachable."""
+        hosts = nodes
+        try:
+            if nodes:
+                plan = self._plan(trainer_id, nodes)
+                hosts = self._reachable(trainer_id, plan, nodes)
+                plan.write(launcher.trainer_dir)
+            launcher.set_hosts(host_counts(hosts))
+        except FileNotFoundError:
+            if launcher.trainer_dir.is_dir():
+                raise
+            # its directory was deleted meanwhile: the next look starts it over
 
     def _read_reports(self, trainer_id: str, trainer_dir: Path) -> float:
         """New lines of the trainer's ``metrics.jsonl``: progress, batch size, curves."""

@@ -74,6 +74,7 @@ class AgentLink:
         self._next_s = -math.inf
         self._reachable = True
         self.syncs = 0
+        self._reply: SyncReply | None = None  # read()'s, for this step's poll
 
     def attach(self, loop: Loop, store: Store) -> None:
         self.loop = loop
@@ -87,9 +88,12 @@ class AgentLink:
         trainers = self.loop.trainers.values() if self.loop is not None else ()
         return SyncRequest(tuple(_report(t) for t in trainers))
 
-    def poll(self, now_s: float) -> Polled:
+    def read(self, now_s: float) -> None:
+        """Sync with the allocator, when due: outside the step's transaction (it may
+        wait for the allocator); :meth:`poll` applies the reply inside it."""
+        self._reply = None
         if now_s < self._next_s:
-            return Polled((), self._next_s)
+            return
         try:
             body = call(self.path, protocol.SYNC, self.report().to_dict(), timeout_s=SYNC_TIMEOUT_S)
             reply = SyncReply.from_dict(body)
@@ -103,13 +107,19 @@ class AgentLink:
                 )
             self._reachable = False
             self._next_s = now_s + self.sync_every_s
-            return Polled((), self._next_s)
+            return
         if not self._reachable:
             log.info("the allocator answers again: registered the trainers anew")
         self._reachable = True
         self.syncs += 1
         self.sync_every_s = reply.sync_every_s
         self._next_s = now_s + self.sync_every_s
+        self._reply = reply
+
+    def poll(self, now_s: float) -> Polled:
+        reply, self._reply = self._reply, None
+        if reply is None:
+            return Polled((), self._next_s)
         self._cancel(reply.cancel)
         changed = dict(reply.assignment) != self.assignment
         self.assignment = dict(reply.assignment)

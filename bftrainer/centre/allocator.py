@@ -39,7 +39,7 @@ from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.jobs import JobSpec
-from bftrainer.live import prior_curve
+from bftrainer.live_curves import prior_curve
 from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import (
     Arrival,

@@ -22,17 +22,18 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from bftrainer.acquisition import plan_assigned, plan_holders
+from bftrainer.exec_plan import ExecPlan
 from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
 from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.live import ExecPlan
-from bftrainer.loop import Polled, PoolChange
+from bftrainer.loop import Demand, Polled, PoolChange
 from bftrainer.pool_changes import PoolChanges
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
 from bftrainer.trainers.channel import renew_lease
@@ -63,7 +64,6 @@ class HeldPool:
         monitor: LivePoolSource,
         holders: Holders,
         store: Store,
-        demand: Callable[[], tuple[int, set[str]]],
         poll_interval_s: float,
         usable: Sequence[str] = (),
         *,
@@ -74,7 +74,6 @@ class HeldPool:
         self.monitor = monitor
         self.holders = holders
         self.store = store
-        self.demand = demand
         # A centre agent holds exactly the nodes the allocator gave its trainers
         # (acquisition.plan_assigned); None: the demand's hold plan (plan_holders).
         self.assigned = assigned
@@ -97,6 +96,14 @@ class HeldPool:
         self.gate: GpuSlotGate | None = None
         self._left_out: dict[str, str] = {}  # node -> why, as the gate last said
         self._idle: frozenset[str] = frozenset()  # the pool before the gate, for status
+        self._polled_now = False  # read() asked the scheduler at this step
+        self._read: HoldersRead | None = None  # what it found (None: holders not read)
+        # Scheduler commands the step planned, run by act() after the commit, and what
+        # they learnt, recorded at the next poll (in that step's transaction).
+        self._orders: list[Callable[[], object]] = []
+        self._learnt: list[Callable[[], object]] = []
+        # Holders submitted and not recorded yet (job id -> node): ours, at the next read.
+        self._submitted: dict[str, str] = {}
 
     @property
     def usable(self) -> set[str]:
@@ -155,25 +162,40 @@ class HeldPool:
                 continue
             self._lease_until[node] = now_s + self.lease_s
 
-    def poll(self, now_s: float) -> Polled:
-        """Read the scheduler: the nodes whose holder started or ended since the last
-        poll, and when each held node leaves. Holders are submitted and cancelled in
-        :meth:`settle`, on the step's decision."""
+    def read(self, now_s: float) -> None:
+        """Ask the scheduler, when a poll is due: the pool, and our holders' states
+        (one status call, and the cause of each holder that failed). Nothing is
+        recorded here: :meth:`poll` does, inside the step's transaction."""
+        self._polled_now = False
         if now_s < self._next_s:
-            return Polled((), self._next_s)
+            return
         self._next_s = now_s + self.poll_interval_s
         self._replan = True
+        self._polled_now = True
         try:
             self.monitor.poll()  # keeps the last good pool (stale) on a bad reply
         except (CommandError, ValueError) as exc:
             self.counts.errors["pool"] += 1
             log.warning("pool not read, keeping the last good one: %s", exc)
         try:
-            self.sync_holders(now_s)
+            self._read = self._read_holders()
         except (HolderError, CommandError) as exc:
             self.counts.errors["holder_status"] += 1
             log.warning("holders not read, keeping the last known: %s", exc)
+            self._read = None
+
+    def poll(self, now_s: float) -> Polled:
+        """Record what :meth:`read` found: the nodes whose holder started or ended since
+        the last poll, and when each held node leaves. Holders are planned in
+        :meth:`settle`, on the step's decision."""
+        self._record_learnt()
+        if not self._polled_now:
             return Polled((), self._next_s)
+        self._polled_now = False
+        read, self._read = self._read, None
+        if read is None:
+            return Polled((), self._next_s)
+        self._record_holders(read, now_s)
         live = self.store.holders(live_only=True)
         self._renew_leases((h.node for h in live), now_s)
         running = {h.node: h for h in live if h.state == "running"}
@@ -204,21 +226,16 @@ class HeldPool:
             )
         return Polled((PoolChange(event),), self._next_s)
 
-    def settle(self, now_s: float, decided: bool) -> tuple[PoolChange, ...]:
-        """Hold what the decision needs: after a poll or a decision, submit and cancel
-        holders by the hold plan. Only nodes the decision left free are released, and
-        they leave the loop's pool in this same step (the returned change), so the loop
-        never hands a trainer a node whose holder is gone."""
+    def settle(self, now_s: float, decided: bool, demand: Demand) -> tuple[PoolChange, ...]:
+        """Plan the holders the decision needs: after a poll or a decision, which to
+        submit and cancel (:meth:`act` does it after the commit). Only nodes the
+        decision left free are released, and they leave the loop's pool in this same
+        step (the returned change), so the loop never hands a trainer a node whose
+        holder is being cancelled."""
         if not (self._replan or decided) or self._view is None:
             return ()
         self._replan = False
-        try:
-            released = self._plan(self._view, now_s) & self.usable
-        except (HolderError, CommandError) as exc:  # each is handled where it arises;
-            # this is the step's guard: no scheduler reply ends the daemon
-            self.counts.errors["holder_submit"] += 1
-            log.warning("holders not planned at this poll, trying again at the next: %s", exc)
-            released = set()
+        released = self._plan(self._view, demand, now_s) & self.usable
         self.changes.forget(released)
         self._publish(self._view, self.changes.told, now_s)
         if not released:
@@ -228,11 +245,60 @@ class HeldPool:
         )
         return (PoolChange(PoolEvent(now_s, left=frozenset(released))),)
 
+    def act(self, now_s: float) -> None:
+        """Run the scheduler commands the step planned (after its commit). No reply
+        ends the daemon: each failure is counted and logged where it arises, and the
+        next poll plans again."""
+        orders, self._orders = self._orders, []
+        for order in orders:
+            try:
+                order()
+            except (HolderError, CommandError) as exc:
+                self.counts.errors["holder_submit"] += 1
+                log.warning("holders not planned at this poll, trying again at the next: %s", exc)
+
+    def flush(self) -> None:
+        """Record what the last commands learnt now (the daemon's exit: no next poll)."""
+        self._record_learnt()
+
+    def _record_learnt(self) -> None:
+        learnt, self._learnt = self._learnt, []
+        for record in learnt:
+            record()
+
     def sync_holders(self, now_s: float) -> None:
-        """One status call: record what our holders are now; cancel unknown ones."""
-        known = {h.job_id: h for h in self.store.holders(live_only=True)}
-        result = self.holders.reconcile({j: h.node for j, h in known.items()})
-        for job_id, status in result.live.items():
+        """One status call: record what our holders are now; cancel unknown ones (at
+        the daemon's start, before the loop runs)."""
+        read = self._read_holders()
+        with self.store.transaction():
+            self._record_holders(read, now_s)
+        self.act(now_s)  # a requeued holder's cancel
+        with self.store.transaction():
+            self._record_learnt()
+
+    def _read_holders(self) -> HoldersRead:
+        """Our holders as the scheduler lists them (unknown ones cancelled), and why
+        each that failed to hold failed."""
+        rows = {h.job_id: h for h in self.store.holders(live_only=True)}
+        # The holders the last step submitted are ours too, recorded at the coming poll.
+        known = {**{j: h.node for j, h in rows.items()}, **self._submitted}
+        result = self.holders.reconcile(known)
+        causes = {
+            job_id: self.holders.why_failed(job_id, status)
+            for job_id, status in result.gone.items()
+            if job_id in known
+            and failed_to_hold(rows[job_id].state if job_id in rows else "pending", status.reason)
+        }
+        return HoldersRead(result.live, result.gone, causes)
+
+    def _record_holders(self, read: HoldersRead, now_s: float) -> None:
+        """Record the holders' states as read (those live in the store now: one our own
+        cancel ended since is recorded already, one submitted since the read is not)."""
+        current = {h.job_id: h for h in self.store.holders(live_only=True)}
+        for job_id, status in read.live.items():
+            was = current.get(job_id)
+            if was is None:
+                continue
             try:
                 self.store.set_holder_state(job_id, status.state, reason=status.reason, now_s=now_s)
             except TransitionError:
@@ -243,20 +309,22 @@ class HeldPool:
                     status.node,
                     job_id,
                 )
-                self.cancel([job_id], "requeued", now_s, lost=True)
+                self._orders.append(partial(self.cancel, [job_id], "requeued", now_s, lost=True))
                 continue
-            was = known[job_id]
             if status.state == "running":
                 self.backoff.held(status.node)
             if status.state == "running" and was.state == "pending":
                 limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
                 log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
-        for job_id, status in result.gone.items():
-            if job_id in known and failed_to_hold(known[job_id].state, status.reason):
-                self._failed(known[job_id], status, now_s)
-            elif job_id in known:
+        for job_id, status in read.gone.items():
+            was = current.get(job_id)
+            if was is None:
+                continue
+            if job_id in read.causes:
+                self._failed(was, status, read.causes[job_id], now_s)
+            else:
                 self.holders.forget(job_id)
-                why = self._why_ended(known[job_id], status.reason, now_s)
+                why = self._why_ended(was, status.reason, now_s)
                 self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
                 if status.reason == "preempted":
                     self.counts.preempted += 1
@@ -264,9 +332,8 @@ class HeldPool:
                     self.counts.lost += 1
                 log.info("lost %s: its holder %s %s", status.node, job_id, why)
 
-    def _failed(self, holder: HolderRow, status: HolderStatus, now_s: float) -> None:
+    def _failed(self, holder: HolderRow, status: HolderStatus, cause: str, now_s: float) -> None:
         """A holder that failed to hold: its cause in one line, its node backed off."""
-        cause = self.holders.why_failed(holder.job_id, status)
         self.store.set_holder_state(holder.job_id, "ended", reason=f"failed: {cause}", now_s=now_s)
         self.counts.failed += 1
         entry = self.backoff.failed(holder.node, holder.job_id, cause, now_s)
@@ -307,20 +374,18 @@ class HeldPool:
             return "ended by itself"
         return f"ended ({reason or 'no reason given'})"
 
-    def _plan(self, view: PoolView, now_s: float) -> set[str]:
-        """Submit and cancel holders by the hold plan; the nodes released."""
+    def _plan(self, view: PoolView, demand: Demand, now_s: float) -> set[str]:
+        """Plan the holders to submit and cancel (run by :meth:`act`); the nodes to
+        release."""
         live = self.store.holders(live_only=True)
         # A pending holder that would outlive its node's claim never starts (the plan
         # moved earlier, or the scheduler wanted more slack): cancel it, so that the
         # node is held again below with a limit that fits.
-        stuck = [h.job_id for h in live if h.state == "pending" and _outlives_claim(h, view)]
-        if stuck and self.cancel(stuck, "cannot start before its node's claim", now_s):
-            log.info(
-                "re-holding %s: the holder asked for could not start before a main job",
-                ", ".join(h.node for h in live if h.job_id in stuck),
-            )
-            live = [h for h in live if h.job_id not in stuck]
-        demand, allocated = self.demand()
+        stuck = [h for h in live if h.state == "pending" and _outlives_claim(h, view)]
+        if stuck:
+            self._orders.append(lambda: self._cancel_stuck(stuck, now_s))
+            live = [h for h in live if h not in stuck]
+        allocated = set(demand.allocated)
         running = [h.node for h in live if h.state == "running"]
         pending = [h.node for h in live if h.state == "pending"]
         # Nodes whose last holder failed and that wait for their next try: out of the
@@ -337,27 +402,33 @@ class HeldPool:
                 running=running,
                 pending=pending,
                 allocated=allocated,
-                demand=demand,
+                demand=demand.nodes,
             )
         by_node = {h.node: h.job_id for h in live}
-        released: set[str] = set()
-        if plan.release and self.cancel(
-            [by_node[n] for n in plan.release], "no trainer needs it", now_s
-        ):
+        if plan.release:
+            release = tuple(plan.release)
+            self._orders.append(
+                lambda: self._release(release, [by_node[n] for n in release], now_s)
+            )
+        if not view.growth_held and plan.acquire:  # stale: take nothing on old information
+            acquire = tuple(plan.acquire)
+            self._orders.append(lambda: self._acquire(acquire, view, now_s))
+        return set(plan.release)
+
+    def _cancel_stuck(self, stuck: Sequence[HolderRow], now_s: float) -> None:
+        if self.cancel([h.job_id for h in stuck], "cannot start before its node's claim", now_s):
+            log.info(
+                "re-holding %s: the holder asked for could not start before a main job",
+                ", ".join(h.node for h in stuck),
+            )
+
+    def _release(self, nodes: Sequence[str], job_ids: Sequence[str], now_s: float) -> None:
+        if self.cancel(job_ids, "no trainer needs it", now_s):
             log.info(
                 "released %s: no trainer needs %s",
-                ", ".join(plan.release),
-                "it" if len(plan.release) == 1 else "them",
+                ", ".join(nodes),
+                "it" if len(nodes) == 1 else "them",
             )
-            released = set(plan.release)
-        if view.growth_held:
-            return released  # the pool is stale: take nothing new on old information
-        try:
-            self._acquire(plan.acquire, view, now_s)
-        except HolderError as exc:  # a read all holders need (the partition's MaxTime)
-            self.counts.errors["holder_submit"] += 1
-            log.warning("holders not submitted, trying again at a later poll: %s", exc)
-        return released
 
     def _acquire(self, nodes: Sequence[str], view: PoolView, now_s: float) -> None:
         """Submit a holder for each of ``nodes``; a refused one is logged and tried at a
@@ -384,11 +455,16 @@ class HeldPool:
                 log.warning("%s; trying again at a later poll", got)
                 continue
             self.counts.acquired += 1
-            try:
-                self.store.add_holder(got, node, limit_s=limits_s[node], now_s=now_s)
-            except HolderConflictError as exc:
-                log.error("%s: cancelling the new holder %s", exc, got)
-                self._cancel_unrecorded(got)
+            self._submitted[got] = node
+            self._learnt.append(partial(self._record_holder, got, node, limits_s[node], now_s))
+
+    def _record_holder(self, job_id: str, node: str, limit_s: float | None, now_s: float) -> None:
+        self._submitted.pop(job_id, None)
+        try:
+            self.store.add_holder(job_id, node, limit_s=limit_s, now_s=now_s)
+        except HolderConflictError as exc:
+            log.error("%s: cancelling the new holder %s", exc, job_id)
+            self._orders.append(lambda: self._cancel_unrecorded(job_id))
 
     def _cancel_unrecorded(self, job_id: str) -> None:
         """Cancel a holder the store refused; if the scheduler refuses too, the next
@@ -406,7 +482,8 @@ class HeldPool:
     ) -> bool:
         """End holders by our hand: the one path that cancels a holder and records it,
         whoever decides (the hold plan, a requeue, the daemon's exit). One cancel
-        command, then each holder recorded ended with ``reason`` (unless the store never
+        command (so never inside a step's transaction), then each holder recorded ended
+        with ``reason`` at the next poll or :meth:`flush` (unless the store never
         ``recorded`` it) and counted released (or ``lost``: it was no longer ours).
         False when the scheduler refuses: counted and logged, the store keeps the
         holders as they were, and a later poll decides again."""
@@ -417,13 +494,19 @@ class HeldPool:
             log.warning("holders not released (%s): %s", reason, exc)
             return False
         if recorded:
-            for job_id in job_ids:
-                self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
+            ended = tuple(job_ids)
+            self._learnt.append(lambda: self._record_ended(ended, reason, now_s))
         if lost:
             self.counts.lost += len(job_ids)
         else:
             self.counts.released += len(job_ids)
         return True
+
+    def _record_ended(self, job_ids: Sequence[str], reason: str, now_s: float | None) -> None:
+        live = {h.job_id for h in self.store.holders(live_only=True)}
+        for job_id in job_ids:
+            if job_id in live:
+                self.store.set_holder_state(job_id, "ended", reason=reason, now_s=now_s)
 
     def _publish(
         self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
@@ -466,6 +549,16 @@ class HeldPool:
                 "holders_failing": self.backoff.summary(),
             },
         )
+
+
+@dataclass(frozen=True)
+class HoldersRead:
+    """One read of our holders (:meth:`HeldPool.read`): the scheduler's answer on those
+    we know, and the cause of each that failed to hold."""
+
+    live: Mapping[str, HolderStatus]
+    gone: Mapping[str, HolderStatus]
+    causes: Mapping[str, str]
 
 
 def leave_by_s(

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bftrainer.live import job_of
-from bftrainer.live_curves import LiveCurves
+from bftrainer.live_curves import LiveCurves, job_of
 from bftrainer.loop import Arrival, Cancel, CurveReport, Polled
 from bftrainer.state import Store
 

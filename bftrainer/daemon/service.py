@@ -7,9 +7,12 @@ requested) and the :class:`~bftrainer.live.LiveDriver` (starts and rescales the 
 trainers); in centre mode a :class:`~bftrainer.daemon.centre_link.CentreLink` too.
 
 Everything the daemon knows is in the SQLite store of its state directory, written
-before it acts. After a kill -9, :meth:`Daemon.restore` reconciles the holders with the
-scheduler (unknown ones are cancelled, ended ones dropped), re-attaches to the trainers'
-supervisors (which never stopped) and rebuilds the loop's state from the records. On
+before it acts: each step of the loop is one transaction (``store.transaction``), and the
+driver and the held pool act on it only after it commits (``bftrainer.loop.core``).
+After a kill -9, :meth:`Daemon.restore` reconciles the holders with the scheduler
+(unknown ones are cancelled, ended ones dropped), re-attaches to the trainers'
+supervisors (which never stopped), rebuilds the loop's state from the records and does
+what the killed daemon decided and did not do (``LiveDriver.restore``). On
 SIGTERM the daemon stops taking work: it releases the holders no trainer uses and
 exits, leaving running trainers and their holders as they are for the next start.
 
@@ -37,12 +40,12 @@ from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
 from bftrainer.holders.base import HolderError, Holders
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
-from bftrainer.live import LiveDriver, job_of
+from bftrainer.live import LiveDriver
 from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import Loop, LoopState, Policy, Source, TrainerState, WallClock
 from bftrainer.policy import make_policy
 from bftrainer.slots import SlotBook
-from bftrainer.state import AllocationRow, Store, TrainerRow
+from bftrainer.state import Store
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,6 @@ class Daemon(LiveService):
             monitor,
             holders,
             store,
-            self._demand,
             config.poll_interval_s,
             lease_dir=state_dir / "leases",
             lease_s=config.holder_lease_s,
@@ -118,16 +120,6 @@ class Daemon(LiveService):
         )
         self.queue = SubmissionQueue(store, curves=self.driver.curves)
 
-    def _demand(self) -> tuple[int, set[str]]:
-        """Nodes the admitted trainers can use (their n_max summed; with S slots per
-        node, in slots: the nodes they fill packed), and those in use."""
-        if self.loop is None:
-            return 0, set()
-        admitted = self.loop.admitted()
-        allocated = {n for t in self.loop.trainers.values() for n in t.nodes}
-        slots = sum(t.job.n_max for t in admitted)
-        return -(-slots // self.config.slots_per_node), allocated
-
     def restore(self) -> LoopState | None:
         """The loop's state from the store, after reconciling holders with the scheduler
         and re-attaching to the trainers that still run; None if asked to stop before
@@ -135,38 +127,22 @@ class Daemon(LiveService):
         now_s = self._sync_holders_at_start()
         if now_s is None:
             return None
+        with self.store.transaction():
+            state = self._restore_trainers(now_s)
+        self.driver.act(now_s)  # what the earlier daemon decided and did not do
+        return state
+
+    def _restore_trainers(self, now_s: float) -> LoopState:
+        """The loop's state from the store (in one transaction): the trainers on their
+        nodes that are still held; the actions due to bring them there."""
         running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
         self.pool.usable = set(running)
-        held = set(running)
-        allocations = self.store.current_allocations()
-        trainers: list[TrainerState] = []
-        lost: list[str] = []
-        for row in self.store.trainers(UNFINISHED):
-            trainers.append(self._restore_trainer(row, held, allocations.get(row.id), lost))
+        trainers, lost = self.driver.restore(self.store.trainers(UNFINISHED), set(running))
         self._note_slot_count(trainers, lost)
         self.queue.known = {t.id for t in trainers}
         if trainers:
             log.info("restored %d trainer(s) on %d held node(s)", len(trainers), len(running))
         return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers)
-
-    def _restore_trainer(
-        self, row: TrainerRow, held: set[str], alloc: AllocationRow | None, lost: list[str]
-    ) -> TrainerState:
-        """The trainer on its nodes that are still held, each slot at most once (the
-        slot book takes back the slots it had, those that still exist)."""
-        stored = alloc.nodes if alloc is not None else ()
-        slots, gone = self.driver.book.restore(
-            row.id, [n for n in stored if n in held], alloc.slots if alloc is not None else {}
-        )
-        nodes = tuple(sorted(n for n, s in slots.items() for _ in s))
-        lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
-        self.driver.attach(row, nodes)
-        return TrainerState(
-            self.driver.curves.prior_job(job_of(row)),
-            nodes=nodes,
-            started_s=row.started_s,
-            processed_samples=float(row.samples_done),
-        )
 
     def _note_slot_count(self, trainers: Sequence[TrainerState], lost: Sequence[str]) -> None:
         """Say once when the slots per node changed under running trainers (a restart
@@ -259,6 +235,7 @@ class Daemon(LiveService):
             observer=StepObserver(lambda step: self.check_pool(), publish),
             state=state,
             keep_finished=False,  # the store has them
+            transaction=self.store.transaction,
         )
         if self.centre is not None:
             self.centre.attach(self.loop, self.store)
@@ -327,7 +304,11 @@ class Daemon(LiveService):
     def _shutdown(self) -> None:
         """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
         try:
+            with self.store.transaction():  # what the last step's actions learnt
+                self.driver.flush()
+                self.pool.flush()
             self._release_spare()
+            self.pool.flush()
         except (sqlite3.Error, OSError) as exc:
             if not state_unwritable(exc):
                 raise

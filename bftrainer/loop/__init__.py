@@ -44,10 +44,12 @@ new input is needed. Live sources report changes relative to the restored pool.
 from bftrainer.loop.clocks import VirtualClock, WallClock
 from bftrainer.loop.core import MAX_STALLED_STEPS, Loop, run
 from bftrainer.loop.protocols import (
+    Actor,
     Clock,
     Observer,
     Placer,
     Policy,
+    Reader,
     Settler,
     Source,
     TrainerDriver,
@@ -59,6 +61,7 @@ from bftrainer.loop.records import (
     Curve,
     CurveReport,
     Decision,
+    Demand,
     Input,
     LoopError,
     LoopStalledError,
@@ -75,6 +78,7 @@ from bftrainer.loop.sources import WINDOW_TOLERANCE_S, Inbox, TimedSource, depar
 __all__ = [
     "MAX_STALLED_STEPS",
     "WINDOW_TOLERANCE_S",
+    "Actor",
     "Arrival",
     "Cancel",
     "Clock",
@@ -82,6 +86,7 @@ __all__ = [
     "Curve",
     "CurveReport",
     "Decision",
+    "Demand",
     "Inbox",
     "Input",
     "Loop",
@@ -94,6 +99,7 @@ __all__ = [
     "Polled",
     "PoolChange",
     "Progress",
+    "Reader",
     "Redecide",
     "Settler",
     "Source",

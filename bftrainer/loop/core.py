@@ -18,6 +18,13 @@ few microseconds ahead rounds to now).
 the step's inputs were seen (the sources returned them) to the moment the last changed
 node set was handed to the driver (``driver.rescale`` returned).
 
+**One step, one transaction** (the daemon; the replay passes none): the step waits
+(outside), lets each :class:`Reader` source ask its scheduler (outside: no lock is held
+while a slow scheduler answers), then advances, polls, applies, decides, settles and
+records inside ``transaction()``, and only after it commits lets each :class:`Actor`
+(the driver, a source) act on what was decided. A kill before the commit leaves nothing
+of the step; a kill after it leaves a record that a restart acts on again.
+
 The loop is given its policy: it builds none. Whoever builds a loop (the replay, the
 daemon, the centre, a test) builds the policy from the configuration with
 ``bftrainer.policy.make_policy`` or passes its own.
@@ -25,23 +32,36 @@ daemon, the centre, a test) builds the policy from the configuration with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bftrainer.churn import ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
-from bftrainer.loop.protocols import Clock, Observer, Placer, Policy, Settler, Source, TrainerDriver
+from bftrainer.loop.protocols import (
+    Actor,
+    Clock,
+    Observer,
+    Placer,
+    Policy,
+    Reader,
+    Settler,
+    Source,
+    TrainerDriver,
+)
 from bftrainer.loop.records import (
     Arrival,
     Cancel,
     Completion,
     CurveReport,
     Decision,
+    Demand,
     Input,
     LoopError,
     LoopStalledError,
@@ -77,8 +97,11 @@ class Loop:
         observer: Observer | None = None,
         state: LoopState | None = None,
         keep_finished: bool = True,
+        transaction: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> None:
         self.sources = list(sources)
+        # The daemon's store.transaction: a step's writes commit once, before it acts.
+        self.transaction = transaction
         # A replay reads its finished trainers at the end (their JCTs); a service that
         # runs for months records them elsewhere and keeps none here, so that its memory
         # does not grow with every trainer it ever ran.
@@ -173,6 +196,19 @@ class Loop:
         if now < self.now_s:  # a wall clock stepped back: keep the loop's time monotone
             log.warning("clock went back from %.3f to %.3f; keeping %.3f", self.now_s, now, now)
             now = self.now_s
+        for source in self.sources:
+            if isinstance(source, Reader):
+                source.read(now)
+        with self.transaction():
+            step = self._step_at(now, target)
+        for part in (self.driver, *self.sources):
+            if isinstance(part, Actor):
+                part.act(now)
+        return step
+
+    def _step_at(self, now: float, target: float) -> Step | None:
+        """The step's writes, in the step's transaction: advance, poll, apply, decide,
+        settle, record."""
         moved = now > self.now_s or not self._started
         self._started = True
         self._advance(now)
@@ -210,9 +246,16 @@ class Loop:
         recorded = False
         for source in self.sources:
             if isinstance(source, Settler):
-                for item in source.settle(now, decided):
+                for item in source.settle(now, decided, self.demand()):
                     recorded |= self._apply(item)
         return recorded
+
+    def demand(self) -> Demand:
+        """What the admitted trainers can use: their n_max summed (with S slots per
+        node, in nodes: the slots packed), and the nodes trainers hold now."""
+        slots = sum(t.job.n_max for t in self.admitted())
+        allocated = frozenset(n for t in self.trainers.values() for n in t.nodes)
+        return Demand(-(-slots // self.config.slots_per_node), allocated)
 
     def running(self) -> list[TrainerState]:
         return [t for t in self.trainers.values() if t.nodes]

@@ -2,8 +2,8 @@
 must do.
 
 Each is a small :class:`~typing.Protocol` (as Horovod's ``HostDiscovery``), so a new
-backend is a new class that fits, never a branch in the loop. ``Settler`` and ``Placer``
-are optional extras that the loop looks for at run time.
+backend is a new class that fits, never a branch in the loop. ``Settler``, ``Placer``,
+``Reader`` and ``Actor`` are optional extras that the loop looks for at run time.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 from bftrainer.churn import Churn
 from bftrainer.loop.records import (
     Decision,
+    Demand,
     Input,
     Polled,
     Progress,
@@ -41,15 +42,42 @@ class Source(Protocol):
 
 @runtime_checkable
 class Settler(Protocol):
-    """A source that acts on the step's decision before the step ends (the daemon's
+    """A source that plans on the step's decision before the step ends (the daemon's
     hold plan). What it does to the pool comes back as inputs, applied in the same
     step: so no later step sees a node the source has already let go of."""
 
     def poll(self, now_s: float) -> Polled: ...
 
-    def settle(self, now_s: float, decided: bool) -> Sequence[Input]:
-        """Act after the decision (``decided``: one was made this step); the inputs
-        that this causes (e.g. a :class:`PoolChange` of released free nodes)."""
+    def settle(self, now_s: float, decided: bool, demand: Demand) -> Sequence[Input]:
+        """Plan after the decision (``decided``: one was made this step), for what the
+        admitted trainers can use (``demand``: data from the loop, never a call back
+        into it); the inputs that this causes (e.g. a :class:`PoolChange` of released
+        free nodes)."""
+        ...
+
+
+@runtime_checkable
+class Reader(Protocol):
+    """A source that asks something outside that may be slow to answer (a scheduler, an
+    allocator): asked before the step's transaction opens, so that no write lock is held
+    while it waits. Its ``poll``, inside the transaction, records what the read found."""
+
+    def poll(self, now_s: float) -> Polled: ...
+
+    def read(self, now_s: float) -> None:
+        """Ask now if a poll is due (``poll`` then uses the answer); else nothing."""
+        ...
+
+
+@runtime_checkable
+class Actor(Protocol):
+    """A part that acts on the world (starts trainers, submits holders) only after the
+    step that decided it is committed. What an action learns (a new holder's job id, a
+    supervisor's pid) is recorded in the part's next step. Every action is redone from
+    the record by a restart that finds it not done, so each must be idempotent."""
+
+    def act(self, now_s: float) -> None:
+        """Carry out what this step decided, after its commit."""
         ...
 
 

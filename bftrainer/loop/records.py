@@ -120,6 +120,17 @@ Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
 
 
 @dataclass(frozen=True)
+class Demand:
+    """What the admitted trainers can use, handed to a source that holds nodes for them
+    (the daemon's hold plan, ``Settler.settle``): ``nodes``, their n_max summed (with S
+    slots per node, the nodes those slots fill), and ``allocated``, the nodes trainers
+    hold now."""
+
+    nodes: int
+    allocated: frozenset[str]
+
+
+@dataclass(frozen=True)
 class Polled:
     """A source's answer: the inputs due by now, and when to poll it next (inf: only
     when something else wakes the loop)."""

@@ -131,17 +131,21 @@ def test_an_agent_follows_a_live_allocator_and_keeps_its_nodes_when_it_dies(
         link = AgentLink(sockets)
         job = JobSpec("t0001", "m", 0.0, 1, 2, 0.0, 0.0, math.inf, ((1.0, 1.0), (2.0, 2.0)))
         link.attach(Stub(TrainerState(job)), store)  # type: ignore[arg-type]
+        link.read(0.0)
         assert link.poll(0.0).inputs == ()  # registered; not decided yet
         assert allocator.loop is not None
         allocator.loop.step(until_s=1.0)
+        link.read(1.0)
         assert link.poll(1.0).inputs == (Redecide(),)
         assert link.assignment == {"t0001": ("n1", "n2")}
         assert link.assigned_nodes() == {"n1", "n2"}
+        link.read(2.0)
         assert link.poll(2.0).inputs == ()  # nothing moved: nothing to decide
     finally:
         allocator.server.close()
         store.close()
     # The allocator is gone: the agent keeps what it was given.
+    link.read(3.0)
     assert link.poll(3.0).inputs == ()
     assert link.assignment == {"t0001": ("n1", "n2")}
     assert isinstance(allocator.loop, Loop)

@@ -46,7 +46,7 @@ def held_pool(
     runner = ReplayRunner({"scontrol": [recorded(PARTITION_BF)], **replies})
     holders = SlurmHolders(runner)
     # The pool source is not read by what these tests drive.
-    pool = HeldPool(None, holders, store, lambda: (0, set()), 10.0)  # type: ignore[arg-type]
+    pool = HeldPool(None, holders, store, 10.0)  # type: ignore[arg-type]
     return pool, runner
 
 
@@ -60,6 +60,7 @@ def test_a_cancel_is_one_command_then_each_holder_recorded_ended_and_counted(
     pool, runner = held_pool(store, scancel=[recorded()])
     assert pool.cancel(["11", "12"], "no trainer needs it", 200.0)
     assert scancels(runner) == [("scancel", "11", "12")]
+    pool.flush()  # recorded at the pool's next record: its next poll (or the exit's flush)
     for job in ("11", "12"):
         row = store.holder(job)
         assert (row.state, row.reason, row.ended_s) == ("ended", "no trainer needs it", 200.0)
@@ -127,6 +128,24 @@ def test_a_holder_the_store_refuses_is_cancelled_unrecorded(store: Store) -> Non
     pool, runner = held_pool(store, sbatch=[recorded("13\n")], scancel=[recorded()])
     view = PoolView(200.0, frozenset({"node1"}), {"node1": None}, False, 0.0, False)
     pool._acquire(["node1"], view, 200.0)
+    pool.flush()  # records the new holder: the store refuses it
+    pool.act(200.0)  # and the step after cancels it
     assert scancels(runner) == [("scancel", "13")]
     assert (pool.counts.acquired, pool.counts.released) == (1, 1)
     assert {h.job_id for h in store.holders()} == {"11", "12"}
+
+
+def test_a_holder_submitted_in_a_step_is_ours_at_the_next_read(store: Store) -> None:
+    # A step's act submits 13; the next step reads the scheduler before it records 13.
+    squeue = (
+        "11|RUNNING|node1|node1|N/A|None|\n12|RUNNING|node2|node2|N/A|None|\n"
+        "13|PENDING|node3||N/A|Resources|\n"
+    )
+    pool, runner = held_pool(
+        store, sbatch=[recorded("13\n")], squeue=[recorded(squeue)], scancel=[recorded()]
+    )
+    view = PoolView(200.0, frozenset({"node3"}), {"node3": None}, False, 0.0, False)
+    pool._acquire(["node3"], view, 200.0)
+    pool.sync_holders(201.0)
+    assert scancels(runner) == []  # not taken for a holder the store does not know
+    assert store.holder("13").state == "pending"

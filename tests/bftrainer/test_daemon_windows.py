@@ -19,7 +19,7 @@ from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import LocalRunner, RetryPolicy
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
-from bftrainer.loop import PoolChange
+from bftrainer.loop import Demand, PoolChange
 from bftrainer.state import HolderRow, Store, ensure_state_dir
 from tests.bftrainer.test_holders_slurm import Tracked, holders, idle_nodes, jobs  # noqa: F401
 from tests.conftest import SlurmCluster, wait_until
@@ -34,12 +34,12 @@ def held_pool(cluster: SlurmCluster, tracked: Tracked, store: Store) -> HeldPool
     monitor = LivePoolSource(
         SlurmScheduler(bf_partitions=("bf",)), runner, PoolConfig(horizon_s=30.0)
     )
+    return HeldPool(monitor, tracked, store, POLL_S)
 
-    def demand() -> tuple[int, set[str]]:
-        # Trainers use every held node: the pool keeps them until the scheduler takes them.
-        return 8, {h.node for h in store.holders() if h.state == "running"}
 
-    return HeldPool(monitor, tracked, store, demand, POLL_S)
+def every_held_node_used(store: Store) -> Demand:
+    """Trainers use every held node: the pool keeps them until the scheduler takes them."""
+    return Demand(8, frozenset(h.node for h in store.holders() if h.state == "running"))
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,12 @@ class Told:
         self.nodes: set[str] = set()
 
     def poll(self, now_s: float) -> None:
-        """One step of the daemon's pool: its poll, then its hold plan (``settle``)."""
-        inputs = [*self.pool.poll(now_s).inputs, *self.pool.settle(now_s, decided=False)]
+        """One step of the daemon's pool: its read and poll, then its hold plan
+        (``settle``) and the commands it plans (``act``)."""
+        self.pool.read(now_s)
+        polled = self.pool.poll(now_s).inputs
+        inputs = [*polled, *self.pool.settle(now_s, False, every_held_node_used(self.pool.store))]
+        self.pool.act(now_s)
         for item in inputs:
             assert isinstance(item, PoolChange)
             event: PoolEvent = item.event
@@ -159,17 +163,24 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     stuck = holders.acquire(node, None)
     store.add_holder(stuck, node, limit_s=None)
     pool = held_pool(slurm_cluster, holders, store)
-    pool.demand = lambda: (1, set())
-    pool.poll(time.time())
-    pool.settle(time.time(), decided=False)
+    one_trainer = Demand(1, frozenset())
+    now_s = time.time()
+    pool.read(now_s)
+    pool.poll(now_s)
+    pool.settle(now_s, False, one_trainer)
+    pool.act(now_s)  # the cancel, after the step that planned it
+    pool.flush()  # recorded at the next poll; here at once
     assert store.holder(stuck).state == "ended"
     assert store.holder(stuck).reason == "cannot start before its node's claim"
     wait_until(lambda: stuck not in holders.held() or holders.held()[stuck].state == "ended",
                30, f"holder {stuck} cancelled")  # fmt: skip
 
     def one_running() -> bool:
-        pool.poll(time.time())
-        pool.settle(time.time(), decided=False)
+        now_s = time.time()
+        pool.read(now_s)
+        pool.poll(now_s)
+        pool.settle(now_s, False, one_trainer)
+        pool.act(now_s)
         return [h.state for h in store.holders()] == ["running"]
 
     wait_until(one_running, 60, "a new holder, limited to the window, running")

@@ -25,7 +25,7 @@ from bftrainer.holders.base import HolderStatus, ReconcileResult
 from bftrainer.idle_monitor.runner import CommandResult, ReplayRunner, recorded
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
-from bftrainer.loop import PoolChange
+from bftrainer.loop import Demand, PoolChange
 from bftrainer.state import Store, ensure_state_dir
 
 FIXTURES = Path(__file__).resolve().parents[2] / "idle_monitor" / "fixtures"
@@ -84,7 +84,7 @@ class Cluster:
         config = load_daemon_config(None, {"slots_per_node": "gres", "poll_interval_s": 1.0})
         self.daemon = Daemon(self.store, state_dir, monitor, self.holders, config)  # type: ignore[arg-type]
         # The loop is not run here: its demand is the trainer's two slots, on node2.
-        self.daemon.pool.demand = lambda: (1, {"node2"})
+        self.demand = Demand(1, frozenset({"node2"}))
 
     def answer(self, gres: str) -> None:
         """What sinfo says from now on: the states, then the GPUs, at every poll."""
@@ -93,8 +93,11 @@ class Cluster:
     def poll(self) -> tuple[frozenset[str], frozenset[str]]:
         """One poll a second later: the nodes that joined and left the loop's pool."""
         self.now_s += 1.0
-        polled = self.daemon.pool.poll(self.now_s)
-        self.daemon.pool.settle(self.now_s, decided=False)
+        pool = self.daemon.pool
+        pool.read(self.now_s)  # as the loop's step: read, poll, settle, then act
+        polled = pool.poll(self.now_s)
+        pool.settle(self.now_s, False, self.demand)
+        pool.act(self.now_s)
         joined: frozenset[str] = frozenset()
         left: frozenset[str] = frozenset()
         for change in polled.inputs:

@@ -17,8 +17,9 @@ from bftrainer.churn import Churn
 from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
-from bftrainer.live import ExecPlan, LiveDriver, job_of, prior_curve
-from bftrainer.live_curves import LiveCurves
+from bftrainer.exec_plan import ExecPlan
+from bftrainer.live import LiveDriver
+from bftrainer.live_curves import LiveCurves, job_of, prior_curve
 from bftrainer.loop import Arrival, CurveReport, TrainerState
 from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningOptions
@@ -125,6 +126,7 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
     try:
         driver.rescale(trainer, trainer.nodes)
+        driver.act(time.time())
         deadline = time.monotonic() + 120
         reports: list[CurveReport] = []
         while not reports:

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.live import ExecPlan, LiveDriver, job_of
+from bftrainer.exec_plan import ExecPlan
+from bftrainer.live import LiveDriver
+from bftrainer.live_curves import job_of
 from bftrainer.loop import TrainerState
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
@@ -48,6 +50,14 @@ def driver(store: Store, state_dir: Path, restart_backoff_s: float = 10.0) -> Li
     )
 
 
+def step(live: LiveDriver, trainers: list[TrainerState]) -> None:
+    """One step of the daemon's loop as its driver sees it: advance (which first
+    records what the last step's actions learnt), then act (after the step's commit)."""
+    now_s = time.time()
+    live.advance(trainers, now_s)
+    live.act(now_s)
+
+
 def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -63,17 +73,19 @@ def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
     first.rescale(trainer, trainer.nodes)
+    first.act(time.time())
     pid = first.launchers[tid].pid
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not first.launchers[tid].alive(), 10, "the supervisor gone")
-    first.advance([trainer], time.time())
+    step(first, [trainer])
     assert store.trainer(tid).restarts == 1, "its death is counted once, when decided"
     assert tid not in first.launchers, "restarted only after the backoff"
 
     # The daemon stops before the backoff ends; the next one starts it at once.
     again = driver(store, state_dir)
     again.attach(store.trainer(tid), trainer.nodes)
-    again.advance([trainer], time.time())
+    step(again, [trainer])
+    again.flush()  # the new supervisor's pid, recorded at the next step
     row = store.trainer(tid)
     assert (row.restarts, row.state) == (1, "running"), row.reason
     launcher = again.launchers[tid]
@@ -87,6 +99,7 @@ def test_a_live_supervisor_is_re_attached_not_restarted(state_dir: Path) -> None
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
     first.rescale(trainer, trainer.nodes)
+    first.act(time.time())
     pid = first.launchers[tid].pid
     again = driver(store, state_dir)
     again.attach(store.trainer(tid), trainer.nodes)
@@ -107,12 +120,13 @@ def test_a_supervisor_killed_more_often_than_the_budget_between_commits_fails_th
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     live = driver(store, state_dir, restart_backoff_s=0.0)
     live.rescale(trainer, trainer.nodes)
+    live.act(time.time())
     for death in range(1, 5):
         launcher = live.launchers[tid]
         os.kill(launcher.pid, signal.SIGKILL)
         wait_for(lambda launcher=launcher: not launcher.alive(), 10, "the supervisor gone")
-        live.advance([trainer], time.time())  # its death seen: a restart decided, or not
-        live.advance([trainer], time.time())  # no backoff: started again at once
+        step(live, [trainer])  # its death seen: a restart decided, or not
+        step(live, [trainer])  # no backoff: started again at once
         row = store.trainer(tid)
         if death <= 3:
             assert row.state == "running" and tid in live.launchers, (death, row.reason)

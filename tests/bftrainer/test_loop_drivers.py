@@ -20,6 +20,7 @@ from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
+    Actor,
     Arrival,
     Cancel,
     Completion,
@@ -91,7 +92,9 @@ def scripted(tmp: Path) -> DriverCase:
 def live(tmp: Path) -> DriverCase:
     """The daemon's driver on real torchrun trainers of the example, run here ("local"
     exec: the pool's node names are this machine)."""
-    from bftrainer.live import ExecPlan, LiveDriver, job_of
+    from bftrainer.exec_plan import ExecPlan
+    from bftrainer.live import LiveDriver
+    from bftrainer.live_curves import job_of
     from bftrainer.state import Store, ensure_state_dir
 
     state_dir = ensure_state_dir(tmp / "state")
@@ -200,6 +203,11 @@ class Checked:
         assert not set(changes) & (self.completed | self.cancelled)
         if isinstance(self.inner, Placer):
             self.inner.place(changes)
+
+    def act(self, now_s: float) -> None:
+        """Passed on to a driver that acts after the step's commit (the live one)."""
+        if isinstance(self.inner, Actor):
+            self.inner.act(now_s)
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
         assert trainer.id not in self.completed | self.cancelled

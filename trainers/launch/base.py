@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("horovod", "torchrun")
 STOP_GRACE = "stop.grace"  # Launcher.stop's grace for the supervisor, in seconds
+# The module every supervisor runs as (Launcher.start; Launcher.running_in looks for it).
+SUPERVISOR_MODULE = "bftrainer.trainers.launch.supervisor"
 
 
 class LaunchError(RuntimeError):
@@ -142,7 +144,7 @@ class Launcher:
             channel.write_text_atomic(d / STOP_GRACE, f"{tied_grace_s}\n")
         with open(d / channel.SUPERVISOR_LOG, "ab") as log:
             proc = subprocess.Popen(
-                [spec.python, "-m", "bftrainer.trainers.launch.supervisor", str(d)],
+                [spec.python, "-m", SUPERVISOR_MODULE, str(d)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -163,6 +165,24 @@ class Launcher:
         except (OSError, ValueError) as e:
             raise LaunchError(f"{path}: no supervisor pid ({e})") from None
         return cls(Path(trainer_dir), pid)
+
+    @classmethod
+    def running_in(cls, trainer_dir: Path) -> Launcher | None:
+        """The supervisor of ``trainer_dir`` if one runs on this machine now: its pid file
+        names a live process that is that directory's supervisor (a recycled pid is not
+        taken for it). How a restarted daemon redoes a start without a second one."""
+        try:
+            launcher = cls.attach(trainer_dir)
+        except LaunchError:
+            return None
+        try:
+            argv = Path(f"/proc/{launcher.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        mine = os.fsencode(str(Path(trainer_dir).resolve()))
+        if SUPERVISOR_MODULE.encode() in argv and mine in argv:
+            return launcher
+        return None
 
     def set_hosts(self, hosts: Sequence[str | tuple[str, int]]) -> None:
         """``host`` or ``(host, slots)`` each; [] is zero hosts."""
