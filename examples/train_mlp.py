@@ -60,8 +60,8 @@ HELD_TAIL = 0.05  # the share of the work that a held trainer takes at that pace
 
 
 def hold(delay_s: float, hold_file: Path | None, samples_left: float, work: float) -> None:
-    """A test's hold: sleep ``delay_s`` a step (for ever without ``hold_file``; while it
-    exists with one). In the last ``HELD_TAIL`` of the work, wait for the file's deletion
+    """A test's hold: sleep ``delay_s`` at every step (with a ``hold_file``, only while
+    that file exists). In the last ``HELD_TAIL`` of the work, wait for the file's deletion
     instead, up to ``HELD_TAIL_WAIT_S``: every rank of a step sees the same progress, so
     all wait alike, and a trainer held there outlasts what its test watches without a
     work sized for the slowest machine."""
