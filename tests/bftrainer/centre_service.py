@@ -75,8 +75,8 @@ def python_for_all() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-WORK = 30_000
-STEP_DELAY_S = "0.5"
+WORK = 60_000
+STEP_DELAY_S = "0.2"
 # Free rescales for the allocator: the fairness rule alone decides the split (with the
 # backend's costs, a decision right after a start moves nodes only if the look-ahead,
 # short then, pays for it).

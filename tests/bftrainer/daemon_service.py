@@ -55,11 +55,11 @@ class Service:
         self.production = False  # start(production=True): the daemon's own delays
 
     def paced(self, step_delay_s: float) -> tuple[str, ...]:
-        """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`,
-        and in the last twentieth of the work a wait for it (up to 30 s a step: the
-        example's ``hold``), so a trainer outlasts what the test watches on a slow
-        machine without a work sized for it: what the test leaves after its release is
-        trained at full speed, on the same 2 cores as every other test."""
+        """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`.
+        Trainers re-tune their batch as they go (up to --max-batch), so the delay is
+        sized for the largest batch. Should a slow machine still bring a trainer to the
+        last twentieth of its work while the test watches, it waits there for the
+        release (up to 30 s a step: the example's ``hold``) instead of finishing."""
         return ("--step-delay-s", str(step_delay_s), "--hold-file", str(self.hold))
 
     def release(self) -> None:

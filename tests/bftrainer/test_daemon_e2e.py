@@ -73,8 +73,8 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
     # policy they may not, and rightly, when their own curves say that more workers on
     # this 2-core machine slow them down (measured: 8 workers, each fit turned flat).
     service.start("equal")
-    work = 30_000
-    slow = (*service.paced(0.5), "--max-batch", "128")
+    work = 60_000
+    slow = (*service.paced(0.2), "--max-batch", "128")
     # One after the other: Horovod's start took 2.5 min on a loaded CI machine, and a
     # torchrun trainer submitted with it had finished its work before the main job came.
     a = service.submit("horovod", work, 4, *slow)
@@ -195,8 +195,8 @@ def test_a_trainer_shrinks_by_itself_when_preempted_while_the_daemon_is_down(
     service: Service,
 ) -> None:
     service.start("equal")
-    work = 20_000
-    t = service.submit("torchrun", work, 4, *service.paced(0.5), "--max-batch", "128")
+    work = 40_000
+    t = service.submit("torchrun", work, 4, *service.paced(0.2), "--max-batch", "128")
     wait_until(lambda: len(service.trainer(t)["nodes"]) == 4, 120, "the trainer on 4 nodes")
     wait_until(lambda: service.trainer(t)["samples_done"] > 0, 240, "the trainer training")
     supervisor = supervisor_pid(service, t)

@@ -200,7 +200,7 @@ def test_a_node_whose_gpus_change_under_a_trainer_leaves_and_returns_nothing_los
         "the main job on the other nodes",
     )
     service.start("equal", extra=["--slots-per-node", "gres"])
-    work = 30_000
+    work = 60_000
     t = service.submit("torchrun", work, slots, *service.paced(0.4), "--max-batch", "128")
     wait_until(lambda: service.trainer(t)["samples_done"] > 0, 300, f"{t} training")
     assert service.trainer(t)["slots"] == {node: list(range(slots))}

@@ -118,7 +118,7 @@ def test_two_trainers_share_a_node_each_on_its_slot_through_its_departure_and_re
     )
     service.start("equal", extra=["--slots-per-node", str(SLOTS)])
     slow = (*service.paced(0.4), "--max-batch", "128")
-    work = {"horovod": 45_000, "torchrun": 30_000}
+    work = {"horovod": 90_000, "torchrun": 60_000}
     # Horovod alone first: both slots of the node (host:2, two workers).
     a = service.submit("horovod", work["horovod"], SLOTS, *slow)
     wait_until(lambda: service.trainer(a)["samples_done"] > 0, 300, f"{a} training")
