@@ -200,9 +200,7 @@ class LiveDriver:
         Progress and curves are read for every launched trainer (a trainer at zero
         nodes reports nothing new); an ended supervisor is noticed whether or not the
         trainer holds nodes now: a crash at zero nodes must also free it."""
-        learnt, self._learnt = self._learnt, []
-        for record in learnt:  # what the last step's actions learnt
-            record()
+        self.flush()  # what the last step's actions learnt
         processed = 0.0
         running = {t.id: t for t in trainers}
         for trainer_id, (at_s, _) in list(self._restarts.items()):
@@ -216,7 +214,7 @@ class LiveDriver:
                 # supervisor and workers may still run: stopped first (by PID, when this
                 # step acts), so the new start does not train beside them on the same nodes.
                 del self.launchers[trainer_id]
-                self._kills.append(launcher)
+                self._kills.append(launcher)  # even if no restart is left to it
                 why = f"its directory {launcher.trainer_dir} was deleted; it starts over"
                 self._restart_later(trainer_id, launcher, why, now_s)
                 continue
@@ -337,7 +335,8 @@ class LiveDriver:
                 self._tell_hosts(trainer_id, self.launchers[trainer_id], intended[trainer_id])
 
     def flush(self) -> None:
-        """Record what the last actions learnt now (the daemon's exit: no next step)."""
+        """Record what the last actions learnt: at the next step's ``advance``, or at
+        once at the daemon's exit."""
         learnt, self._learnt = self._learnt, []
         for record in learnt:
             record()

@@ -5,8 +5,16 @@
 with their windows) and the state of our holder jobs in one status call, and tells the
 loop which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
 the main scheduler, or released). On the step's decision (:meth:`HeldPool.settle`) it
-submits and cancels holders by the hold plan (:mod:`bftrainer.acquisition`: only what
-admitted trainers can use). The loop only ever sees nodes we hold.
+plans which holders to submit and cancel (:mod:`bftrainer.acquisition`: only what the
+admitted trainers can use, the loop's ``Demand``). The loop only ever sees nodes we hold.
+
+It never waits on the scheduler inside the step's transaction: :meth:`HeldPool.read` asks
+before it opens, :meth:`HeldPool.poll` records what was read, :meth:`HeldPool.settle`
+plans, and :meth:`HeldPool.act` runs the commands after the commit. What they return (a
+new holder's job id, a cancel done) is recorded at the next poll, and the read before
+that poll counts the holders just submitted as ours. A daemon killed in between loses
+nothing: its restart cancels holders the store does not know, drops those that ended,
+and plans again.
 
 It also keeps the holder view the rest of the daemon reads: each holder's state in the
 store (written before anything acts on it), the leases that end holders by themselves
@@ -188,7 +196,7 @@ class HeldPool:
         """Record what :meth:`read` found: the nodes whose holder started or ended since
         the last poll, and when each held node leaves. Holders are planned in
         :meth:`settle`, on the step's decision."""
-        self._record_learnt()
+        self.flush()
         if not self._polled_now:
             return Polled((), self._next_s)
         self._polled_now = False
@@ -255,13 +263,11 @@ class HeldPool:
                 order()
             except (HolderError, CommandError) as exc:
                 self.counts.errors["holder_submit"] += 1
-                log.warning("holders not planned at this poll, trying again at the next: %s", exc)
+                log.warning("holders not submitted, trying again at a later poll: %s", exc)
 
     def flush(self) -> None:
-        """Record what the last commands learnt now (the daemon's exit: no next poll)."""
-        self._record_learnt()
-
-    def _record_learnt(self) -> None:
+        """Record what the last commands learnt: at the next poll, or at once at the
+        daemon's exit."""
         learnt, self._learnt = self._learnt, []
         for record in learnt:
             record()
@@ -274,7 +280,7 @@ class HeldPool:
             self._record_holders(read, now_s)
         self.act(now_s)  # a requeued holder's cancel
         with self.store.transaction():
-            self._record_learnt()
+            self.flush()
 
     def _read_holders(self) -> HoldersRead:
         """Our holders as the scheduler lists them (unknown ones cancelled), and why
