@@ -52,32 +52,6 @@ def build_model(features: int, hidden: int, classes: int) -> nn.Module:
     )
 
 
-# Near its end a held trainer waits for its release up to this long a step: it still
-# steps (and so commits and resets), and each wait stays far under the collectives'
-# timeout (120 s in the tests) that the other ranks wait in meanwhile.
-HELD_TAIL_WAIT_S = 30.0
-HELD_TAIL = 0.05  # the share of the work that a held trainer takes at that pace
-
-
-def hold(delay_s: float, hold_file: Path | None, samples_left: float, work: float) -> None:
-    """A test's hold: sleep ``delay_s`` at every step (with a ``hold_file``, only while
-    that file exists). In the last ``HELD_TAIL`` of the work, wait for the file's deletion
-    instead, up to ``HELD_TAIL_WAIT_S``: every rank of a step sees the same progress, so
-    all wait alike, and a trainer held there outlasts what its test watches without a
-    work sized for the slowest machine."""
-    if hold_file is None:
-        time.sleep(delay_s)
-        return
-    if not hold_file.exists():
-        return
-    if samples_left > HELD_TAIL * work:
-        time.sleep(delay_s)
-        return
-    deadline = time.monotonic() + HELD_TAIL_WAIT_S
-    while hold_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samples", type=int, default=8192, help="data set size")
@@ -97,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--hold-file",
         type=Path,
-        help="sleep --step-delay-s per step only while this file exists, and in the last "
-        "twentieth of the work wait for its deletion (up to 30 s a step): a test holds the "
-        "trainer running while it watches, however slow the machine, then deletes the file "
-        "to let it finish at full speed",
+        help="sleep --step-delay-s per step only while this file exists: a test holds the "
+        "trainer running while it watches, then deletes the file to let it finish at full speed",
     )
     parser.add_argument(
         "--fail-at-step", type=int, help="raise at this step (for tests of failures)"
@@ -126,9 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         steps += 1
         if args.fail_at_step is not None and runtime.progress.step >= args.fail_at_step:
             raise RuntimeError(f"failing on purpose at step {runtime.progress.step}")
-        if args.step_delay_s:
-            left = runtime.work_samples - runtime.progress.samples_done
-            hold(args.step_delay_s, args.hold_file, left, runtime.work_samples)
+        if args.step_delay_s and (args.hold_file is None or args.hold_file.exists()):
+            time.sleep(args.step_delay_s)
         inputs, labels = batch
         return nn.functional.cross_entropy(model(inputs), labels)
 

@@ -57,9 +57,7 @@ class Service:
     def paced(self, step_delay_s: float) -> tuple[str, ...]:
         """The example trainer's flags: ``step_delay_s`` per step until :meth:`release`.
         Trainers re-tune their batch as they go (up to --max-batch), so the delay is
-        sized for the largest batch. Should a slow machine still bring a trainer to the
-        last twentieth of its work while the test watches, it waits there for the
-        release (up to 30 s a step: the example's ``hold``) instead of finishing."""
+        sized for the largest batch: the work must outlast what the test watches."""
         return ("--step-delay-s", str(step_delay_s), "--hold-file", str(self.hold))
 
     def release(self) -> None:
