@@ -1,10 +1,10 @@
 """The daemon's Prometheus metrics: opt-in, as a node_exporter textfile and/or on an
 HTTP port bound to 127.0.0.1 (docs/deployment.md lists the metrics).
 
-The daemon hands :class:`DaemonMetrics` a :class:`~bftrainer.daemon.DaemonReading` (plain
+The daemon hands :class:`DaemonMetrics` a :class:`~bftrainer.reading.Reading` (plain
 numbers it keeps anyway) at every wake-up of its loop, and the latency of each decision;
-the centre's allocator (``daemon --centre``) a
-:class:`~bftrainer.centre.allocator.CentreReading` after each step of its loop.
+the centre's allocator (``daemon --centre``) hands it one after each step of its loop.
+The figures both have are rendered once; each one's own part after them.
 Nothing here reaches into the daemon, and the loop never knows: this module is imported
 only when metrics are asked for, so without them they cost nothing.
 
@@ -37,9 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bftrainer.centre.allocator import CentreReading
 from bftrainer.centre.transport import OUTCOMES
-from bftrainer.daemon import DaemonReading
+from bftrainer.reading import AgentsReading, HeldReading, Reading
 
 log = logging.getLogger(__name__)
 
@@ -64,95 +63,25 @@ class _ReadingCollector(Collector):
     the HTTP server's thread: the reading is immutable and swapped whole)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.reading: DaemonReading | CentreReading | None = None
+        self.reading: Reading | None = None
         self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         r = self.reading
         if r is None:
             return
-        if isinstance(r, CentreReading):
-            yield from self._centre(r)
-            return
         yield _gauge(
             "pool_nodes", "Idle nodes the main scheduler leaves (held ones included).", r.pool_nodes
         )
         yield _gauge(
-            "held_nodes", "Nodes whose holder job runs: what trainers may use.", r.held_nodes
+            "allocated_nodes",
+            "Nodes given to trainers (held nodes; at a centre, every user's).",
+            r.allocated_nodes,
         )
-        yield _gauge("allocated_nodes", "Held nodes given to trainers.", r.allocated_nodes)
-        trainers = GaugeMetricFamily(
-            f"{PREFIX}_trainers",
-            "Trainers in each state, as the store records them.",
-            labels=["state"],
-        )
-        for state, n in r.trainers.items():
-            trainers.add_metric([state], n)
-        yield trainers
-        h = r.holders
-        yield _counter(
-            "holders_acquired", "Holder jobs submitted and accepted by the scheduler.", h.acquired
-        )
-        yield _counter("holders_preempted", "Holder jobs preempted by a main job.", h.preempted)
-        yield _counter(
-            "holders_released",
-            "Holder jobs bftrainer cancelled (no trainer needed the node, or at exit).",
-            h.released,
-        )
-        yield _counter(
-            "holders_lost",
-            "Holder jobs that ended otherwise: cancelled outside bftrainer, time limit, lease.",
-            h.lost,
-        )
-        yield _counter(
-            "holders_failed",
-            "Holder jobs that failed to hold their node (the script or the node failed).",
-            h.failed,
-        )
-        failing = GaugeMetricFamily(
-            f"{PREFIX}_holders_failing_nodes",
-            "Nodes whose last holder failed, waiting for their next try; cause: the latest "
-            "failure's, as bftrainer status shows it.",
-            labels=["cause"],
-        )
-        f = r.holders_failing or {"cause": "", "nodes": ()}
-        failing.add_metric([str(f["cause"])], len(f["nodes"]))
-        yield failing
-        yield _counter("rescales", "Trainers' node-count changes made by decisions.", r.rescales)
-        yield _command_errors(r.command_errors)
-        yield self._pool_age(r.pool_read_s)
-
-    def _centre(self, r: CentreReading) -> Iterator[Metric]:
-        yield _gauge(
-            "pool_nodes", "Idle nodes the main scheduler leaves (held ones included).", r.pool_nodes
-        )
-        yield _gauge("allocated_nodes", "Nodes given to trainers, every user's.", r.allocated_nodes)
-        yield _gauge("agents", "Users' agents registered (synced within their lease).", r.agents)
-        trainers = GaugeMetricFamily(
-            f"{PREFIX}_user_trainers",
-            "Each user's unfinished trainers, on nodes (running) or not (waiting).",
-            labels=["user", "state"],
-        )
-        nodes = GaugeMetricFamily(
-            f"{PREFIX}_user_allocated_nodes",
-            "Nodes given to each user's trainers.",
-            labels=["user"],
-        )
-        for user, u in sorted(r.users.items()):
-            trainers.add_metric([user, "running"], u.running)
-            trainers.add_metric([user, "waiting"], u.waiting)
-            nodes.add_metric([user], u.nodes)
-        yield trainers
-        yield nodes
-        requests = CounterMetricFamily(
-            f"{PREFIX}_requests",
-            "Requests on the centre's socket, by outcome: answered, refused (with a reason, "
-            "e.g. another user's trainer), failed, or dropped (malformed, rate_limited, ...).",
-            labels=["outcome"],
-        )
-        for outcome in (*OUTCOMES, *sorted(set(r.requests) - set(OUTCOMES))):
-            requests.add_metric([outcome], r.requests.get(outcome, 0))
-        yield requests
+        if r.held is not None:
+            yield from _held(r.held)
+        if r.agents is not None:
+            yield from _agents(r.agents)
         yield _command_errors(r.command_errors)
         yield self._pool_age(r.pool_read_s)
 
@@ -163,6 +92,77 @@ class _ReadingCollector(Collector):
             "Seconds since the pool was last read well (+Inf: never read).",
             age,
         )
+
+
+def _held(r: HeldReading) -> Iterator[Metric]:
+    yield _gauge("held_nodes", "Nodes whose holder job runs: what trainers may use.", r.held_nodes)
+    trainers = GaugeMetricFamily(
+        f"{PREFIX}_trainers",
+        "Trainers in each state, as the store records them.",
+        labels=["state"],
+    )
+    for state, n in r.trainers.items():
+        trainers.add_metric([state], n)
+    yield trainers
+    h = r.holders
+    yield _counter(
+        "holders_acquired", "Holder jobs submitted and accepted by the scheduler.", h.acquired
+    )
+    yield _counter("holders_preempted", "Holder jobs preempted by a main job.", h.preempted)
+    yield _counter(
+        "holders_released",
+        "Holder jobs bftrainer cancelled (no trainer needed the node, or at exit).",
+        h.released,
+    )
+    yield _counter(
+        "holders_lost",
+        "Holder jobs that ended otherwise: cancelled outside bftrainer, time limit, lease.",
+        h.lost,
+    )
+    yield _counter(
+        "holders_failed",
+        "Holder jobs that failed to hold their node (the script or the node failed).",
+        h.failed,
+    )
+    failing = GaugeMetricFamily(
+        f"{PREFIX}_holders_failing_nodes",
+        "Nodes whose last holder failed, waiting for their next try; cause: the latest "
+        "failure's, as bftrainer status shows it.",
+        labels=["cause"],
+    )
+    f = r.holders_failing or {"cause": "", "nodes": ()}
+    failing.add_metric([str(f["cause"])], len(f["nodes"]))
+    yield failing
+    yield _counter("rescales", "Trainers' node-count changes made by decisions.", r.rescales)
+
+
+def _agents(r: AgentsReading) -> Iterator[Metric]:
+    yield _gauge("agents", "Users' agents registered (synced within their lease).", r.agents)
+    trainers = GaugeMetricFamily(
+        f"{PREFIX}_user_trainers",
+        "Each user's unfinished trainers, on nodes (running) or not (waiting).",
+        labels=["user", "state"],
+    )
+    nodes = GaugeMetricFamily(
+        f"{PREFIX}_user_allocated_nodes",
+        "Nodes given to each user's trainers.",
+        labels=["user"],
+    )
+    for user, u in sorted(r.users.items()):
+        trainers.add_metric([user, "running"], u.running)
+        trainers.add_metric([user, "waiting"], u.waiting)
+        nodes.add_metric([user], u.nodes)
+    yield trainers
+    yield nodes
+    requests = CounterMetricFamily(
+        f"{PREFIX}_requests",
+        "Requests on the centre's socket, by outcome: answered, refused (with a reason, "
+        "e.g. another user's trainer), failed, or dropped (malformed, rate_limited, ...).",
+        labels=["outcome"],
+    )
+    for outcome in (*OUTCOMES, *sorted(set(r.requests) - set(OUTCOMES))):
+        requests.add_metric([outcome], r.requests.get(outcome, 0))
+    yield requests
 
 
 def _command_errors(counts: Mapping[str, int]) -> CounterMetricFamily:
@@ -185,7 +185,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 
 class DaemonMetrics:
-    """The daemon's :class:`~bftrainer.daemon.MetricsSink` for Prometheus: rewrites the
+    """A service's :class:`~bftrainer.reading.MetricsSink` for Prometheus: rewrites the
     textfile (atomically) at each update and/or serves the metrics over HTTP.
 
     Use :meth:`open`: it checks the settings at start, where a mistake gives one line.
@@ -261,7 +261,7 @@ class DaemonMetrics:
         """The textfile and/or the URL, for the start's log line."""
         return ", ".join(str(w) for w in (self.textfile, self.url) if w is not None)
 
-    def update(self, reading: DaemonReading | CentreReading, latency_s: float | None) -> None:
+    def update(self, reading: Reading, latency_s: float | None) -> None:
         """The daemon's (or allocator's) figures now; rewrite the textfile. A failed
         write is logged once (and when it works again), never raised: the daemon goes on."""
         self._readings.reading = reading

@@ -61,6 +61,7 @@ from bftrainer.loop import (
 )
 from bftrainer.policy import make_policy
 from bftrainer.pool_changes import PoolChanges
+from bftrainer.reading import AgentsReading, MetricsSink, Reading, UserReading
 
 log = logging.getLogger(__name__)
 
@@ -145,36 +146,6 @@ def _leave_times(windows_s: Mapping[str, float | None], now_s: float) -> dict[st
     return {n: None if w is None else now_s + w for n, w in windows_s.items()}
 
 
-# ---------------------------------------------------------------------- metrics
-
-
-@dataclass(frozen=True)
-class UserReading:
-    running: int  # the user's trainers on nodes
-    waiting: int  # the user's trainers without nodes (queued, or given none)
-    nodes: int  # the nodes given to the user's trainers
-
-
-@dataclass(frozen=True)
-class CentreReading:
-    """The allocator's figures at one instant, as plain data for its metrics
-    (bftrainer.daemon_metrics); counts of requests are since it started."""
-
-    pool_nodes: int  # the idle pool the main scheduler leaves (held nodes included)
-    allocated_nodes: int  # nodes given to trainers, every user's
-    agents: int  # agents registered (synced within their lease)
-    users: Mapping[str, UserReading]  # by user, every registered agent's
-    requests: Mapping[str, int]  # by outcome (bftrainer.centre.transport.OUTCOMES)
-    command_errors: Mapping[str, int]  # failed scheduler reads, by kind
-    pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
-
-
-class CentreMetricsSink(Protocol):
-    """Where the allocator's figures go after each step, when metrics are enabled."""
-
-    def update(self, reading: CentreReading, latency_s: float | None) -> None: ...
-
-
 # ---------------------------------------------------------------------- the driver
 
 
@@ -248,7 +219,7 @@ class Allocator(LiveService):
         *,
         clock: Clock | None = None,
         policy: Policy | None = None,
-        metrics: CentreMetricsSink | None = None,
+        metrics: MetricsSink | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -353,7 +324,7 @@ class Allocator(LiveService):
         self._snapshot = {t.id: t.nodes for t in self.loop.trainers.values()}
         self._pool_now = tuple(self.loop.pool)
 
-    def reading(self) -> CentreReading:
+    def reading(self) -> Reading:
         """What the metrics export: the published split, by user, and the requests."""
         with self._lock:
             users: dict[str, UserReading] = {}
@@ -366,14 +337,12 @@ class Allocator(LiveService):
             allocated = len({n for nodes in self._snapshot.values() for n in nodes})
             pool_nodes, agents = len(self._pool_now), len(self._agents)
         scheduler = self.pool if isinstance(self.pool, CentrePool) else None  # else a test's
-        return CentreReading(
+        return Reading(
             pool_nodes=pool_nodes,
             allocated_nodes=allocated,
-            agents=agents,
-            users=users,
-            requests=self.server.outcomes(),
             command_errors=scheduler.failed_reads if scheduler else {},
             pool_read_s=scheduler.read_s if scheduler else None,
+            agents=AgentsReading(agents=agents, users=users, requests=self.server.outcomes()),
         )
 
     def _curves_of(self, loop_id: str) -> dict[str, Curve]:

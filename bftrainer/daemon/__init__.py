@@ -15,14 +15,9 @@ The names callers use are exported here.
 
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import DAEMON_TABLES, GRES, DaemonConfig, load_daemon_config
-from bftrainer.daemon.held_pool import HeldPool, HoldCounts, leave_by_s
+from bftrainer.daemon.held_pool import HeldPool, leave_by_s
 from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
-from bftrainer.daemon.service import (
-    Daemon,
-    DaemonReading,
-    MetricsSink,
-    state_unwritable,
-)
+from bftrainer.daemon.service import Daemon, state_unwritable
 
 __all__ = [
     "DAEMON_TABLES",
@@ -31,10 +26,7 @@ __all__ = [
     "CentreLink",
     "Daemon",
     "DaemonConfig",
-    "DaemonReading",
     "HeldPool",
-    "HoldCounts",
-    "MetricsSink",
     "SubmissionQueue",
     "leave_by_s",
     "load_daemon_config",

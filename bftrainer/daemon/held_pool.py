@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -43,25 +42,11 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.loop import Demand, Polled, PoolChange
 from bftrainer.pool_changes import PoolChanges
+from bftrainer.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
 from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class HoldCounts:
-    """What the holders did since the daemon started, counted where each is logged
-    (plain numbers: the metrics, when enabled, read them)."""
-
-    acquired: int = 0  # submitted and accepted by the scheduler
-    preempted: int = 0  # ended by a main job
-    released: int = 0  # cancelled by the daemon (pending or running)
-    lost: int = 0  # ended otherwise: cancelled outside, time limit, lease, requeued
-    failed: int = 0  # ended without holding: the script or the node failed
-    # Scheduler operations that failed, by kind: holder_status, holder_submit,
-    # holder_cancel, pool (the pool source's own failed reads are counted there).
-    errors: Counter[str] = field(default_factory=Counter)
 
 
 class HeldPool:

@@ -27,14 +27,13 @@ import errno
 import logging
 import sqlite3
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
 
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import GRES, DaemonConfig
-from bftrainer.daemon.held_pool import HeldPool, HoldCounts
+from bftrainer.daemon.held_pool import HeldPool
 from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
 from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
 from bftrainer.holders.base import HolderError, Holders
@@ -44,36 +43,11 @@ from bftrainer.live import LiveDriver
 from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import Loop, LoopState, Policy, Source, TrainerState, WallClock
 from bftrainer.policy import make_policy
+from bftrainer.reading import HeldReading, MetricsSink, Reading
 from bftrainer.slots import SlotBook
 from bftrainer.state import Store
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DaemonReading:
-    """The daemon's figures at one instant, as plain data; :mod:`bftrainer.daemon_metrics`
-    renders them for Prometheus. Counts of events are since the daemon started."""
-
-    pool_nodes: int  # the idle pool the main scheduler leaves (held nodes included)
-    held_nodes: int  # nodes whose holder runs: the loop's pool
-    allocated_nodes: int  # held nodes given to trainers
-    trainers: Mapping[str, int]  # by state, every state of the store
-    holders: HoldCounts
-    rescales: int
-    command_errors: Mapping[str, int]  # failed scheduler operations, by kind
-    pool_read_s: float | None  # when the pool was last read well (epoch s; None: never)
-    # Holders failing to hold (HolderBackoff.summary: the latest cause, the nodes, the
-    # next try); None: none failing.
-    holders_failing: Mapping[str, Any] | None = None
-
-
-class MetricsSink(Protocol):
-    """Where the daemon's figures go when metrics are enabled (the loop never knows)."""
-
-    def update(self, reading: DaemonReading, latency_s: float | None) -> None:
-        """The figures now, and the latency of the decision just made (None: none)."""
-        ...
 
 
 class Daemon(LiveService):
@@ -246,22 +220,24 @@ class Daemon(LiveService):
             self._shutdown()
             self._publish_metrics(None)
 
-    def reading(self) -> DaemonReading:
-        """The daemon's figures now (see :class:`DaemonReading`)."""
+    def reading(self) -> Reading:
+        """The daemon's figures now (see :class:`~bftrainer.reading.Reading`)."""
         view = self.pool.view
         last = self.monitor.last_reading
         trainers = self.loop.trainers.values() if self.loop is not None else ()
         counts = self.pool.counts
-        return DaemonReading(
+        return Reading(
             pool_nodes=len(view.pool) if view is not None else 0,
-            held_nodes=sum(h.state == "running" for h in self.store.holders(live_only=True)),
             allocated_nodes=len({n for t in trainers for n in t.nodes}),
-            trainers=self.store.trainer_counts(),
-            holders=replace(counts, errors=Counter(counts.errors)),
-            rescales=self.driver.rescales,
             command_errors=dict(counts.errors + self.monitor.failed_reads),
             pool_read_s=last.time_s if last is not None else None,
-            holders_failing=self.pool.backoff.summary(),
+            held=HeldReading(
+                held_nodes=sum(h.state == "running" for h in self.store.holders(live_only=True)),
+                trainers=self.store.trainer_counts(),
+                holders=replace(counts, errors=Counter(counts.errors)),
+                rescales=self.driver.rescales,
+                holders_failing=self.pool.backoff.summary(),
+            ),
         )
 
     def _publish_metrics(self, latency_s: float | None) -> None:

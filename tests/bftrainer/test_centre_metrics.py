@@ -94,7 +94,9 @@ def test_a_malformed_message_is_counted_as_dropped(tmp_path: Path) -> None:
             s.connect(os.fspath(sockets / "centre.sock"))
             s.sendall(b"\x00\x00\x00\x05nope!")
             assert s.recv(16) == b""  # dropped: the connection is closed
-        outcomes = allocator.reading().requests
+        agents = allocator.reading().agents
+        assert agents is not None
+        outcomes = agents.requests
     finally:
         allocator.server.close()
     assert outcomes["refused"] == 1 and outcomes["malformed"] == 1

@@ -21,8 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bftrainer.config import ConfigError
-from bftrainer.daemon import DaemonReading, HoldCounts, load_daemon_config
+from bftrainer.daemon import load_daemon_config
 from bftrainer.daemon_metrics import COMMAND_ERROR_KINDS, DaemonMetrics, MetricsError
+from bftrainer.reading import HeldReading, HoldCounts, Reading
 from bftrainer.state import TRAINER_STATES
 from tests.bftrainer.daemon_service import BFTRAINER, Service, service_in
 from tests.conftest import SlurmCluster, wait_until
@@ -55,19 +56,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def reading(**over: object) -> DaemonReading:
-    base: dict[str, object] = {
+def reading(**over: object) -> Reading:
+    shared: dict[str, object] = {
         "pool_nodes": 8,
-        "held_nodes": 5,
         "allocated_nodes": 4,
-        "trainers": {**dict.fromkeys(TRAINER_STATES, 0), "running": 1, "done": 2},
-        "holders": HoldCounts(acquired=9, preempted=2, released=1, lost=1),
-        "rescales": 3,
         "command_errors": {"holder_status": 1, "nodes": 2},
         "pool_read_s": 1000.0,
     }
-    base.update(over)
-    return DaemonReading(**base)  # type: ignore[arg-type]
+    held: dict[str, object] = {
+        "held_nodes": 5,
+        "trainers": {**dict.fromkeys(TRAINER_STATES, 0), "running": 1, "done": 2},
+        "holders": HoldCounts(acquired=9, preempted=2, released=1, lost=1),
+        "rescales": 3,
+    }
+    for key, value in over.items():
+        (shared if key in shared else held)[key] = value
+    return Reading(**shared, held=HeldReading(**held))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- the module
