@@ -4,7 +4,7 @@ trainer's ``exec.json`` (``docs/trainers.md``) before its supervisor is told its
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bftrainer.trainers import channel
@@ -24,6 +24,14 @@ class ExecPlan:
     slots: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     slots_per_node: int = 1
 
+    def on(self, nodes: Sequence[str]) -> ExecPlan:
+        """This plan for ``nodes`` only: their holders and leases."""
+        return replace(
+            self,
+            jobs={n: self.jobs[n] for n in nodes if n in self.jobs},
+            leases={n: self.leases[n] for n in nodes if n in self.leases},
+        )
+
     def reachable(self, nodes: Sequence[str]) -> tuple[str, ...]:
         """``nodes`` that workers can run on now: in slurm mode, those with a holder."""
         return tuple(nodes) if self.mode != "slurm" else tuple(n for n in nodes if n in self.jobs)
@@ -38,3 +46,7 @@ class ExecPlan:
             slots=self.slots,
             slots_per_node=self.slots_per_node,
         )
+
+
+# Workers run on this machine by the nodes' names (tests, and trainers run by hand).
+LOCAL = ExecPlan("local", {})

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bftrainer.exec_plan import ExecPlan
+from bftrainer.exec_plan import LOCAL, ExecPlan
 from bftrainer.live_curves import LiveCurves, job_of
 from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
@@ -59,7 +59,9 @@ STARTS = ("start", "restart")
 class LiveDriver:
     """Drives real trainers (see the module docstring).
 
-    ``exec_plan(nodes)`` says how workers run on ``nodes`` now (the daemon's holders);
+    ``exec_plan`` says how workers reach their nodes until a source says otherwise
+    (:meth:`use_exec_plan`: the daemon's holders, with each poll; by default the nodes
+    are this machine's names, run on locally);
     ``env`` is added to the supervisors' environment (e.g. ``SLURM_CONF``). With
     ``slots_per_node`` S > 1 trainers share nodes: a trainer's nodes list a node once
     per slot, and :attr:`book` keeps which slots of each node are whose.
@@ -69,8 +71,8 @@ class LiveDriver:
         self,
         store: Store,
         state_dir: Path,
-        exec_plan: Callable[[Sequence[str]], ExecPlan],
         *,
+        exec_plan: ExecPlan = LOCAL,
         env: Mapping[str, str] | None = None,
         report_every_s: float = 5.0,
         slots_per_node: int = 1,
@@ -312,6 +314,12 @@ class LiveDriver:
         self._finish(trainer.id, "cancelled", "cancelled")
 
     # ---- after the commit -------------------------------------------------------------
+    def use_exec_plan(self, plan: object) -> None:
+        """The pool source's word on how workers reach its nodes, from this step on."""
+        if not isinstance(plan, ExecPlan):
+            raise TypeError(f"an exec plan, not {type(plan).__name__}")
+        self.exec_plan = plan
+
     def act(self, now_s: float) -> None:
         """Carry out what the step decided (see the module docstring): end what dead
         supervisors left, then each trainer's start, hosts or stop."""
@@ -351,7 +359,7 @@ class LiveDriver:
         """How the trainer's workers run on ``nodes``: the daemon's plan, and with
         shared nodes the trainer's slots there (given now, kept from before)."""
         slots = self.book.assign(trainer_id, nodes)
-        plan = self.exec_plan(nodes)
+        plan = self.exec_plan.on(nodes)
         if self.book.slots_per_node == 1:
             return plan
         return replace(plan, slots=slots, slots_per_node=self.book.slots_per_node)

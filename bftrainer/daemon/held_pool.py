@@ -116,17 +116,14 @@ class HeldPool:
         """node -> the job id of its live holder."""
         return {h.node: h.job_id for h in self.store.holders(live_only=True)}
 
-    def exec_plan(self, nodes: Sequence[str]) -> ExecPlan:
+    def exec_plan(self) -> ExecPlan:
+        """How workers reach the held nodes now, handed to the driver with each poll:
+        each node's live holder and its lease."""
         jobs = self.jobs()
         # Slurm: workers run as steps inside the holders. LSF: over ssh (blaunch is not wired).
         mode = "slurm" if self.holders.scheduler == "slurm" else "ssh"
-        leases = {} if self.lease_dir is None else {n: str(self._lease(n)) for n in nodes}
-        return ExecPlan(
-            mode,
-            {n: jobs[n] for n in nodes if n in jobs},
-            leases=leases,
-            lease_s=self.lease_s,
-        )
+        leases = {} if self.lease_dir is None else {n: str(self._lease(n)) for n in jobs}
+        return ExecPlan(mode, jobs, leases=leases, lease_s=self.lease_s)
 
     def _lease(self, node: str) -> Path:
         assert self.lease_dir is not None
@@ -182,6 +179,12 @@ class HeldPool:
         the last poll, and when each held node leaves. Holders are planned in
         :meth:`settle`, on the step's decision."""
         self.flush()
+        polled = self._poll(now_s)
+        # Every step, not only a polling one: a holder submitted by the last step's
+        # act() is recorded by its flush above.
+        return replace(polled, exec_plan=self.exec_plan())
+
+    def _poll(self, now_s: float) -> Polled:
         if not self._polled_now:
             return Polled((), self._next_s)
         self._polled_now = False

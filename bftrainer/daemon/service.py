@@ -86,7 +86,8 @@ class Daemon(LiveService):
         self.driver = LiveDriver(
             store,
             state_dir,
-            self.pool.exec_plan,
+            # The holders recorded now; each poll hands the driver the plan anew.
+            exec_plan=self.pool.exec_plan(),
             env=env,
             report_every_s=config.report_every_s,
             slots_per_node=config.slots_per_node,

@@ -46,6 +46,7 @@ from bftrainer.loop.core import MAX_STALLED_STEPS, Loop, run
 from bftrainer.loop.protocols import (
     Actor,
     Clock,
+    Executor,
     Observer,
     Placer,
     Policy,
@@ -87,6 +88,7 @@ __all__ = [
     "CurveReport",
     "Decision",
     "Demand",
+    "Executor",
     "Inbox",
     "Input",
     "Loop",

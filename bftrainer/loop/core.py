@@ -47,6 +47,7 @@ from bftrainer.jobs import JobSpec
 from bftrainer.loop.protocols import (
     Actor,
     Clock,
+    Executor,
     Observer,
     Placer,
     Policy,
@@ -218,6 +219,8 @@ class Loop:
             polled = source.poll(now)
             inputs.extend(polled.inputs)
             next_s = min(next_s, polled.next_s)
+            if polled.exec_plan is not None and isinstance(self.driver, Executor):
+                self.driver.use_exec_plan(polled.exec_plan)
         self._source_next_s = next_s
         seen = time.perf_counter()
         recorded = False

@@ -3,7 +3,8 @@ must do.
 
 Each is a small :class:`~typing.Protocol` (as Horovod's ``HostDiscovery``), so a new
 backend is a new class that fits, never a branch in the loop. ``Settler``, ``Placer``,
-``Reader`` and ``Actor`` are optional extras that the loop looks for at run time.
+``Executor``, ``Reader`` and ``Actor`` are optional extras that the loop looks for at
+run time.
 """
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ class Settler(Protocol):
         admitted trainers can use (``demand``: data from the loop, never a call back
         into it); the inputs that this causes (e.g. a :class:`PoolChange` of released
         free nodes)."""
+        ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A driver that runs workers on the nodes a source holds: it takes the source's
+    word on how they are reached (``Polled.exec_plan``) as data from the loop, in the
+    step that polled it, and never asks the source."""
+
+    def use_exec_plan(self, plan: object) -> None:
+        """How workers reach the pool's nodes from now on (acted on after the commit)."""
         ...
 
 

@@ -133,10 +133,13 @@ class Demand:
 @dataclass(frozen=True)
 class Polled:
     """A source's answer: the inputs due by now, and when to poll it next (inf: only
-    when something else wakes the loop)."""
+    when something else wakes the loop). ``exec_plan``: a source that holds nodes says
+    how workers reach them now (the daemon's holders); the loop hands it untouched to
+    an :class:`~bftrainer.loop.protocols.Executor` driver and never reads it."""
 
     inputs: tuple[Input, ...] = ()
     next_s: float = math.inf
+    exec_plan: object | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from bftrainer.churn import Churn
 from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
-from bftrainer.exec_plan import ExecPlan
 from bftrainer.live import LiveDriver
 from bftrainer.live_curves import LiveCurves, job_of, prior_curve
 from bftrainer.loop import Arrival, CurveReport, TrainerState
@@ -123,7 +122,7 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     store = Store.open(state_dir)
     tid = store.submit(str(EXAMPLE), ("--report-every-s", "0.5"), backend="torchrun", max_nodes=4)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
-    driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
+    driver = LiveDriver(store, state_dir, report_every_s=0.5)
     try:
         driver.rescale(trainer, trainer.nodes)
         driver.act(time.time())

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.exec_plan import ExecPlan
 from bftrainer.live import LiveDriver
 from bftrainer.live_curves import job_of
 from bftrainer.loop import TrainerState
@@ -44,7 +43,6 @@ def driver(store: Store, state_dir: Path, restart_backoff_s: float = 10.0) -> Li
     return LiveDriver(
         store,
         state_dir,
-        lambda nodes: ExecPlan("local", {}),
         report_every_s=0.5,
         restart_backoff_s=restart_backoff_s,
     )

@@ -246,6 +246,52 @@ def test_nothing_is_recorded_without_an_input_or_a_decision() -> None:
     assert loop.now_s == 100.0
 
 
+def test_a_sources_exec_plan_reaches_an_executor_driver_in_its_step_before_it_acts() -> None:
+    """How workers reach the held nodes flows one way, as data: source -> loop -> driver,
+    in the step that polled it; the driver never asks the source."""
+    from bftrainer.loop import Polled
+
+    calls: list[tuple[str, float, object]] = []
+
+    class Holding:
+        """A source that holds nodes: each poll says how they are reached now."""
+
+        def __init__(self) -> None:
+            self.plans = ["a held", "a, b held"]
+
+        def poll(self, now_s: float) -> Polled:
+            plan = self.plans.pop(0) if self.plans else None
+            calls.append(("poll", now_s, plan))
+            return Polled((), now_s + 10.0 if self.plans else math.inf, exec_plan=plan)
+
+    class Executing(ScriptedDriver):
+        def use_exec_plan(self, plan: object) -> None:
+            self.calls.append(("use", self.now_s or 0.0, plan))
+
+        def act(self, now_s: float) -> None:
+            self.calls.append(("act", now_s, None))
+
+    driver = Executing()
+    driver.calls = calls
+    loop = Loop(
+        [Holding()],
+        driver,
+        VirtualClock(0.0),
+        Config(),
+        policy=RecordingPolicy(),
+        state=LoopState(now_s=0.0, pool=("a", "b")),
+    )
+    loop.run(until_s=20.0)
+    seen = [(name, t, what) for name, t, what in calls if name in ("poll", "use", "act")]
+    assert seen[:6] == [
+        ("poll", 0.0, "a held"), ("use", 0.0, "a held"), ("act", 0.0, None),
+        ("poll", 10.0, "a, b held"), ("use", 10.0, "a, b held"), ("act", 10.0, None),
+    ]  # fmt: skip
+    # a poll without a plan leaves the driver's last one as it was
+    assert all(w is None for name, _, w in seen[6:] if name == "poll")
+    assert [c for c in seen[6:] if c[0] == "use"] == []
+
+
 # --------------------------------------------------------------------------- re-decisions
 def reports_every_10s(n: int) -> list[tuple[float, CurveReport]]:
     return [

@@ -92,7 +92,6 @@ def scripted(tmp: Path) -> DriverCase:
 def live(tmp: Path) -> DriverCase:
     """The daemon's driver on real torchrun trainers of the example, run here ("local"
     exec: the pool's node names are this machine)."""
-    from bftrainer.exec_plan import ExecPlan
     from bftrainer.live import LiveDriver
     from bftrainer.live_curves import job_of
     from bftrainer.state import Store, ensure_state_dir
@@ -111,7 +110,7 @@ def live(tmp: Path) -> DriverCase:
             work_samples=work,
         )
         jobs.append(replace(job_of(store.trainer(tid)), submit_s=submit_s))
-    driver = LiveDriver(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=1.0)
+    driver = LiveDriver(store, state_dir, report_every_s=1.0)
     return DriverCase(driver, jobs, 900.0, wall_clock=True)
 
 

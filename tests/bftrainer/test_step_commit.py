@@ -20,7 +20,6 @@ import pytest
 
 from bftrainer.config import Config
 from bftrainer.daemon import UNFINISHED, SubmissionQueue
-from bftrainer.exec_plan import ExecPlan
 from bftrainer.live import LiveDriver
 from bftrainer.loop import Loop, LoopState, TrainerState, WallClock
 from bftrainer.policy import make_policy
@@ -47,7 +46,7 @@ class Driver(LiveDriver):
     learnt: the supervisor runs, its pid is not in the store)."""
 
     def __init__(self, store: Store, state_dir: Path, log: list[str], die_at: str = "") -> None:
-        super().__init__(store, state_dir, lambda nodes: ExecPlan("local", {}), report_every_s=0.5)
+        super().__init__(store, state_dir, report_every_s=0.5)
         self.log = log
         self.die_at = die_at
         self.started: list[int] = []
