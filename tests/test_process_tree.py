@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainers.elastic_harness import started_rank
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_mlp.py"
@@ -142,11 +144,8 @@ def test_run_takes_its_supervisor_and_torchrun_with_it(tmp_path: Path, sig: sign
     argv += ["--work-samples", "1000000000"]
 
     def training() -> bool:
-        """A worker of the trainer runs (not only the torchrun agent that names it)."""
-        return any(
-            "launch.worker" in a and "torchrun_agent" not in a
-            for a in descendants(proc.pid).values()
-        )
+        """A worker of the trainer runs (not only the torchrun agent that forks it)."""
+        return any(started_rank(pid) is not None for pid in descendants(proc.pid))
 
     with started(argv, tmp_path) as (proc, seen):
         wait_for("a worker of the trainer", training, 300)

@@ -32,11 +32,10 @@ from tests.bftrainer.daemon_service import (
     wait_done,
 )
 from tests.conftest import SlurmCluster, wait_until
-from tests.trainers.elastic_harness import horovod_missing
+from tests.trainers.elastic_harness import horovod_missing, started_rank
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-WORKER = b"bftrainer.trainers.launch.worker"
 SLOTS = 2
 
 
@@ -63,11 +62,10 @@ def worker_cpus(service: Service, trainer_id: str) -> list[list[int]]:
     found = []
     for pid in remote.processes_of(service.state_dir / "trainers" / trainer_id):
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
-        if argv[1:3] != [b"-m", WORKER] and argv[1:4] != [b"-u", b"-m", WORKER]:
+        if started_rank(pid) is None:
             continue  # horovodrun, torchrun's agent, srun, a shell: not a worker
         line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
         found.append(cpu_list(line.split(":", 1)[1].strip()))

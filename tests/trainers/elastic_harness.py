@@ -20,6 +20,7 @@ from bftrainer.trainers import channel
 from bftrainer.trainers.goodput import BatchLimits, GoodputModel
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.base import Launcher, LaunchSpec
+from bftrainer.trainers.launch.worker import PROCESS_NAME
 from bftrainer.trainers.lr_scaling import AdaScale
 from bftrainer.trainers.metrics import MetricsRecord
 
@@ -121,22 +122,11 @@ class Trainer:
         return "\n".join(text.splitlines()[-lines:])
 
     def worker_pids(self) -> list[int]:
-        out = []
-        for pid in remote.descendants(self.launcher.pid):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            line = b" ".join(cmd)
-            is_worker = b"bftrainer.trainers.launch.worker" in cmd and b"python" in cmd[0]
-            agent = (
-                b"bftrainer.trainers.launch.torchrun_agent" in cmd
-                or b"bftrainer.trainers.launch.horovod_driver" in cmd
-                or b"horovodrun" in line
-            )
-            if is_worker and not agent and remote.alive(pid):
-                out.append(pid)
-        return out
+        return [
+            pid
+            for pid in remote.descendants(self.launcher.pid)
+            if started_rank(pid) is not None and remote.alive(pid)
+        ]
 
     def processes_anywhere(self) -> list[int]:
         """Every process on this machine of this trainer, whoever started it (workers
@@ -144,9 +134,7 @@ class Trainer:
         return remote.processes_of(self.dir)
 
     def worker_rank(self, pid: int) -> int | None:
-        env = environ_of(pid)
-        rank = env.get("HOROVOD_RANK", env.get("RANK"))
-        return None if rank is None else int(rank)
+        return started_rank(pid)
 
     def checkpoint_step(self) -> int:
         """The step of the checkpoint on disk; 0 before the first."""
@@ -446,6 +434,18 @@ def assert_failed_cleanly(rc: int, err: str, trainer_dir: Path, reason: str) -> 
     assert exit_ is not None and exit_["state"] == "failed" and reason in exit_["reason"]
     log = (trainer_dir / channel.SUPERVISOR_LOG).read_text()
     assert "Traceback (most recent call last)" in log and reason in log
+
+
+def started_rank(pid: int) -> int | None:
+    """The rank a worker started with, from the name the worker wrapper gives it
+    (``bftrainer-w<rank>``; a worker forked by torchrun's agent has the agent's command
+    line and environment in /proc); None: not a worker, or gone."""
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    rank = name.removeprefix(PROCESS_NAME)
+    return int(rank) if name.startswith(PROCESS_NAME) and rank.isdigit() else None
 
 
 def environ_of(pid: int) -> dict[str, str]:

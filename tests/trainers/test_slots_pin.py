@@ -89,6 +89,61 @@ def test_torchruns_workers_find_their_host_by_bftrainer_host(tmp_path: Path) -> 
     assert probe["cpus"] == share(sorted(os.sched_getaffinity(0)), 1, 2)
 
 
+FORKED_PROBE = """
+import json, os, sys
+print("PROBE " + json.dumps({
+    "rank": os.environ["LOCAL_RANK"],
+    "cpus": sorted(os.sched_getaffinity(0)),
+    "threads": sys.modules["torch"].get_num_threads(),  # loaded by the agent, before the fork
+}), flush=True)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to split")
+def test_workers_forked_by_torchruns_agent_run_their_slots_threads(tmp_path: Path) -> None:
+    """torch is loaded before the worker pins itself: OMP_NUM_THREADS comes too late,
+    so the pin sets torch's thread count (the agent's is the node's)."""
+    from bftrainer.trainers.launch.supervisor import WORKER_FILE
+
+    cpus = sorted(os.sched_getaffinity(0))
+    channel.write_exec(tmp_path, "local", slots={"n1": [1, 0]}, slots_per_node=2)
+    script = tmp_path / "probe.py"
+    script.write_text(FORKED_PROBE)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bftrainer.trainers.launch.torchrun_agent",
+            "--standalone",
+            "--nnodes=1",
+            "--nproc-per-node=2",
+            "--run-path",
+            "--start-method=fork",
+            WORKER_FILE,
+            str(script),
+        ],
+        env={
+            **{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+            "PYTHONPATH": str(REPO),
+            "BFTRAINER_TRAINER_DIR": str(tmp_path),
+            "BFTRAINER_HOST": "n1",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    probes = [
+        json.loads(x.split("PROBE ", 1)[1]) for x in done.stdout.splitlines() if "PROBE " in x
+    ]
+    by_rank = {p["rank"]: p for p in probes}
+    assert sorted(by_rank) == ["0", "1"], done.stdout
+    for rank, slot in (("0", 1), ("1", 0)):
+        want = share(cpus, slot, 2)
+        assert by_rank[rank]["cpus"] == want
+        assert by_rank[rank]["threads"] == len(want), by_rank
+
+
 def test_whole_nodes_change_nothing(tmp_path: Path) -> None:
     channel.write_exec(tmp_path, "local")
     probe, err = run_worker(tmp_path, {"HOROVOD_HOSTNAME": "n1", "HOROVOD_LOCAL_RANK": "0"})

@@ -7,11 +7,12 @@ worker of local rank r on host h (``HOROVOD_LOCAL_RANK`` / ``LOCAL_RANK``) runs 
 highest ranks when the host's slots shrink, torchrun restarts every worker at each
 change, so that slot never moves under a running worker.
 
-Before the user's script imports torch, :func:`pin` gives the process slot k's share:
+Before the user's script runs, :func:`pin` gives the process slot k's share:
 
 - its CPUs: the CPUs this process may use when it starts (the node's, as the holder's
   job step sees them) split into S contiguous parts, part k (``os.sched_setaffinity``),
-  and ``OMP_NUM_THREADS`` = their number (OpenMP reads it when torch loads);
+  and ``OMP_NUM_THREADS`` = their number (OpenMP reads it when torch loads; a worker
+  forked from torchrun's agent has torch loaded, and gets ``torch.set_num_threads``);
 - its GPUs, where the node has some: the visible ones (``CUDA_VISIBLE_DEVICES`` if the
   scheduler set it, else every ``/dev/nvidiaN``) split the same way, part k, as
   ``CUDA_VISIBLE_DEVICES``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,9 @@ def pin(trainer_dir: Path, env: MutableMapping[str, str]) -> SlotPin | None:
     cpus = share(allowed, slot, slots_per_node)
     os.sched_setaffinity(0, cpus)
     env["OMP_NUM_THREADS"] = str(len(cpus))
+    torch = sys.modules.get("torch")
+    if torch is not None:  # forked from torchrun's agent: OpenMP read the variable already
+        torch.set_num_threads(len(cpus))
     gpus = share(node_gpus(env), slot, slots_per_node)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -1,9 +1,10 @@
 """Runs the user's trainer.py in a worker and turns a user error into ``failure.json``.
 
 ``python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]`` runs SCRIPT as
-``__main__``. When trainers share nodes it first gives itself its slot's CPUs and GPUs
-(:mod:`~bftrainer.trainers.launch.slots`), before the script imports torch, and says so
-in one line. An exception from the script (at import, from its options, at step N)
+``__main__`` (torchrun's agent runs this file in the workers it forks). When trainers
+share nodes it first gives itself its slot's CPUs and GPUs
+(:mod:`~bftrainer.trainers.launch.slots`), before the script runs, and says so in one
+line. An exception from the script (at import, from its options, at step N)
 is printed with its traceback (to the supervisor's log) and its last line is written to
 ``TRAINER_DIR/failure.json``, so the supervisor fails the trainer at once rather than
 letting the backend restart a script that will fail again. A lost peer
@@ -13,8 +14,11 @@ failure file, the backend restarts or resets the workers.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import runpy
+import signal
 import socket
 import sys
 import time
@@ -28,6 +32,8 @@ from bftrainer.trainers.launch import slots
 
 FAILURE = "failure.json"
 LEFT_EXIT_CODE = 143  # 128 + SIGTERM: a worker that left on preemption
+PROCESS_NAME = "bftrainer-w"  # then the rank: what ps shows as the worker's name (comm)
+PR_SET_NAME = 15  # prctl(2)
 
 
 def _rank() -> str:
@@ -105,7 +111,26 @@ def _slot_removed() -> bool:
     return int(rank) >= hosts.get(host, 0)
 
 
+def _default_signals() -> None:
+    """Start from the default handlers: a worker forked from torchrun's agent inherits
+    its handlers, which raise ``SignalException``, and a SIGTERM before the runtime
+    sets its own would then read as the script's error, not as a preemption."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _name_process() -> None:
+    """Name this process ``bftrainer-w<rank>`` (its rank at start; ``ps -o comm``,
+    ``top``): a worker forked by torchrun's agent has the agent's command line."""
+    name = f"{PROCESS_NAME}{_rank()}".encode()[:15]  # the kernel keeps 15 bytes
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
 def main(argv: list[str]) -> int:
+    _default_signals()
+    _name_process()
     if not argv:
         print("usage: python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]", file=sys.stderr)
         return 2
