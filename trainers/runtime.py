@@ -277,6 +277,9 @@ class ElasticRuntime:
         comm = self.comm
         replicas = comm.size
         nodes = max(1, replicas // max(1, comm.local_size))
+        # Rank 0 plans on the world as it is now: under Horovod it changes shape without
+        # a new process (a grow onto a shared node's other slot adds a replica per node).
+        self.agent.replicas_per_node = max(1, replicas // nodes)
         choice = None
         if comm.rank == 0:
             self.probe.flush()
@@ -290,10 +293,11 @@ class ElasticRuntime:
             local, accum = self._base_config(replicas)
             source = "base"
         if replicas > 1:
-            mine = (local, accum, source, self.agent.state()) if comm.rank == 0 else None
-            local, accum, source, agent_state = comm.broadcast_object(mine)
+            mine = (nodes, local, accum, source, self.agent.state()) if comm.rank == 0 else None
+            nodes, local, accum, source, agent_state = comm.broadcast_object(mine)
             if comm.rank != 0:
                 self.agent.restore(agent_state)
+                self.agent.replicas_per_node = max(1, replicas // nodes)
         self.progress.resets += 1
         self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
         self._committed_epoch = self.sampler.epoch  # resumed: the pass it resumed in
@@ -302,7 +306,9 @@ class ElasticRuntime:
     def _configure(self, nodes: int, local: int, accum: int, source: str) -> None:
         """Run (local, accum) from the next step: agent, LR, and the record of it
         (``reset`` in metrics.jsonl, with ``source`` base, agent or retune)."""
-        config = self.agent.set_config(nodes, local, accum)
+        # Every rank counts the replicas there are, whatever the shape its process
+        # started in: ranks whose batch (and so LR gain) differed would drift apart.
+        config = self.agent.set_config(nodes, local, accum, replicas=self.comm.size)
         self._set_lr()
         p = self.progress
         p.batch_sizes.append(config.batch_size)
