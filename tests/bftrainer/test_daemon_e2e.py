@@ -10,6 +10,7 @@ no committed step.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -50,13 +51,21 @@ def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
 
 def delete_while_written(folder: Path) -> None:
     """``rm -rf`` of a folder its supervisor is writing in: a file that vanishes under
-    it (a temp file renamed meanwhile) is gone already."""
+    it (a temp file renamed meanwhile) is gone already, and a file written after it was
+    listed ("Directory not empty") is met by running it again, as a user would."""
 
     def gone_already(func: object, path: str, exc_info: tuple[Any, BaseException, Any]) -> None:
         if not isinstance(exc_info[1], FileNotFoundError):
             raise exc_info[1]
 
-    shutil.rmtree(folder, onerror=gone_already)
+    for _ in range(10):
+        try:
+            shutil.rmtree(folder, onerror=gone_already)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{folder} is still written in after 10 rm -rf")
 
 
 def stepping_on(service: Service, trainer_id: str) -> int | None:

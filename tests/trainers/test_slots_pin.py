@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -90,11 +91,13 @@ def test_torchruns_workers_find_their_host_by_bftrainer_host(tmp_path: Path) -> 
 
 
 FORKED_PROBE = """
-import json, os, sys
+import json, os, signal, sys
 print("PROBE " + json.dumps({
     "rank": os.environ["LOCAL_RANK"],
     "cpus": sorted(os.sched_getaffinity(0)),
     "threads": sys.modules["torch"].get_num_threads(),  # loaded by the agent, before the fork
+    "sigterm": str(signal.getsignal(signal.SIGTERM)),  # not the agent's handler
+    "name": open("/proc/self/comm").read().strip(),
 }), flush=True)
 """
 
@@ -142,6 +145,8 @@ def test_workers_forked_by_torchruns_agent_run_their_slots_threads(tmp_path: Pat
         want = share(cpus, slot, 2)
         assert by_rank[rank]["cpus"] == want
         assert by_rank[rank]["threads"] == len(want), by_rank
+        assert by_rank[rank]["sigterm"] == str(signal.SIG_DFL), by_rank
+        assert by_rank[rank]["name"] == f"bftrainer-w{rank}", by_rank
 
 
 def test_whole_nodes_change_nothing(tmp_path: Path) -> None:

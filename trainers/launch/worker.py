@@ -112,12 +112,15 @@ def _slot_removed() -> bool:
 
 
 def _default_signals() -> None:
-    """Start from the default handlers: a worker forked from torchrun's agent inherits
-    its handlers, which raise ``SignalException``, and a SIGTERM before the runtime
-    sets its own would then read as the script's error, not as a preemption."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """Drop the handlers a worker forked from torchrun's agent inherits from it (they
+    raise ``SignalException``: a SIGTERM before the runtime sets its own handler would
+    read as the script's error, not as a preemption). A worker started afresh keeps
+    what it was started with (a disposition its launcher chose, SIG_IGN included)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if callable(handler) and handler is not signal.default_int_handler:
+            default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, default)
 
 
 def _name_process() -> None:
