@@ -345,37 +345,51 @@ class HorovodComm:
         down.join(LEAVE_SHUTDOWN_S)
 
     def run(self, train: Callable[[], Any], state: ElasticState) -> Any:
-        from horovod.common.elastic import State
-
-        comm = self
-
-        class _State(State):
-            def __init__(self) -> None:
-                super().__init__(bcast_object=comm._hvd.broadcast_object, get_rank=comm._hvd.rank)
-                self.update_pending = False
-                self._saved = state.snapshot()
-
-            def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
-                self.update_pending = True
-                super().on_hosts_updated(timestamp, update_res)
-
-            def on_reset(self) -> None:
-                self.update_pending = False
-                super().on_reset()
-
-            def save(self) -> None:
-                self._saved = state.snapshot()
-
-            def restore(self) -> None:
-                state.rollback(self._saved)
-
-            def sync(self) -> None:
-                sync_from_most_advanced(comm, state)
-                self._saved = state.snapshot()
-
-        self._state = _State()
+        self._state = horovod_state(self, state)
         run = self._hvd.elastic.run(lambda _state: train())
         return run(self._state)
+
+
+def horovod_state(comm: HorovodComm, state: ElasticState) -> Any:
+    """Horovod's elastic ``State`` for ``state``: commits and syncs through it, and host
+    notifications flag ``update_pending`` for the runtime's step flags.
+
+    Horovod drops the notifications that reach a worker while it resets (``on_reset``
+    empties the queue). A host added then, say a second after a host removed, was never
+    used: the driver had told the workers once, and they never reset for it (a trainer
+    stayed on 2 nodes of 4 until its work was done). Those are kept: a notification no
+    newer than rank 0's last is ignored by ``check_host_updates`` anyway, and one the
+    reset already covered costs one more reset, not a lost grow.
+    """
+    from horovod.common.elastic import State
+
+    class _State(State):
+        def __init__(self) -> None:
+            super().__init__(bcast_object=comm._hvd.broadcast_object, get_rank=comm._hvd.rank)
+            self.update_pending = False
+            self._saved = state.snapshot()
+
+        def on_hosts_updated(self, timestamp: float, update_res: Any) -> None:
+            self.update_pending = True
+            super().on_hosts_updated(timestamp, update_res)
+
+        def on_reset(self) -> None:
+            arrived = self._host_messages  # type: ignore[has-type]  # (during the reset: above)
+            super().on_reset()
+            self._host_messages = arrived
+            self.update_pending = not arrived.empty()
+
+        def save(self) -> None:
+            self._saved = state.snapshot()
+
+        def restore(self) -> None:
+            state.rollback(self._saved)
+
+        def sync(self) -> None:
+            sync_from_most_advanced(comm, state)
+            self._saved = state.snapshot()
+
+    return _State()
 
 
 def _gpu_ops(hvd: Any) -> bool:
