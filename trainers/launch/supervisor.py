@@ -315,7 +315,7 @@ class TorchrunBackend(Backend):
                 # time an agent starts (they stay behind when an agent is stopped).
                 f"--log-dir={self.dir / 'torchrun'}",
                 # Workers are forked from the agent, which has imported torch already
-                # (torchrun_agent.py): a worker starts in 0.3 s of CPU, not 3.5 s, and
+                # (torchrun_agent.py): one import of torch per agent, not per worker, and
                 # a node's workers do not each read torch from a shared file system.
                 "--run-path",
                 "--start-method=fork",

@@ -9,10 +9,11 @@ runs the same agent and exits as soon as it has stopped its workers.
 
 The supervisor has the agent fork its workers (``--run-path --start-method=fork``), so
 what the agent has imported the workers have too: torch, and what every worker imports
-next (an optimizer imports ``torch._dynamo``; the runtime). A worker then starts in
-about 0.3 s of CPU instead of 3.5 s, and a rescale, which starts every worker again,
-waits that much less. Nothing here initialises CUDA or a process group, so a forked
-worker starts both afresh.
+next (an optimizer imports ``torch._dynamo``; the runtime), once per agent instead of
+once per worker. A rescale starts every worker again: the 1-3-2-1 rescale test
+(``tests/trainers/test_elastic_torchrun.py``) takes 33 s of CPU instead of 45 s.
+Nothing here initialises CUDA or a process group, so a forked worker starts both
+afresh.
 """
 
 from __future__ import annotations
