@@ -11,10 +11,12 @@ its log, and the others' results are kept.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import pickle
 import signal
 import tempfile
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from tqdm import tqdm
@@ -96,6 +98,34 @@ def run_on_slurm(
     return runs, failures
 
 
+def _start_pool(workers: int, inputs: Path) -> multiprocessing.pool.Pool:
+    """The replay's workers, started so that a Ctrl-C is neither printed nor lost.
+
+    Ctrl-C reaches every process of the terminal's group. The workers are born with
+    SIGINT blocked (a thread's signal mask survives fork and exec, and Python never
+    unblocks it): none prints a traceback while it imports, and the pool's exit
+    terminates them. A Ctrl-C while they start is remembered and raised here. It was
+    ignored (SIG_IGN) in that window before, and lost: the kernel hands a signal that
+    the main thread blocks to another thread (OpenBLAS's), which dropped it, and the
+    replay ran on for minutes.
+    """
+    # The resource tracker's launch unblocks SIGINT: it must not happen in the window.
+    resource_tracker.ensure_running()
+    interrupted: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, _frame: interrupted.append(signum))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        spawn = multiprocessing.get_context("spawn")
+        pool = spawn.Pool(workers, _load_inputs, (str(inputs), os.getpid()))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a pending one lands
+        signal.signal(signal.SIGINT, handler)
+    if interrupted:
+        pool.terminate()
+        raise KeyboardInterrupt
+    return pool
+
+
 def run_all(
     trace: Trace,
     jobs: list[JobSpec],
@@ -109,38 +139,21 @@ def run_all(
         # OpenBLAS's own threads, ran 8x slower on 2 cores. Spawned workers read the
         # variable when they import numpy.
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-        spawn = multiprocessing.get_context("spawn")
-        # Ctrl-C reaches every process of the terminal's group. Workers are born
-        # ignoring it (SIG_IGN survives exec, so it holds while they import): none prints
-        # a traceback, and the pool's exit terminates them. This process ignores it only
-        # while it starts them, with SIGINT blocked meanwhile: a Ctrl-C in that window
-        # stays pending and lands once the pool is in its ``with`` (it was lost before,
-        # and the replay ran to its end). Tasks hold only a config: a large task blocked
-        # in the pool's pipe would hang the pool's exit once its workers are gone.
+        # Tasks hold only a config: a large task blocked in the pool's pipe would hang
+        # the pool's exit once its workers are gone.
         with tempfile.TemporaryDirectory(prefix="bftrainer-replay-") as tmp:
             inputs = Path(tmp) / "inputs.pickle"
             inputs.write_bytes(pickle.dumps((trace, jobs, factory)))
-            sigint = {signal.SIGINT}
-            signal.pthread_sigmask(signal.SIG_BLOCK, sigint)
-            try:
-                handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-                try:
-                    pool = spawn.Pool(workers, _load_inputs, (str(inputs), os.getpid()))
-                finally:
-                    signal.signal(signal.SIGINT, handler)
-                with pool:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
-                    results = list(
-                        tqdm(
-                            pool.imap(_run_config, configs),
-                            total=len(configs),
-                            desc="replays",
-                            unit="run",
-                            disable=not progress or None,
-                        )
+            with _start_pool(workers, inputs) as pool:
+                results = list(
+                    tqdm(
+                        pool.imap(_run_config, configs),
+                        total=len(configs),
+                        desc="replays",
+                        unit="run",
+                        disable=not progress or None,
                     )
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, sigint)
+                )
         return results
     with tqdm(total=1000, desc=configs[0].policy, unit="‰", disable=not progress or None) as bar:
 
