@@ -46,7 +46,14 @@ class MilpSolver(Protocol):
     native_sos2: bool  # honours SOS2 sets itself; otherwise models pick binary encodings
 
     def solve(
-        self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
+        self,
+        milp: Milp,
+        *,
+        time_limit_s: float,
+        mip_gap: float = DEFAULT_MIP_GAP,
+        integrality_tolerance: float | None = None,
     ) -> SolveOutcome:
-        """Maximise ``milp``; never raise on a time limit, return the incumbent instead."""
+        """Maximise ``milp``; never raise on a time limit, return the incumbent instead.
+        ``integrality_tolerance``: how far an integer column may lie from an integer
+        (None: the solver's default, 1e-6 for all three)."""
         ...

@@ -24,7 +24,12 @@ class CbcSolver:
     native_sos2 = False
 
     def solve(
-        self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
+        self,
+        milp: Milp,
+        *,
+        time_limit_s: float,
+        mip_gap: float = DEFAULT_MIP_GAP,
+        integrality_tolerance: float | None = None,
     ) -> SolveOutcome:
         import pulp
 
@@ -82,6 +87,11 @@ class CbcSolver:
                 timeLimit=max(remaining_s, 0.1),
                 gapRel=mip_gap,
                 gapAbs=0.0,
+                options=(
+                    [f"integerTolerance {integrality_tolerance:g}"]
+                    if integrality_tolerance is not None
+                    else []
+                ),
                 # No ``threads``: any -threads value enters CBC 2.10's threaded code, which
                 # hung here until the time limit on a 5-variable model, once in ~400
                 # solves (coin-or/Cbc#640). CBC's default is serial.

@@ -30,7 +30,12 @@ class GurobiSolver:
     native_sos2 = True
 
     def solve(
-        self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
+        self,
+        milp: Milp,
+        *,
+        time_limit_s: float,
+        mip_gap: float = DEFAULT_MIP_GAP,
+        integrality_tolerance: float | None = None,
     ) -> SolveOutcome:
         try:
             import gurobipy as gp
@@ -48,6 +53,8 @@ class GurobiSolver:
             model.Params.TimeLimit = float(time_limit_s)
             model.Params.MIPGap = float(mip_gap)
             model.Params.MIPGapAbs = 0.0
+            if integrality_tolerance is not None:
+                model.Params.IntFeasTol = float(integrality_tolerance)
             model.Params.Threads = 1
             vtype = np.where(milp.integral, GRB.INTEGER, GRB.CONTINUOUS)
             x = model.addMVar(

@@ -36,11 +36,6 @@ PRESOLVE_ON_MAX_COLUMNS = 100_000
 # answers within the limit.
 UNBOUNDED_MIN_COLUMNS = 20_000
 LARGE_MODEL_MIN_LIMIT_S = 60.0
-# How far an integer column may lie from an integer (HiGHS' default is 1e-6). At 1e-6
-# the slot model (milp/node.py) was called optimal 7e-6 below the exact optimum, its
-# bound under it too: segment binaries at 1 - 1e-6 let it mix two placements. Found by
-# tests/milp/test_slots.py's property tests.
-INTEGRALITY_TOLERANCE = 1e-9
 _HEURISTICS_OFF = (
     "mip_heuristic_run_feasibility_jump",
     "mip_heuristic_run_rins",
@@ -54,7 +49,12 @@ class HighsSolver:
     native_sos2 = False
 
     def solve(
-        self, milp: Milp, *, time_limit_s: float, mip_gap: float = DEFAULT_MIP_GAP
+        self,
+        milp: Milp,
+        *,
+        time_limit_s: float,
+        mip_gap: float = DEFAULT_MIP_GAP,
+        integrality_tolerance: float | None = None,
     ) -> SolveOutcome:
         import highspy
 
@@ -74,7 +74,8 @@ class HighsSolver:
         h.setOptionValue("mip_rel_gap", float(mip_gap))
         # The relative gap alone decides: gains can be tiny beside a rescale cost.
         h.setOptionValue("mip_abs_gap", 0.0)
-        h.setOptionValue("mip_feasibility_tolerance", INTEGRALITY_TOLERANCE)
+        if integrality_tolerance is not None:
+            h.setOptionValue("mip_feasibility_tolerance", float(integrality_tolerance))
         if m.num_vars <= PRESOLVE_OFF_MAX_COLUMNS or large:
             h.setOptionValue("presolve", "off")
         inf = highspy.kHighsInf

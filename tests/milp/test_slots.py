@@ -31,31 +31,14 @@ def _answers_before() -> list[dict]:
 @pytest.mark.parametrize("case", _answers_before(), ids=lambda c: f"{len(c['problem']['pool'])}n")
 def test_one_slot_per_node_gives_the_allocations_of_before(case: dict) -> None:
     """120 random problems solved by the allocator before slots existed (commit 005229f,
-    tests/milp/data/): S = 1, said or not, gives the same node sets and objective.
-
-    Where HiGHS places trainers itself (the node model), which of several nodes of equal
-    value it takes is its own choice (it changed with its integrality tolerance): there
-    each trainer gets as many nodes, keeps as many of its own, and breaks no rule."""
+    tests/milp/data/): S = 1, said or not, gives the same node sets and objective."""
     for key, want in case["answers"].items():
         solver, formulation = key.split("/")
         for doc in (case["problem"], {**case["problem"], "slots_per_node": 1}):
-            problem = problem_from_dict(doc)
-            got = allocate(problem, solver=solver, formulation=formulation)
+            got = allocate(problem_from_dict(doc), solver=solver, formulation=formulation)
+            assert {k: list(v) for k, v in got.nodes.items()} == want["allocation"], key
             assert got.objective == want["objective"], key
             assert got.status == want["status"], key
-            nodes = {k: list(v) for k, v in got.nodes.items()}
-            if key != "highs/node":
-                assert nodes == want["allocation"], key
-                continue
-            assert not violations(problem, got.nodes), key
-            assert _shape(problem, nodes) == _shape(problem, want["allocation"]), key
-
-
-def _shape(problem: Problem, answer: dict[str, list[str]]) -> dict[str, tuple[int, int]]:
-    """Per trainer: how many nodes it gets, and how many of them it already held."""
-    return {
-        t.id: (len(answer[t.id]), len(set(answer[t.id]) & set(t.nodes))) for t in problem.trainers
-    }
 
 
 # ---- S > 1 against an exhaustive search over slot maps --------------------------------
@@ -212,7 +195,7 @@ SLOT_BOUND_BELOW_OPTIMUM = Problem(
 )
 
 # Found by two full runs: HiGHS called the slot model optimal 7e-6 below the exact
-# optimum, its bound under it (integrality tolerance 1e-6; 1e-9 since, milp/solvers/highs.py).
+# optimum, its bound under it (integrality tolerance 1e-6; 1e-9 since, milp/allocate.py).
 SLOT_MODEL_BELOW_OPTIMUM = Problem(
     pool=("n0", "n1"),
     trainers=(
