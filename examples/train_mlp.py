@@ -75,10 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         "trainer running while it watches, then deletes the file to let it finish at full speed",
     )
     parser.add_argument(
+        "--start-hold-file",
+        type=Path,
+        help="wait before training while this file exists (tests: workers still starting, "
+        "as with a large model to load, when the test rescales them)",
+    )
+    parser.add_argument(
         "--fail-at-step", type=int, help="raise at this step (for tests of failures)"
     )
     add_runtime_args(parser)
     args = parser.parse_args(argv)
+    while args.start_hold_file is not None and args.start_hold_file.exists():
+        time.sleep(0.1)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
 

@@ -17,6 +17,7 @@ from bftrainer.trainers.launch import remote
 from tests.trainers.elastic_harness import (
     EXAMPLE,
     HELD_STEP_S,
+    LOCAL_HOSTS,
     RESCALE_TIMEOUT_S,
     Trainer,
     launched,
@@ -24,6 +25,7 @@ from tests.trainers.elastic_harness import (
     scenario_two_slots_per_host,
     scenario_worker_killed,
     scenario_zero_hosts_and_restart,
+    start_trainer,
 )
 
 __all__ = ["launched"]
@@ -32,6 +34,40 @@ __all__ = ["launched"]
 @pytest.mark.slow
 def test_rescale_1_3_2_1(launched: list[Trainer], tmp_path: Path) -> None:
     scenario_rescale(launched, tmp_path, "torchrun")
+
+
+@pytest.mark.slow
+def test_a_generation_replaced_before_its_first_reset_ends_at_once(
+    launched: list[Trainer], tmp_path: Path
+) -> None:
+    """A trainer's nodes come up one after another at its start: a generation replaced
+    while its workers still start has nothing to commit and ends at once, not after the
+    stop grace (600 s here, far past this test's wait)."""
+    a, b, _ = LOCAL_HOSTS
+    starting = tmp_path / "starting"  # the workers wait while it exists: a slow start
+    starting.touch()
+    t = start_trainer(
+        tmp_path,
+        "torchrun",
+        [a],
+        work=4_000,
+        args=("--start-hold-file", str(starting)),
+        env={"BFTRAINER_STOP_GRACE_S": "600"},
+        held=False,
+    )
+    launched.append(t)
+    t.wait_for(lambda: bool(t.worker_pids()), "the first generation's worker", RESCALE_TIMEOUT_S)
+    first = t.worker_pids()
+    assert not t.resets()
+    t.launcher.set_hosts([a, b])
+    t.wait_for(
+        lambda: not any(remote.alive(pid) for pid in first), "the first generation's end", 60
+    )
+    starting.unlink()
+    t.wait_reset(2, 0)
+    result = t.finish()
+    assert result["samples"] == t.work
+    assert [r["nodes"] for r in t.resets()] == [2]
 
 
 @pytest.mark.slow

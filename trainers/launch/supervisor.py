@@ -114,6 +114,7 @@ class Backend:
         self.procs: list[Popen[bytes]] = []
         self.stopping = False
         self._stop_deadline: float | None = None
+        self._stop_grace_s = 0.0
         self._killed_at: float | None = None
 
     def worker_env(self) -> dict[str, str]:
@@ -155,6 +156,7 @@ class Backend:
             logger.info("%s: asking the workers to checkpoint and stop", self.name)
             channel.write_text_atomic(self.dir / channel.STOP_REQUEST, f"{time.time()}\n")
             self.stopping = True
+            self._stop_grace_s = grace_s
             self._stop_deadline = time.monotonic() + grace_s
 
     def terminate(self) -> None:
@@ -172,7 +174,8 @@ class Backend:
         """None while running; else the return code (first non-zero, else 0)."""
         late = self._stop_deadline is not None and time.monotonic() > self._stop_deadline
         if late and self._killed_at is None:
-            logger.warning("%s: workers did not stop in time; terminating", self.name)
+            if self._stop_grace_s > 0:
+                logger.warning("%s: workers did not stop in time; terminating", self.name)
             self._killed_at = time.monotonic()
             self.terminate()
         codes = [p.poll() for p in self.procs]
@@ -285,10 +288,17 @@ class TorchrunBackend(Backend):
     def __init__(self, spec: LaunchSpec) -> None:
         super().__init__(spec)
         self.generation = 0
+        self._records_from = 0  # where this generation's records begin in metrics.jsonl
+        self._has_reset = False
 
     def start(self, hosts: Hosts) -> None:
         hosts = hosts[: max(self.spec.max_hosts, 1)]
         self.generation += 1
+        try:
+            self._records_from = (self.dir / channel.METRICS).stat().st_size
+        except FileNotFoundError:
+            self._records_from = 0
+        self._has_reset = False
         self.hosts = list(hosts)
         first = hosts[0][0]
         config = remote.exec_config(self.dir)
@@ -330,7 +340,17 @@ class TorchrunBackend(Backend):
 
     def update(self, hosts: Hosts) -> None:
         # Every membership change restarts the workers: stop them at a step boundary
-        # (they commit first) and start a new generation on the new set.
+        # (they commit first) and start a new generation on the new set. Workers that
+        # have not reset yet (importing, meeting, restoring) have nothing to commit and
+        # no step boundary near: they are stopped at once. Waiting for them cost a whole
+        # grace (30 s) at a trainer's start, when its nodes come up one after another.
+        if not self._has_reset:
+            records, self._records_from = channel.read_metrics(self.dir, self._records_from)
+            self._has_reset = any(r.get("kind") == "reset" for r in records)
+        if not self._has_reset and not self.stopping:
+            logger.info("%s: no reset yet in this generation: stopping it at once", self.name)
+            self.request_stop(0.0)
+            return
         self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
 
 
