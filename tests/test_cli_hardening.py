@@ -247,9 +247,14 @@ def test_replay_refuses_an_out_it_did_not_write_before_running(tmp_path: Path, k
 
 def children(pid: int) -> list[int]:
     """The processes ``pid``'s main thread started (where multiprocessing starts them):
-    read from /proc, cheap enough to poll every few milliseconds."""
+    read from /proc, cheap enough to poll every few milliseconds; from ``ps`` where the
+    kernel has no such file."""
     try:
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        ps = ["ps", "--ppid", str(pid), "-o", "pid="]
+        out = subprocess.run(ps, capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
     except OSError:
         return []
 
