@@ -114,7 +114,6 @@ class Backend:
         self.procs: list[Popen[bytes]] = []
         self.stopping = False
         self._stop_deadline: float | None = None
-        self._stop_grace_s = 0.0
         self._killed_at: float | None = None
 
     def worker_env(self) -> dict[str, str]:
@@ -156,8 +155,12 @@ class Backend:
             logger.info("%s: asking the workers to checkpoint and stop", self.name)
             channel.write_text_atomic(self.dir / channel.STOP_REQUEST, f"{time.time()}\n")
             self.stopping = True
-            self._stop_grace_s = grace_s
             self._stop_deadline = time.monotonic() + grace_s
+
+    def stop_now(self) -> None:
+        """End the workers without asking for a commit: for workers with none to make."""
+        self.stopping = True
+        self.terminate()
 
     def terminate(self) -> None:
         for p in self.procs:
@@ -174,8 +177,7 @@ class Backend:
         """None while running; else the return code (first non-zero, else 0)."""
         late = self._stop_deadline is not None and time.monotonic() > self._stop_deadline
         if late and self._killed_at is None:
-            if self._stop_grace_s > 0:
-                logger.warning("%s: workers did not stop in time; terminating", self.name)
+            logger.warning("%s: workers did not stop in time; terminating", self.name)
             self._killed_at = time.monotonic()
             self.terminate()
         codes = [p.poll() for p in self.procs]
@@ -289,7 +291,6 @@ class TorchrunBackend(Backend):
         super().__init__(spec)
         self.generation = 0
         self._records_from = 0  # where this generation's records begin in metrics.jsonl
-        self._has_reset = False
 
     def start(self, hosts: Hosts) -> None:
         hosts = hosts[: max(self.spec.max_hosts, 1)]
@@ -298,7 +299,6 @@ class TorchrunBackend(Backend):
             self._records_from = (self.dir / channel.METRICS).stat().st_size
         except FileNotFoundError:
             self._records_from = 0
-        self._has_reset = False
         self.hosts = list(hosts)
         first = hosts[0][0]
         config = remote.exec_config(self.dir)
@@ -344,14 +344,12 @@ class TorchrunBackend(Backend):
         # have not reset yet (importing, meeting, restoring) have nothing to commit and
         # no step boundary near: they are stopped at once. Waiting for them cost a whole
         # grace (30 s) at a trainer's start, when its nodes come up one after another.
-        if not self._has_reset:
-            records, self._records_from = channel.read_metrics(self.dir, self._records_from)
-            self._has_reset = any(r.get("kind") == "reset" for r in records)
-        if not self._has_reset and not self.stopping:
+        records, _ = channel.read_metrics(self.dir, self._records_from)
+        if any(r.get("kind") == "reset" for r in records):
+            self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
+        else:
             logger.info("%s: no reset yet in this generation: stopping it at once", self.name)
-            self.request_stop(0.0)
-            return
-        self.request_stop(float(_setting("BFTRAINER_STOP_GRACE_S", "30")))
+            self.stop_now()
 
 
 class Supervisor:
