@@ -33,7 +33,16 @@ __all__ = ["launched"]
 
 @pytest.mark.slow
 def test_rescale_1_3_2_1(launched: list[Trainer], tmp_path: Path) -> None:
-    scenario_rescale(launched, tmp_path, "torchrun")
+    """... and each host's resident agent is started once, not at every generation (an
+    import of torch per host: the rescale took 43 s here with an agent per generation,
+    28 s with residents)."""
+    t = scenario_rescale(launched, tmp_path, "torchrun")
+    log = (t.dir / channel.SUPERVISOR_LOG).read_text().splitlines()
+    residents = [x for x in log if "starting: " in x and x.endswith("torchrun_agent --resident")]
+    marker = "torchrun generation "
+    generations = {x.split(marker)[1].split()[0] for x in log if marker in x}
+    assert len(residents) == len(LOCAL_HOSTS), residents
+    assert len(generations) >= 4, generations  # 1, 3, 2, 1 hosts (and any restart)
 
 
 @pytest.mark.slow

@@ -66,6 +66,7 @@ from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch import remote, restarts, worker
 from bftrainer.trainers.launch.base import STOP_GRACE, LaunchError, LaunchSpec
 from bftrainer.trainers.launch.hostwatch import HostWatch, env_seconds
+from bftrainer.trainers.launch.resident import Resident, Residents
 from bftrainer.trainers.launch.worker import FAILURE
 
 logger = logging.getLogger("bftrainer.supervisor")
@@ -128,16 +129,18 @@ class Backend:
     def worker_argv(self) -> list[str]:
         return [self.spec.python, *WORKER, str(self.spec.script), *self.spec.args]
 
-    def spawn(self, argv: list[str], env: Mapping[str, str]) -> Popen[bytes]:
+    def spawn(self, argv: list[str], env: Mapping[str, str], reports: bool = False) -> Popen[bytes]:
         """Start ``argv`` in its own session. Its standard input is a pipe this process
         holds open: a command run over ssh ends when the supervisor does (remote.TETHER);
         and it gets SIGTERM (torchrun and horovodrun then stop their workers) when the
-        supervisor dies, by SIGKILL too (lifeline)."""
+        supervisor dies, by SIGKILL too (lifeline). ``reports``: its standard output is
+        a pipe to this process (a resident agent's), not the log."""
         logger.info("starting: %s", shlex.join(argv))
         return Popen(
             argv,
             env={**os.environ, **env},
             stdin=PIPE,
+            stdout=PIPE if reports else None,
             start_new_session=True,
             cwd=self.dir,
             preexec_fn=lifeline.tied_to_this_process(),
@@ -173,6 +176,13 @@ class Backend:
             with contextlib.suppress(Exception):
                 p.wait(timeout=5)
 
+    def exit_codes(self) -> list[int | None]:
+        """Each of this run's processes: its exit code, None while it runs."""
+        return [p.poll() for p in self.procs]
+
+    def running(self) -> bool:
+        return any(c is None for c in self.exit_codes())
+
     def poll(self) -> int | None:
         """None while running; else the return code (first non-zero, else 0)."""
         late = self._stop_deadline is not None and time.monotonic() > self._stop_deadline
@@ -180,7 +190,7 @@ class Backend:
             logger.warning("%s: workers did not stop in time; terminating", self.name)
             self._killed_at = time.monotonic()
             self.terminate()
-        codes = [p.poll() for p in self.procs]
+        codes = self.exit_codes()
         if any(c is None for c in codes):
             if any(c not in (None, 0) for c in codes):
                 bad = next(c for c in codes if c not in (None, 0))
@@ -283,18 +293,20 @@ def _free_port() -> int:
 
 
 class TorchrunBackend(Backend):
-    """One ``torchrun`` agent per host, c10d rendezvous, a new generation per host set."""
+    """One torchrun agent per host, forked by the host's resident (resident.py), c10d
+    rendezvous, a new generation per host set."""
 
     name = "torchrun"
 
-    def __init__(self, spec: LaunchSpec) -> None:
+    def __init__(self, spec: LaunchSpec, residents: Residents, generation: int) -> None:
         super().__init__(spec)
-        self.generation = 0
+        self.residents = residents
+        self.generation = generation
+        self.running_on: list[Resident] = []
         self._records_from = 0  # where this generation's records begin in metrics.jsonl
 
     def start(self, hosts: Hosts) -> None:
         hosts = hosts[: max(self.spec.max_hosts, 1)]
-        self.generation += 1
         try:
             self._records_from = (self.dir / channel.METRICS).stat().st_size
         except FileNotFoundError:
@@ -305,12 +317,19 @@ class TorchrunBackend(Backend):
         endpoint = f"{remote.address_of(first, config)}:{_free_port()}"
         env = self.worker_env()
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        self.procs = []
+        self.residents.keep_only([h for h, _ in hosts])
+        resident = [self.spec.python, "-m", "bftrainer.trainers.launch.torchrun_agent"]
+        self.running_on = []
         for i, (host, slots) in enumerate(hosts):
-            argv = [
-                self.spec.python,
-                "-m",
-                "bftrainer.trainers.launch.torchrun_agent",
+            # Its workers find their slots of a shared node by this name (launch/slots.py).
+            host_env = {**env, "BFTRAINER_HOST": host}
+            command = remote.wrap_command(
+                host, [*resident, "--resident"], config, env=host_env, cwd=str(self.dir)
+            )
+            agent = self.residents.get(
+                host, command, host_env, lambda argv, e: self.spawn(argv, e, reports=True)
+            )
+            args = [
                 f"--nnodes={len(hosts)}",
                 f"--nproc-per-node={slots}",
                 "--rdzv-backend=c10d",
@@ -324,19 +343,37 @@ class TorchrunBackend(Backend):
                 # Its per-run directories in the trainer's, not one more in /tmp each
                 # time an agent starts (they stay behind when an agent is stopped).
                 f"--log-dir={self.dir / 'torchrun'}",
-                # Workers are forked from the agent, which has imported torch already
-                # (torchrun_agent.py): one import of torch per agent, not per worker, and
-                # a node's workers do not each read torch from a shared file system.
+                # Workers are forked from the agent, forked from the resident, which has
+                # imported torch already (torchrun_agent.py): one import of torch per
+                # host, not per generation and worker, and a node's workers do not each
+                # read torch from a shared file system.
                 "--run-path",
                 "--start-method=fork",
                 WORKER_FILE,
                 str(self.spec.script),
                 *self.spec.args,
             ]
-            # Its workers find their slots of a shared node by this name (launch/slots.py).
-            host_env = {**env, "BFTRAINER_HOST": host}
-            wrapped = remote.wrap_command(host, argv, config, env=host_env, cwd=str(self.dir))
-            self.procs.append(self.spawn(wrapped, host_env))
+            logger.info("torchrun generation %d on %s: %s", self.generation, host, shlex.join(args))
+            agent.start(self.generation, args)
+            self.running_on.append(agent)
+
+    def exit_codes(self) -> list[int | None]:
+        return [r.exit_code() for r in self.running_on]
+
+    def terminate(self) -> None:
+        """SIGTERM to each running agent (it stops its workers), SIGKILL to their trees
+        after 5 s, and the resident itself 5 s later if its agent is still not gone."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            running = [r for r in self.running_on if r.exit_code() is None]
+            for r in running:
+                r.signal(sig)
+            deadline = time.monotonic() + 5.0
+            while any(r.exit_code() is None for r in running) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        for r in self.running_on:
+            if r.exit_code() is None:
+                logger.warning("%s: resident agent did not end its generation; killing it", r.host)
+                r.kill()
 
     def update(self, hosts: Hosts) -> None:
         # Every membership change restarts the workers: stop them at a step boundary
@@ -360,6 +397,8 @@ class Supervisor:
         self.stop_requested = False
         self.watch = HostWatch(spec.trainer_dir)
         self._bad_hosts_logged = ""
+        self.residents = Residents()  # torchrun's, kept across generations
+        self.generations = 0
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.info("signal %d: stopping", signum)
@@ -388,13 +427,15 @@ class Supervisor:
     def _new_backend(self) -> Backend:
         if self.spec.backend == "horovod":
             return HorovodBackend(self.spec)
-        return TorchrunBackend(self.spec)
+        self.generations += 1
+        return TorchrunBackend(self.spec, self.residents, self.generations)
 
     def finish(
         self, state: str, returncode: int | None, reason: str, cause: str | None = None
     ) -> int:
-        if self.backend is not None and any(p.poll() is None for p in self.backend.procs):
+        if self.backend is not None and self.backend.running():
             self.backend.terminate()
+        self.residents.close()
         channel.write_exit(self.dir, state, returncode, reason, time.time(), cause)
         (self.dir / channel.STOP_REQUEST).unlink(missing_ok=True)
         logger.info("trainer %s %s: %s", self.spec.trainer_id, state, reason)

@@ -5,10 +5,10 @@ worker (or torchrun agent) started over ssh would outlive the supervisor that st
 it, and ``Launcher.kill`` could not reach it. The client side keeps ssh's standard
 input open for as long as ssh lives (see ``remote.wrap_command`` and the ssh shim), so
 the remote standard input ends exactly when the connection does. This tether runs the
-command in its own process group, reads its standard input until it ends, then stops
-the group: SIGTERM (a worker commits with the others and leaves), and SIGKILL after a
-grace period. SIGTERM, SIGINT or SIGHUP to the tether are passed to the group the same
-way. It exits with the command's status.
+command in its own process group, passes its standard input on to the command until it
+ends, then stops the group: SIGTERM (a worker commits with the others and leaves), and
+SIGKILL after a grace period. SIGTERM, SIGINT or SIGHUP to the tether are passed to the
+group the same way. It exits with the command's status.
 
     python -m bftrainer.trainers.launch.tether [--grace-s S] -- COMMAND [ARGS]
 """
@@ -38,7 +38,9 @@ def _stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 
 
 def run(command: Sequence[str], grace_s: float = DEFAULT_GRACE_S) -> int:
-    proc = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, start_new_session=True)
+    to_command = proc.stdin
+    assert to_command is not None
     stopping = threading.Event()
 
     def stop() -> None:
@@ -47,9 +49,13 @@ def run(command: Sequence[str], grace_s: float = DEFAULT_GRACE_S) -> int:
             threading.Thread(target=_stop_group, args=(proc, grace_s), daemon=True).start()
 
     def watch_stdin() -> None:
+        # What comes in goes on to the command (a resident agent's orders). Its input
+        # stays open after ours ends: the group is stopped by signal, once.
         with contextlib.suppress(OSError):
-            while os.read(0, 4096):
-                pass
+            while chunk := os.read(0, 65536):
+                with contextlib.suppress(OSError):
+                    to_command.write(chunk)
+                    to_command.flush()
         stop()  # the connection is gone
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
