@@ -138,3 +138,52 @@ def test_bftrainer_run_ctrl_c_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     resets, _ = channel.read_metrics(d, 0)
     steps = [r["step"] for r in resets if r["kind"] == "reset"]
     assert stopped_at in steps[1:], (stopped_at, steps)
+
+
+SLOW_TO_STOP = """
+import os, signal, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+def stop(signum, frame):
+    (out / "stopping").write_text("")
+    time.sleep(1.0)  # a commit that takes a while
+    (out / "committed").write_text("")
+    os._exit(143)
+signal.signal(signal.SIGTERM, stop)
+(out / "ready").write_text(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_second_sigterm_does_not_cut_the_agents_stop_short(tmp_path: Path) -> None:
+    """Slurm signals every process of a step and the resident passes its own on: the
+    agent gets SIGTERM twice. It still waits for its workers to commit and leave (torch's
+    agent shuts them down again when a signal interrupts the first shutdown)."""
+    from bftrainer.trainers.launch.supervisor import WORKER_FILE
+
+    script = tmp_path / "slow_to_stop.py"
+    script.write_text(SLOW_TO_STOP)
+    argv = [
+        sys.executable, "-m", "bftrainer.trainers.launch.torchrun_agent", "--standalone",
+        "--nnodes=1", "--nproc-per-node=1", "--run-path", "--start-method=fork",
+        WORKER_FILE, str(script), str(tmp_path),
+    ]  # fmt: skip
+    agent = subprocess.Popen(argv, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RESCALE_TIMEOUT_S
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and agent.poll() is None, "no worker"
+            time.sleep(0.05)
+        worker = int((tmp_path / "ready").read_text())
+        agent.send_signal(signal.SIGTERM)
+        while not (tmp_path / "stopping").exists():  # the agent is stopping its worker
+            assert time.monotonic() < deadline and agent.poll() is None, "worker not stopped"
+            time.sleep(0.02)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 143
+        assert (tmp_path / "committed").exists(), "the agent left before its worker"
+        assert not remote.alive(worker)
+    finally:
+        remote.kill_tree(agent.pid)
+        agent.wait(timeout=10)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from subprocess import Popen
 
+from bftrainer import strict_json
 from bftrainer.trainers.launch import remote
 
 logger = logging.getLogger("bftrainer.supervisor")
@@ -45,7 +46,7 @@ class Resident:
     def _send(self, message: Mapping[str, object]) -> None:
         assert self.proc.stdin is not None
         with contextlib.suppress(OSError):  # gone: poll says so
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.write((strict_json.dumps(message) + "\n").encode())
             self.proc.stdin.flush()
 
     def start(self, generation: int, args: Sequence[str]) -> None:

@@ -6,7 +6,7 @@ session, so it survives the daemon) reads ``spec.json`` and then loops:
 
 * ``hosts`` changed: Horovod gets the new list through its discovery script (a copy of
   ``hosts`` that the supervisor keeps, so that Horovod never sees an empty list);
-  torchrun's agents are asked to stop and are started again on the new set;
+  torchrun's agents are asked to stop and a new generation starts on the new set;
 * ``hosts`` empty (zero hosts): the workers are asked to stop (``stop.request``: they
   commit, rank 0 checkpoints, they exit 0); they start again when hosts come back;
 * a worker reports a user error (``failure.json``, from the worker wrapper), or the
@@ -35,6 +35,7 @@ timeouts (about 20 s), the first agent hosts the store (if its host leaves, the 
 dies), and every membership change restarts all workers anyway. Stopping the workers
 at a step boundary (they commit first: no step is lost) and starting one agent per
 new host with a fresh rendezvous is as fast and never depends on the departed host.
+Each agent is forked by its host's resident (resident.py), which imported torch once.
 c10d rendezvous still forms each generation; a crash ends it (``--max-restarts=0``) and
 the supervisor restarts from the last commit.
 

@@ -39,15 +39,15 @@ import select
 import signal
 import sys
 import traceback
-from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch._dynamo  # noqa: F401  (for the workers: see the docstring)
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import main as torchrun_main
 
 import bftrainer.trainers.runtime  # noqa: F401  (for the workers)
+from bftrainer import strict_json
 from bftrainer.trainers import lifeline
 from bftrainer.trainers.launch import remote
 
@@ -63,38 +63,11 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _first_stop_only() -> None:
-    """Handlers later installed for the stop signals run once; repeats are ignored.
-
-    torchrun's agent raises on every stop signal, also while it is stopping its workers
-    after the first, and a second one cuts that short (the agent exits, its workers
-    still committing). Two are common: Slurm signals every process of a step, and the
-    resident passes on what it gets; a tether ends a whole process group.
-    """
-    install = signal.signal
-    stopping = False
-
-    def once(handler: Callable[[int, FrameType | None], Any]) -> Callable[..., Any]:
-        def first(signum: int, frame: FrameType | None) -> Any:
-            nonlocal stopping
-            if stopping:
-                return None
-            stopping = True
-            return handler(signum, frame)
-
-        return first
-
-    def patched(sig: int, handler: Any) -> Any:
-        if sig in STOPS and callable(handler):
-            handler = once(handler)
-        return install(sig, handler)
-
-    signal.signal = patched  # type: ignore[assignment]
-
-
 def run_agent(args: list[str]) -> int:
-    """One torchrun agent with ``args``, in this process; its exit code."""
-    _first_stop_only()
+    """One torchrun agent with ``args``, in this process; its exit code. A second
+    SIGTERM (Slurm signals every process of a step, and the resident passes its own on)
+    does not cut its stop short: torchrun's agent then shuts its workers down again,
+    waiting for them (tests/trainers/test_elastic_torchrun.py guards it)."""
     try:
         torchrun_main(args)
     except SignalException:
@@ -122,7 +95,7 @@ class Resident:
         self._report({"ready": True})  # torch imported: a start now costs a fork
 
     def _report(self, report: dict[str, object]) -> None:
-        os.write(self.reports, (json.dumps(report) + "\n").encode())
+        os.write(self.reports, (strict_json.dumps(report) + "\n").encode())
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.agent is None:
