@@ -85,8 +85,12 @@ class AgentLink:
         return {n for tid, nodes in self.assignment.items() if tid in trainers for n in nodes}
 
     def report(self) -> SyncRequest:
-        trainers = self.loop.trainers.values() if self.loop is not None else ()
-        return SyncRequest(tuple(_report(t) for t in trainers))
+        """The user's unfinished trainers, and the nodes the holders run on (the loop's
+        pool): the allocator refuses to this user what it assigned and never got."""
+        if self.loop is None:
+            return SyncRequest(())
+        trainers = tuple(_report(t) for t in self.loop.trainers.values())
+        return SyncRequest(trainers, tuple(sorted(self.loop.pool)))
 
     def read(self, now_s: float) -> None:
         """Sync with the allocator, when due: outside the step's transaction (it may

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport, centre_id, split_id
+from bftrainer.centre.refusals import Refusals, Refusing
 from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
@@ -55,6 +56,7 @@ from bftrainer.loop import (
     Polled,
     PoolChange,
     Progress,
+    Redecide,
     Step,
     TrainerState,
     WallClock,
@@ -76,6 +78,9 @@ class CentreSettings:
     sync_every_s: float = 1.0  # how often agents sync (told to them in each reply)
     agent_lease_s: float = 60.0  # an agent silent this long loses its trainers' nodes
     restore_grace_s: float = 3.0  # at start, how long to wait for the agents' syncs
+    hold_grace_s: float = 120.0  # a node assigned to a user and not held this long ...
+    refused_for_s: float = 600.0  # ... is refused to that user this long (refusals.py)
+    holder_lease_s: float = 300.0  # how long a silent agent's holders may stay (the agents')
 
 
 # ---------------------------------------------------------------------- the pool
@@ -227,7 +232,11 @@ class Allocator(LiveService):
         self.hello = dict(hello)
         super().__init__(clock if clock is not None else WallClock())
         self.pool = pool
-        self.policy = policy if policy is not None else make_policy(config)
+        self.refusals = Refusals(
+            settings.hold_grace_s, settings.refused_for_s, settings.holder_lease_s
+        )
+        inner = policy if policy is not None else make_policy(config)
+        self.policy = Refusing(inner, self.refusals, self.clock.now_s)
         self.driver = RemoteDriver()
         self.inbox = Inbox(self.clock)
         self.leases = AgentLeases(self, settings.agent_lease_s)
@@ -323,6 +332,7 @@ class Allocator(LiveService):
         assert self.loop is not None
         self._snapshot = {t.id: t.nodes for t in self.loop.trainers.values()}
         self._pool_now = tuple(self.loop.pool)
+        self.refusals.assigned(self._snapshot, self.clock.now_s())
 
     def reading(self) -> Reading:
         """What the metrics export: the published split, by user, and the requests."""
@@ -396,6 +406,8 @@ class Allocator(LiveService):
                 rec.curves.pop(loop_id, None)
                 if self._restoring.pop(loop_id, None) is None:
                     inputs.append(Completion(loop_id))
+            if request.held is not None and self._refused(rec, request, now_s):
+                inputs.append(Redecide())
             assignment = {
                 local: self._snapshot[lid]
                 for local, lid in rec.ids.items()
@@ -405,6 +417,21 @@ class Allocator(LiveService):
             for item in inputs:  # in the lock: a lease expiry cannot come in between
                 self.inbox.put(item)
         return SyncReply(assignment, cancel, self.settings.sync_every_s)
+
+    def _refused(self, rec: AgentRecord, request: SyncRequest, now_s: float) -> bool:
+        """Whether this report refuses nodes to the agent's user (one line each)."""
+        held = {*(request.held or ()), *(n for t in request.trainers for n in t.nodes)}
+        new = self.refusals.held(rec.user, rec.ids.values(), held, now_s)
+        if new:
+            log.warning(
+                "%s's agent has not held %s within %g s of their assignment: they go to "
+                "other users for %g s",
+                rec.user,
+                ", ".join(new),
+                self.refusals.hold_grace_s,
+                self.refusals.refused_for_s,
+            )
+        return bool(new)
 
     def _update_trainer(self, rec: AgentRecord, t: TrainerReport) -> list[Input]:
         out: list[Input] = []

@@ -93,12 +93,7 @@ class TrainerReport:
         work = d.get("work_samples")
         if work is not None:
             work = _num(d, "work_samples", where, 1.0)
-        nodes = d.get("nodes", [])
-        if not isinstance(nodes, list) or len(nodes) > MAX_NODES:
-            raise RequestRefused(f"{where}: 'nodes' is not a list of node names")
-        for n in nodes:
-            if not isinstance(n, str) or not NODE.fullmatch(n):
-                raise RequestRefused(f"{where}: node {str(n)[:80]!r} is not a node name")
+        nodes = _nodes(d.get("nodes", []), f"{where}: 'nodes'")
         curves_in = d.get("curves", {})
         if not isinstance(curves_in, dict):
             raise RequestRefused(f"{where}: 'curves' is not an object")
@@ -124,10 +119,17 @@ class TrainerReport:
 
 @dataclass(frozen=True)
 class SyncRequest:
+    """An agent's whole view: its user's unfinished trainers, and ``held``, the nodes its
+    holders run on (None: an agent that does not say; bftrainer.centre.refusals)."""
+
     trainers: tuple[TrainerReport, ...]
+    held: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trainers": [t.to_dict() for t in self.trainers]}
+        body: dict[str, Any] = {"trainers": [t.to_dict() for t in self.trainers]}
+        if self.held is not None:
+            body["held"] = list(self.held)
+        return body
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> SyncRequest:
@@ -139,7 +141,8 @@ class SyncRequest:
         reports = tuple(TrainerReport.from_dict(t) for t in trainers)
         if len({t.id for t in reports}) < len(reports):
             raise RequestRefused("a trainer id appears twice in 'trainers'")
-        return cls(reports)
+        held = body.get("held")
+        return cls(reports, None if held is None else _nodes(held, "'held'"))
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,16 @@ class SyncReply:
 
 
 # ---------------------------------------------------------------------- checks
+
+
+def _nodes(value: object, what: str) -> tuple[str, ...]:
+    """``what`` (a field, with where it is) checked as a list of node names."""
+    if not isinstance(value, list) or len(value) > MAX_NODES:
+        raise RequestRefused(f"{what} is not a list of node names")
+    for n in value:
+        if not isinstance(n, str) or not NODE.fullmatch(n):
+            raise RequestRefused(f"{what}: node {str(n)[:80]!r} is not a node name")
+    return tuple(value)
 
 
 def _object(value: object, where: str) -> Mapping[str, Any]:

@@ -70,6 +70,9 @@ def run_allocator(
         sync_every_s=config.sync_every_s,
         agent_lease_s=config.agent_lease_s,
         restore_grace_s=2 * config.sync_every_s + 1.0,
+        hold_grace_s=config.hold_grace_s,
+        refused_for_s=config.refused_for_s,
+        holder_lease_s=config.holder_lease_s,
     )
     metrics = open_metrics()
     allocator = Allocator(

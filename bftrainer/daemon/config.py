@@ -35,6 +35,10 @@ class DaemonConfig(Config):
     # long an agent may stay silent before the allocator gives its trainers' nodes away.
     sync_every_s: float = 1.0
     agent_lease_s: float = 60.0
+    # A node assigned to a user and not held by that user's agent within hold_grace_s is
+    # refused to that user for refused_for_s (bftrainer.centre.refusals).
+    hold_grace_s: float = 120.0
+    refused_for_s: float = 600.0
     # Opt-in metrics (bftrainer.daemon_metrics, docs/deployment.md): a node_exporter
     # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
     metrics_textfile: str | None = None
@@ -69,6 +73,8 @@ class DaemonConfig(Config):
             "restart_backoff_s",
             "sync_every_s",
             "agent_lease_s",
+            "hold_grace_s",
+            "refused_for_s",
         ):
             value = getattr(self, name)
             if (

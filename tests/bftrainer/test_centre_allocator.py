@@ -81,6 +81,93 @@ def step(allocator: Allocator, clock: VirtualClock, dt_s: float = 1.0) -> None:
     allocator.loop.step(until_s=clock.now_s() + dt_s)
 
 
+def holding(
+    allocator: Allocator, peer: Peer, tid: str, n_max: int, missing: str = ""
+) -> tuple[str, ...]:
+    """``peer``'s agent syncs one trainer on what it was assigned, holding all of it
+    but ``missing`` (a node its holder never starts on); its new assignment."""
+    assigned = allocator._snapshot.get(f"{peer.user}/{tid}", ())
+    held = tuple(n for n in assigned if n != missing)
+    request = SyncRequest((report(tid, n_max, nodes=held),), held=held)
+    return tuple(allocator.sync(peer, request).assignment.get(tid, ()))
+
+
+def test_a_node_a_users_agent_never_holds_goes_to_another_user(tmp_path, caplog) -> None:
+    clock = VirtualClock(1000.0)
+    settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
+    config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
+    allocator = Allocator(tmp_path, FixedPool(NODES), config, settings, {}, clock=clock)
+    allocator.start_loop()
+    holding(allocator, ALICE, "t0001", 8)
+    holding(allocator, BOB, "t0001", 8)
+    step(allocator, clock)
+    missing = holding(allocator, BOB, "t0001", 8)[0]  # say, outside bob's QOS
+    for _ in range(2):  # within the grace: a holder may just be slow to start
+        step(allocator, clock, 10.0)
+        assert len(holding(allocator, ALICE, "t0001", 8)) == 4
+        assert missing in holding(allocator, BOB, "t0001", 8, missing)
+    step(allocator, clock, 11.0)
+    holding(allocator, BOB, "t0001", 8, missing)
+    step(allocator, clock)
+    bob = holding(allocator, BOB, "t0001", 8, missing)
+    alice = holding(allocator, ALICE, "t0001", 8)
+    assert len(bob) == 3 and missing not in bob
+    assert len(alice) == 5 and missing in alice  # decided again, not left idle
+    assert f"bob's agent has not held {missing} within 30 s" in caplog.text
+
+
+def test_a_node_another_users_holder_still_occupies_is_not_refused(tmp_path, caplog) -> None:
+    clock = VirtualClock(1000.0)
+    settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
+    config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
+    allocator = Allocator(tmp_path, FixedPool(NODES), config, settings, {}, clock=clock)
+    allocator.start_loop()
+    holding(allocator, ALICE, "t0001", 8)
+    holding(allocator, BOB, "t0001", 8)
+    step(allocator, clock)
+    alices = holding(allocator, ALICE, "t0001", 8)
+    bobs = holding(allocator, BOB, "t0001", 8)
+    # Bob's trainer ends; his holders stay on its nodes a while (their lease).
+    allocator.sync(BOB, SyncRequest((), held=bobs))
+    step(allocator, clock)
+    assert len(holding(allocator, ALICE, "t0001", 8)) == 8
+    for _ in range(4):
+        step(allocator, clock, 10.0)
+        allocator.sync(BOB, SyncRequest((), held=bobs))
+        request = SyncRequest((report("t0001", 8, nodes=alices),), held=alices)
+        assert len(allocator.sync(ALICE, request).assignment["t0001"]) == 8
+    assert "has not held" not in caplog.text
+    # Once his holders have ended, alice's own wait begins.
+    allocator.sync(BOB, SyncRequest((), held=()))
+    step(allocator, clock, 31.0)
+    allocator.sync(ALICE, request)
+    step(allocator, clock)
+    assert len(allocator.sync(ALICE, request).assignment["t0001"]) == 4
+
+
+def test_a_node_refused_to_a_user_is_swapped_for_a_free_one(tmp_path) -> None:
+    clock = VirtualClock(1000.0)
+    settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
+    config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
+    pool = FixedPool((*NODES, "n99"))
+    allocator = Allocator(tmp_path, pool, config, settings, {}, clock=clock)
+    allocator.start_loop()
+    holding(allocator, ALICE, "t0001", 4)
+    holding(allocator, BOB, "t0001", 4)
+    step(allocator, clock)
+    missing = holding(allocator, BOB, "t0001", 4)[0]
+    free = (
+        set(pool.nodes)
+        - set(allocator._snapshot["alice/t0001"])
+        - set(allocator._snapshot["bob/t0001"])
+    )
+    step(allocator, clock, 31.0)
+    holding(allocator, BOB, "t0001", 4, missing)
+    step(allocator, clock)
+    bob = holding(allocator, BOB, "t0001", 4, missing)
+    assert len(bob) == 4 and missing not in bob and free <= set(bob)
+
+
 def test_a_user_with_many_trainers_does_not_crowd_out_a_user_with_one(tmp_path) -> None:
     allocator, clock = make(tmp_path)
     allocator.start_loop()
@@ -216,6 +303,8 @@ def test_a_preempted_node_leaves_its_trainer(tmp_path) -> None:
             "node 'a b' is not a node name",
         ),
         ({"trainers": [report("t0001").to_dict()] * 2}, "appears twice"),
+        ({"trainers": [], "held": "n01"}, "'held' is not a list of node names"),
+        ({"trainers": [], "held": ["n01", ""]}, "'held': node '' is not a node name"),
     ],
 )
 def test_a_bad_sync_is_refused_naming_the_field(tmp_path, body, why) -> None:

@@ -109,10 +109,12 @@ class NoPool:
 
 
 class Stub:
-    """The agent's loop as the link reads it: its trainers."""
+    """The agent's loop as the link reads it: its trainers, and its pool (the nodes its
+    holders run on: here, those of the trainers)."""
 
     def __init__(self, *trainers: TrainerState) -> None:
         self.trainers = {t.id: t for t in trainers}
+        self.pool = {n for t in trainers for n in t.nodes}
 
 
 def test_an_agent_follows_a_live_allocator_and_keeps_its_nodes_when_it_dies(

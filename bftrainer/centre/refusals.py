@@ -1,0 +1,150 @@
+"""Nodes a user's agent could not get: the allocator stops giving them to that user.
+
+The allocator decides every trainer's nodes; each agent then holds them with its user's
+rights (a holder job per node) and reports, at every sync, the nodes it holds. A node
+assigned to a user is held within a backfill pass and a sync. One still not held after
+``hold_grace_s`` is one this user cannot get now: a QOS or account limit, a reservation,
+a partition the user may not use. Assigned again to the same user it would stay idle,
+so it is *refused* to that user for ``refused_for_s``: the next decision gives the
+trainer another node, and leaves this one to the other users' trainers. Once the
+refusal ends the user may get the node again (a limit may have been lifted).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from bftrainer.churn import Churn
+from bftrainer.loop import Decision, Policy, TrainerState
+
+
+class Refusals:
+    """Which node each user could not hold, until when (the allocator's clock)."""
+
+    def __init__(self, hold_grace_s: float, refused_for_s: float, holder_lease_s: float) -> None:
+        self._lock = threading.Lock()  # the agents' syncs and the loop's decisions
+        self.hold_grace_s = hold_grace_s
+        self.refused_for_s = refused_for_s
+        # How long another user's holders may stay on a node after that user's agent
+        # last said so (a silent agent's holders end when their leases run out).
+        self.holder_lease_s = holder_lease_s
+        self._assigned_at: dict[tuple[str, str], float] = {}  # (trainer, node) -> since
+        self._until: dict[tuple[str, str], float] = {}  # (user, node) -> refused until
+        self._held: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, nodes)
+
+    def assigned(self, assignment: Mapping[str, Iterable[str]], now_s: float) -> None:
+        """The node sets just published: a node's wait starts when first assigned."""
+        pairs = {(t, n) for t, nodes in assignment.items() for n in nodes}
+        with self._lock:
+            self._assigned_at = {p: self._assigned_at.get(p, now_s) for p in pairs}
+
+    def held(
+        self, user: str, trainers: Iterable[str], held: Iterable[str], now_s: float
+    ) -> list[str]:
+        """An agent's report: ``held``, the nodes ``user``'s holders run on. Its
+        ``trainers``' assigned nodes not among them become refused after the grace,
+        counted from the assignment or from when another user's holder last was there
+        (a node given over is free only once the other user's holder has ended).
+        Returns the nodes newly refused."""
+        trainers = set(trainers)
+        new = []
+        with self._lock:
+            self._held[user] = (now_s, frozenset(held))
+            others = {
+                n
+                for u, (when, nodes) in self._held.items()
+                if u != user and now_s - when < self.holder_lease_s
+                for n in nodes
+            }
+            self._until = {k: until for k, until in self._until.items() if until > now_s}
+            for (trainer, node), since in sorted(self._assigned_at.items()):
+                if trainer not in trainers or node in self._held[user][1]:
+                    continue
+                if node in others:
+                    self._assigned_at[(trainer, node)] = now_s
+                elif now_s - since >= self.hold_grace_s and (user, node) not in self._until:
+                    self._until[(user, node)] = now_s + self.refused_for_s
+                    new.append(node)
+        return new
+
+    def refused_to(self, user: str | None, now_s: float) -> set[str]:
+        with self._lock:
+            return {n for (u, n), until in self._until.items() if u == user and until > now_s}
+
+
+class Refusing:
+    """``inner``'s decision, with no trainer on a node refused to its user.
+
+    Such a node is swapped for a pool node nobody got and the user may have (nodes are
+    alike to the policies: the count is what they chose). A trainer that still falls
+    short is capped at what it could have (none, below its minimum), and ``inner``
+    decides once more: so the nodes it could not take go where ``inner`` would put them,
+    not idle until some later event.
+    """
+
+    def __init__(self, inner: Policy, refusals: Refusals, now_s: Callable[[], float]) -> None:
+        self.inner = inner
+        self.refusals = refusals
+        self.now_s = now_s
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+        now_s = self.now_s()
+        refused = {t.id: self.refusals.refused_to(t.job.user, now_s) for t in trainers}
+        decision = self.inner.decide(pool, trainers, churn)
+        if not any(refused.values()):
+            return decision
+        nodes, short = _swap_refused(decision.nodes, pool, trainers, refused)
+        solve_s = decision.solve_s
+        if short:
+            capped = [
+                _capped(t, len(nodes[t.id]), refused[t.id]) if t.id in short else t
+                for t in trainers
+                if t.id not in short or nodes[t.id]
+            ]
+            decision = self.inner.decide(pool, capped, churn)
+            solve_s += decision.solve_s
+            nodes, _ = _swap_refused(decision.nodes, pool, capped, refused)
+            nodes.update({t: () for t in short if t not in nodes})
+        return Decision(nodes, decision.status, solve_s, decision.t_fwd_s)
+
+
+def _swap_refused(
+    decided: Mapping[str, tuple[str, ...]],
+    pool: tuple[str, ...],
+    trainers: list[TrainerState],
+    refused: Mapping[str, set[str]],
+) -> tuple[dict[str, tuple[str, ...]], set[str]]:
+    """``decided`` with each refused node swapped for a free one the trainer may have;
+    and the trainers that fell short (their count kept, or none below the minimum)."""
+    nodes = dict(decided)
+    free = sorted(set(pool) - {n for ns in nodes.values() for n in ns})
+    short = set()
+    for t in trainers:
+        mine = nodes.get(t.id, ())
+        kept = [n for n in mine if n not in refused[t.id]]
+        if len(kept) == len(mine):
+            continue
+        while len(kept) < len(mine):
+            swap = next((n for n in free if n not in refused[t.id]), None)
+            if swap is None:
+                short.add(t.id)
+                break
+            free.remove(swap)
+            kept.append(swap)
+        if len(kept) < t.job.n_min:
+            free = sorted({*free, *kept})
+            kept = []
+        nodes[t.id] = tuple(sorted(kept))
+    return nodes, short
+
+
+def _capped(t: TrainerState, n_max: int, refused: set[str]) -> TrainerState:
+    """``t`` as it can be now: at most ``n_max`` nodes, on those it has and may keep."""
+    kept = tuple(n for n in t.nodes if n not in refused)
+    return replace(t, job=replace(t.job, n_max=n_max), nodes=kept)
