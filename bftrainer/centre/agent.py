@@ -29,7 +29,7 @@ from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport
 from bftrainer.centre.transport import SOCKET_NAME, RequestRefused, TransportError, call
 from bftrainer.churn import Churn
-from bftrainer.loop import Decision, Loop, Polled, Redecide, TrainerState
+from bftrainer.loop import Decision, LoopView, Polled, Redecide, TrainerState
 from bftrainer.state import Store, UnknownTrainerError
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ SYNC_TIMEOUT_S = 5.0
 class FollowPolicy:
     """The agent's policy: each trainer gets the nodes the allocator assigned it, those
     whose holder runs (in ``pool``); fewer than its minimum is none yet. A trainer the
-    allocator has not decided on (new, or the allocator restarting) keeps what it has."""
+    allocator has not decided on (new, or the allocator restarting) keeps what it has.
+    The holders keep every node assigned to these trainers (``Decision.hold``)."""
 
     name = "centre"
 
@@ -51,14 +52,16 @@ class FollowPolicy:
     def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
         free = set(pool)
         out: dict[str, tuple[str, ...]] = {}
+        hold: set[str] = set()
         for t in trainers:
             wanted = self.link.assignment.get(t.id, t.nodes)
+            hold.update(self.link.assignment.get(t.id, ()))
             mine = tuple(n for n in wanted if n in free)
             if len(mine) < t.job.n_min:
                 mine = ()
             free -= set(mine)
             out[t.id] = mine
-        return Decision(out, status="assigned")
+        return Decision(out, status="assigned", hold=frozenset(hold))
 
 
 class AgentLink:
@@ -69,37 +72,34 @@ class AgentLink:
         self.sync_every_s = sync_every_s
         self.assignment: dict[str, tuple[str, ...]] = {}
         self.policy = FollowPolicy(self)
-        self.loop: Loop | None = None
         self.store: Store | None = None
         self._next_s = -math.inf
         self._reachable = True
         self.syncs = 0
         self._reply: SyncReply | None = None  # read()'s, for this step's poll
 
-    def attach(self, loop: Loop, store: Store) -> None:
-        self.loop = loop
+    def attach(self, store: Store) -> None:
         self.store = store
 
-    def assigned_nodes(self) -> set[str]:
-        trainers = self.loop.trainers if self.loop is not None else {}
-        return {n for tid, nodes in self.assignment.items() if tid in trainers for n in nodes}
-
-    def report(self) -> SyncRequest:
+    @staticmethod
+    def report(view: LoopView | None) -> SyncRequest:
         """The user's unfinished trainers, and the nodes the holders run on (the loop's
         pool): the allocator refuses to this user what it assigned and never got."""
-        if self.loop is None:
+        if view is None:
             return SyncRequest(())
-        trainers = tuple(_report(t) for t in self.loop.trainers.values())
-        return SyncRequest(trainers, tuple(sorted(self.loop.pool)))
+        trainers = tuple(_report(t) for t in view.trainers)
+        return SyncRequest(trainers, tuple(sorted(view.pool)))
 
-    def read(self, now_s: float) -> None:
-        """Sync with the allocator, when due: outside the step's transaction (it may
-        wait for the allocator); :meth:`poll` applies the reply inside it."""
+    def read(self, now_s: float, view: LoopView | None = None) -> None:
+        """Sync with the allocator, when due, reporting ``view`` (the loop's trainers and
+        pool): outside the step's transaction (it may wait for the allocator);
+        :meth:`poll` applies the reply inside it."""
         self._reply = None
         if now_s < self._next_s:
             return
+        request = self.report(view).to_dict()
         try:
-            body = call(self.path, protocol.SYNC, self.report().to_dict(), timeout_s=SYNC_TIMEOUT_S)
+            body = call(self.path, protocol.SYNC, request, timeout_s=SYNC_TIMEOUT_S)
             reply = SyncReply.from_dict(body)
         except (TransportError, RequestRefused, ValueError) as exc:
             if self._reachable:

@@ -111,7 +111,7 @@ class Refusing:
             solve_s += decision.solve_s
             nodes, _ = _swap_refused(decision.nodes, pool, capped, refused)
             nodes.update({t: () for t in short if t not in nodes})
-        return Decision(nodes, decision.status, solve_s, decision.t_fwd_s)
+        return replace(decision, nodes=nodes, solve_s=solve_s)
 
 
 def _swap_refused(

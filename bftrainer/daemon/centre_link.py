@@ -8,22 +8,21 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bftrainer.loop import Loop, Policy, Polled
+from bftrainer.loop import LoopView, Policy, Polled
 from bftrainer.state import Store
 
 
 class CentreLink(Protocol):
     """A centre agent's tie to the allocator (bftrainer.centre.agent): a source of the
-    agent's loop that reports its trainers and brings back the allocator's assignment,
-    the policy that follows it, and the nodes the holders should keep."""
+    agent's loop that reports its trainers (the loop hands them to ``read``) and brings
+    back the allocator's assignment, and the policy that follows it (its decisions say
+    which nodes the holders keep: ``Decision.hold``)."""
 
     @property
     def policy(self) -> Policy: ...
 
-    def read(self, now_s: float) -> None: ...
+    def read(self, now_s: float, view: LoopView | None = None) -> None: ...
 
     def poll(self, now_s: float) -> Polled: ...
 
-    def assigned_nodes(self) -> set[str]: ...
-
-    def attach(self, loop: Loop, store: Store) -> None: ...
+    def attach(self, store: Store) -> None: ...

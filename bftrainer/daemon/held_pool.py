@@ -40,7 +40,7 @@ from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.loop import Demand, Polled, PoolChange
+from bftrainer.loop import Demand, LoopView, Polled, PoolChange
 from bftrainer.pool_changes import PoolChanges
 from bftrainer.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
@@ -62,14 +62,14 @@ class HeldPool:
         *,
         lease_dir: Path | None = None,
         lease_s: float = 300.0,
-        assigned: Callable[[], set[str]] | None = None,
+        follow_assignment: bool = False,
     ) -> None:
         self.monitor = monitor
         self.holders = holders
         self.store = store
-        # A centre agent holds exactly the nodes the allocator gave its trainers
-        # (acquisition.plan_assigned); None: the demand's hold plan (plan_holders).
-        self.assigned = assigned
+        # A centre agent holds exactly the nodes the allocator gave its trainers (the
+        # decision's ``hold``, acquisition.plan_assigned); else the demand's hold plan.
+        self.follow_assignment = follow_assignment
         self.poll_interval_s = poll_interval_s
         # The nodes whose holder runs, as the loop knows them, and the departures told.
         self.changes = PoolChanges(usable)
@@ -152,7 +152,7 @@ class HeldPool:
                 continue
             self._lease_until[node] = now_s + self.lease_s
 
-    def read(self, now_s: float) -> None:
+    def read(self, now_s: float, view: LoopView | None = None) -> None:
         """Ask the scheduler, when a poll is due: the pool, and our holders' states
         (one status call, and the cause of each holder that failed). Nothing is
         recorded here: :meth:`poll` does, inside the step's transaction."""
@@ -386,8 +386,8 @@ class HeldPool:
         # plan, so that it holds others meanwhile (they have no live holder).
         self.backoff.keep_only(view.pool)
         waiting = self.backoff.waiting(now_s)
-        if self.assigned is not None:
-            plan = plan_assigned(view.pool, running, pending, allocated, self.assigned())
+        if self.follow_assignment:
+            plan = plan_assigned(view.pool, running, pending, allocated, set(demand.hold))
             plan = replace(plan, acquire=tuple(n for n in plan.acquire if n not in waiting))
         else:
             plan = plan_holders(

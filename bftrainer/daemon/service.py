@@ -78,7 +78,7 @@ class Daemon(LiveService):
             config.poll_interval_s,
             lease_dir=state_dir / "leases",
             lease_s=config.holder_lease_s,
-            assigned=centre.assigned_nodes if centre is not None else None,
+            follow_assignment=centre is not None,
         )
         # A centre agent: the allocator decides (centre.policy follows it), the link
         # reports this user's trainers to it; None: this daemon decides alone.
@@ -213,7 +213,7 @@ class Daemon(LiveService):
             transaction=self.store.transaction,
         )
         if self.centre is not None:
-            self.centre.attach(self.loop, self.store)
+            self.centre.attach(self.store)
         self._publish_metrics(None)
         try:
             self.loop.run()

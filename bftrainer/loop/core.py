@@ -67,6 +67,7 @@ from bftrainer.loop.records import (
     LoopError,
     LoopStalledError,
     LoopState,
+    LoopView,
     PoolChange,
     Redecide,
     Step,
@@ -138,6 +139,7 @@ class Loop:
             self.trainers[t.id] = t
         self._dirty = True  # the first step decides (after a restore too)
         self._curves_changed = False
+        self._hold: frozenset[str] = frozenset()  # the last decision's (Decision.hold)
         self._stop = False
         self._started = False
         self._source_next_s = state.now_s  # poll every source at the first step
@@ -197,9 +199,11 @@ class Loop:
         if now < self.now_s:  # a wall clock stepped back: keep the loop's time monotone
             log.warning("clock went back from %.3f to %.3f; keeping %.3f", self.now_s, now, now)
             now = self.now_s
-        for source in self.sources:
-            if isinstance(source, Reader):
-                source.read(now)
+        readers = [source for source in self.sources if isinstance(source, Reader)]
+        if readers:
+            view = LoopView(tuple(self.trainers.values()), frozenset(self.pool))
+            for source in readers:
+                source.read(now, view)
         with self.transaction():
             step = self._step_at(now, target)
         for part in (self.driver, *self.sources):
@@ -258,7 +262,7 @@ class Loop:
         node, in nodes: the slots packed), and the nodes trainers hold now."""
         slots = sum(t.job.n_max for t in self.admitted())
         allocated = frozenset(n for t in self.trainers.values() for n in t.nodes)
-        return Demand(-(-slots // self.config.slots_per_node), allocated)
+        return Demand(-(-slots // self.config.slots_per_node), allocated, self._hold)
 
     def running(self) -> list[TrainerState]:
         return [t for t in self.trainers.values() if t.nodes]
@@ -417,6 +421,7 @@ class Loop:
         self._dirty = False
         self._curves_changed = False
         self.last_decision_s = self.now_s
+        self._hold = decision.hold
         return decision
 
     # ---- bookkeeping ----------------------------------------------------------------------

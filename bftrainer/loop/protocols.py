@@ -17,6 +17,7 @@ from bftrainer.loop.records import (
     Decision,
     Demand,
     Input,
+    LoopView,
     Polled,
     Progress,
     Step,
@@ -76,8 +77,9 @@ class Reader(Protocol):
 
     def poll(self, now_s: float) -> Polled: ...
 
-    def read(self, now_s: float) -> None:
-        """Ask now if a poll is due (``poll`` then uses the answer); else nothing."""
+    def read(self, now_s: float, view: LoopView | None = None) -> None:
+        """Ask now if a poll is due (``poll`` then uses the answer); else nothing. The
+        loop hands ``view``, its trainers and pool (a centre agent reports them)."""
         ...
 
 

@@ -70,6 +70,9 @@ class Decision:
     status: str = "optimal"
     solve_s: float = 0.0
     t_fwd_s: float | None = None  # the look-ahead used, for a policy that has one
+    # The nodes to hold for the trainers, for a policy that says (a centre agent's: all
+    # the allocator assigned, their holders started or not); handed on in ``Demand``.
+    hold: frozenset[str] = frozenset()
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -124,10 +127,21 @@ class Demand:
     """What the admitted trainers can use, handed to a source that holds nodes for them
     (the daemon's hold plan, ``Settler.settle``): ``nodes``, their n_max summed (with S
     slots per node, the nodes those slots fill), and ``allocated``, the nodes trainers
-    hold now."""
+    hold now; ``hold``, what the last decision's policy asked to hold (``Decision.hold``)."""
 
     nodes: int
     allocated: frozenset[str]
+    hold: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class LoopView:
+    """What a :class:`~bftrainer.loop.protocols.Reader` is handed when it asks outside at
+    a step's start: the unfinished trainers (arrival order) and the pool. A source gets
+    the loop's state as data; it never holds the loop."""
+
+    trainers: tuple[TrainerState, ...]
+    pool: frozenset[str]
 
 
 @dataclass(frozen=True)

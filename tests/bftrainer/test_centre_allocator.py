@@ -351,6 +351,7 @@ def test_follow_policy_gives_assigned_nodes_whose_holder_runs(tmp_path) -> None:
         pool, [trainer("t0001"), trainer("t0002", n_min=2), trainer("t0003", ("x",))], Churn()
     )
     assert decision.nodes == {"t0001": ("a", "b"), "t0002": (), "t0003": ("x",)}
+    assert decision.hold == {"a", "b", "c", "d", "e"}  # what the holders keep or start
 
 
 def test_holders_follow_the_assignment() -> None:

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 
 from bftrainer.centre.agent import AgentLink
 from bftrainer.centre.allocator import Allocator, CentreSettings
+from bftrainer.churn import Churn
 from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import Loop, Polled, Redecide, TrainerState, VirtualClock
+from bftrainer.loop import Loop, LoopView, Polled, Redecide, TrainerState, VirtualClock
 from bftrainer.state import Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
@@ -108,15 +109,6 @@ class NoPool:
         return Polled()
 
 
-class Stub:
-    """The agent's loop as the link reads it: its trainers, and its pool (the nodes its
-    holders run on: here, those of the trainers)."""
-
-    def __init__(self, *trainers: TrainerState) -> None:
-        self.trainers = {t.id: t for t in trainers}
-        self.pool = {n for t in trainers for n in t.nodes}
-
-
 def test_an_agent_follows_a_live_allocator_and_keeps_its_nodes_when_it_dies(
     tmp_path: Path,
 ) -> None:
@@ -132,22 +124,26 @@ def test_an_agent_follows_a_live_allocator_and_keeps_its_nodes_when_it_dies(
         allocator.start_loop()
         link = AgentLink(sockets)
         job = JobSpec("t0001", "m", 0.0, 1, 2, 0.0, 0.0, math.inf, ((1.0, 1.0), (2.0, 2.0)))
-        link.attach(Stub(TrainerState(job)), store)  # type: ignore[arg-type]
-        link.read(0.0)
+        trainer = TrainerState(job)
+        view = LoopView((trainer,), frozenset())  # what the agent's loop hands its reader
+        link.attach(store)
+        link.read(0.0, view)
         assert link.poll(0.0).inputs == ()  # registered; not decided yet
         assert allocator.loop is not None
         allocator.loop.step(until_s=1.0)
-        link.read(1.0)
+        link.read(1.0, view)
         assert link.poll(1.0).inputs == (Redecide(),)
         assert link.assignment == {"t0001": ("n1", "n2")}
-        assert link.assigned_nodes() == {"n1", "n2"}
-        link.read(2.0)
+        # No holder runs yet: no node to train on, both to hold.
+        decision = link.policy.decide((), [trainer], Churn())
+        assert decision.nodes == {"t0001": ()} and decision.hold == {"n1", "n2"}
+        link.read(2.0, view)
         assert link.poll(2.0).inputs == ()  # nothing moved: nothing to decide
     finally:
         allocator.server.close()
         store.close()
     # The allocator is gone: the agent keeps what it was given.
-    link.read(3.0)
+    link.read(3.0, view)
     assert link.poll(3.0).inputs == ()
     assert link.assignment == {"t0001": ("n1", "n2")}
     assert isinstance(allocator.loop, Loop)
