@@ -34,13 +34,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.interpolate import LinearNDInterpolator
 
 from bftrainer.trainers.efficiency import pgns_from_stats
 from bftrainer.trainers.throughput import StepObservation
+
+if TYPE_CHECKING:
+    from scipy.interpolate import LinearNDInterpolator
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +238,10 @@ class PolluxProfile:
 
     @cached_property
     def _interpolator(self) -> LinearNDInterpolator:
+        # Imported here: scipy.interpolate is 0.7 s of CPU, and every `bftrainer replay`
+        # imports this module (the Pollux simulator), most never reading a profile.
+        from scipy.interpolate import LinearNDInterpolator
+
         pts, vals = [], []
         for (n, k), (bsz, times) in self._by_config.items():
             for m, t in zip(bsz, times, strict=True):
