@@ -92,15 +92,21 @@ def holding(
     return tuple(allocator.sync(peer, request).assignment.get(tid, ()))
 
 
-def test_a_node_a_users_agent_never_holds_goes_to_another_user(tmp_path, caplog) -> None:
+def sharing(tmp_path, pool: FixedPool, n_max: int) -> tuple[Allocator, VirtualClock]:
+    """An allocator whose refusals come after 30 s, alice's and bob's trainer decided on."""
     clock = VirtualClock(1000.0)
     settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
     config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
-    allocator = Allocator(tmp_path, FixedPool(NODES), config, settings, {}, clock=clock)
+    allocator = Allocator(tmp_path, pool, config, settings, {}, clock=clock)
     allocator.start_loop()
-    holding(allocator, ALICE, "t0001", 8)
-    holding(allocator, BOB, "t0001", 8)
+    holding(allocator, ALICE, "t0001", n_max)
+    holding(allocator, BOB, "t0001", n_max)
     step(allocator, clock)
+    return allocator, clock
+
+
+def test_a_node_a_users_agent_never_holds_goes_to_another_user(tmp_path, caplog) -> None:
+    allocator, clock = sharing(tmp_path, FixedPool(NODES), n_max=8)
     missing = holding(allocator, BOB, "t0001", 8)[0]  # say, outside bob's QOS
     for _ in range(2):  # within the grace: a holder may just be slow to start
         step(allocator, clock, 10.0)
@@ -117,14 +123,7 @@ def test_a_node_a_users_agent_never_holds_goes_to_another_user(tmp_path, caplog)
 
 
 def test_a_node_another_users_holder_still_occupies_is_not_refused(tmp_path, caplog) -> None:
-    clock = VirtualClock(1000.0)
-    settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
-    config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
-    allocator = Allocator(tmp_path, FixedPool(NODES), config, settings, {}, clock=clock)
-    allocator.start_loop()
-    holding(allocator, ALICE, "t0001", 8)
-    holding(allocator, BOB, "t0001", 8)
-    step(allocator, clock)
+    allocator, clock = sharing(tmp_path, FixedPool(NODES), n_max=8)
     alices = holding(allocator, ALICE, "t0001", 8)
     bobs = holding(allocator, BOB, "t0001", 8)
     # Bob's trainer ends; his holders stay on its nodes a while (their lease).
@@ -146,15 +145,8 @@ def test_a_node_another_users_holder_still_occupies_is_not_refused(tmp_path, cap
 
 
 def test_a_node_refused_to_a_user_is_swapped_for_a_free_one(tmp_path) -> None:
-    clock = VirtualClock(1000.0)
-    settings = CentreSettings(hold_grace_s=30.0, refused_for_s=600.0)
-    config = Config(fair_by="user", objective="speedup", fairness_p=-1.0)
     pool = FixedPool((*NODES, "n99"))
-    allocator = Allocator(tmp_path, pool, config, settings, {}, clock=clock)
-    allocator.start_loop()
-    holding(allocator, ALICE, "t0001", 4)
-    holding(allocator, BOB, "t0001", 4)
-    step(allocator, clock)
+    allocator, clock = sharing(tmp_path, pool, n_max=4)
     missing = holding(allocator, BOB, "t0001", 4)[0]
     free = (
         set(pool.nodes)
