@@ -70,6 +70,7 @@ class HeldPool:
         # A centre agent holds exactly the nodes the allocator gave its trainers (the
         # decision's ``hold``, acquisition.plan_assigned); else the demand's hold plan.
         self.follow_assignment = follow_assignment
+        self._trainers_on: dict[str, set[str]] = {}  # node -> trainer ids (the loop's view)
         self.poll_interval_s = poll_interval_s
         # The nodes whose holder runs, as the loop knows them, and the departures told.
         self.changes = PoolChanges(usable)
@@ -155,8 +156,14 @@ class HeldPool:
     def read(self, now_s: float, view: LoopView | None = None) -> None:
         """Ask the scheduler, when a poll is due: the pool, and our holders' states
         (one status call, and the cause of each holder that failed). Nothing is
-        recorded here: :meth:`poll` does, inside the step's transaction."""
+        recorded here: :meth:`poll` does, inside the step's transaction. ``view``: the
+        loop's trainers, for the GPU check (which trainers a node's change affects)."""
         self._polled_now = False
+        if view is not None:
+            self._trainers_on = {}
+            for t in view.trainers:
+                for n in t.nodes:
+                    self._trainers_on.setdefault(n, set()).add(t.id)
         if now_s < self._next_s:
             return
         self._next_s = now_s + self.poll_interval_s
@@ -199,10 +206,7 @@ class HeldPool:
         if self.gate is not None:
             # A held node whose GPU count is not S leaves the loop's pool (its holder is
             # then released by the plan: outside the pool, no trainer on it).
-            users: dict[str, set[str]] = {}
-            for tid, a in self.store.current_allocations().items():
-                for n in a.nodes:
-                    users.setdefault(n, set()).add(tid)
+            users = self._trainers_on
             self._left_out = self.gate.misfits(view, {n: users.get(n, set()) for n in running})
             self._idle = view.pool
             view = self.gate.without(view, set(self._left_out))

@@ -25,7 +25,8 @@ from bftrainer.holders.base import HolderStatus, ReconcileResult
 from bftrainer.idle_monitor.runner import CommandResult, ReplayRunner, recorded
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
-from bftrainer.loop import Demand, PoolChange
+from bftrainer.jobs import JobSpec
+from bftrainer.loop import Demand, LoopView, PoolChange, TrainerState
 from bftrainer.state import Store, ensure_state_dir
 
 FIXTURES = Path(__file__).resolve().parents[2] / "idle_monitor" / "fixtures"
@@ -83,8 +84,12 @@ class Cluster:
         self.holders = RunningHolders()
         config = load_daemon_config(None, {"slots_per_node": "gres", "poll_interval_s": 1.0})
         self.daemon = Daemon(self.store, state_dir, monitor, self.holders, config)  # type: ignore[arg-type]
-        # The loop is not run here: its demand is the trainer's two slots, on node2.
+        # The loop is not run here: its demand is the trainer's two slots, on node2, and
+        # what it hands the pool at each step's start, that trainer there.
         self.demand = Demand(1, frozenset({"node2"}))
+        trainer = TrainerState(JobSpec(self.trainer, "m", 0.0, 1, 2, 0.0, 0.0, 1e6, ((1.0, 1.0),)))
+        trainer.nodes = ("node2", "node2")
+        self.view = LoopView((trainer,), frozenset({"node2"}))
 
     def answer(self, gres: str) -> None:
         """What sinfo says from now on: the states, then the GPUs, at every poll."""
@@ -94,7 +99,7 @@ class Cluster:
         """One poll a second later: the nodes that joined and left the loop's pool."""
         self.now_s += 1.0
         pool = self.daemon.pool
-        pool.read(self.now_s)  # as the loop's step: read, poll, settle, then act
+        pool.read(self.now_s, self.view)  # as the loop's step: read, poll, settle, act
         polled = pool.poll(self.now_s)
         pool.settle(self.now_s, False, self.demand)
         pool.act(self.now_s)
