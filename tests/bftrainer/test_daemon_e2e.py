@@ -83,7 +83,10 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
     # this 2-core machine slow them down (measured: 8 workers, each fit turned flat).
     service.start("equal")
     work = 60_000
-    slow = (*service.paced(0.2), "--max-batch", "128")
+    # Held at 0.4 s a step (60,000 samples at batch 128: 3 min at least): at 0.2 s the
+    # torchrun trainer, faster since its agents stay up, once finished its work while
+    # the Horovod one still waited out Gloo's timeout after the main job came.
+    slow = (*service.paced(0.4), "--max-batch", "128")
     # One after the other: Horovod's start took 2.5 min on a loaded CI machine, and a
     # torchrun trainer submitted with it had finished its work before the main job came.
     a = service.submit("horovod", work, 4, *slow)
