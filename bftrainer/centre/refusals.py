@@ -30,15 +30,18 @@ class Refusals:
         # How long another user's holders may stay on a node after that user's agent
         # last said so (a silent agent's holders end when their leases run out).
         self.holder_lease_s = holder_lease_s
-        self._assigned_at: dict[tuple[str, str], float] = {}  # (trainer, node) -> since
+        self._assigned_at: dict[str, dict[str, float]] = {}  # trainer -> node -> since
         self._until: dict[tuple[str, str], float] = {}  # (user, node) -> refused until
         self._held: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, nodes)
 
     def assigned(self, assignment: Mapping[str, Iterable[str]], now_s: float) -> None:
         """The node sets just published: a node's wait starts when first assigned."""
-        pairs = {(t, n) for t, nodes in assignment.items() for n in nodes}
         with self._lock:
-            self._assigned_at = {p: self._assigned_at.get(p, now_s) for p in pairs}
+            before = self._assigned_at
+            self._assigned_at = {
+                t: {n: before.get(t, {}).get(n, now_s) for n in nodes}
+                for t, nodes in assignment.items()
+            }
 
     def held(
         self, user: str, trainers: Iterable[str], held: Iterable[str], now_s: float
@@ -47,11 +50,20 @@ class Refusals:
         ``trainers``' assigned nodes not among them become refused after the grace,
         counted from the assignment or from when another user's holder last was there
         (a node given over is free only once the other user's holder has ended).
-        Returns the nodes newly refused."""
-        trainers = set(trainers)
-        new = []
+        Returns the nodes newly refused. Runs at every agent's every sync: in the usual
+        case, every assigned node held, it reads only this user's assignment."""
+        held = frozenset(held)
+        new: list[str] = []
         with self._lock:
-            self._held[user] = (now_s, frozenset(held))
+            self._held[user] = (now_s, held)
+            waiting = sorted(
+                (node, trainer)
+                for trainer in trainers
+                for node in self._assigned_at.get(trainer, {})
+                if node not in held
+            )
+            if not waiting:
+                return new
             others = {
                 n
                 for u, (when, nodes) in self._held.items()
@@ -59,12 +71,13 @@ class Refusals:
                 for n in nodes
             }
             self._until = {k: until for k, until in self._until.items() if until > now_s}
-            for (trainer, node), since in sorted(self._assigned_at.items()):
-                if trainer not in trainers or node in self._held[user][1]:
-                    continue
+            for node, trainer in waiting:
+                assigned = self._assigned_at[trainer]
                 if node in others:
-                    self._assigned_at[(trainer, node)] = now_s
-                elif now_s - since >= self.hold_grace_s and (user, node) not in self._until:
+                    assigned[node] = now_s
+                elif now_s - assigned[node] >= self.hold_grace_s and (
+                    (user, node) not in self._until
+                ):
                     self._until[(user, node)] = now_s + self.refused_for_s
                     new.append(node)
         return new
