@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Two tests here build from the source tree, and setuptools writes ROOT/build and the
+# egg-info there: two builds at once in one tree are not safe. A fresh clone's `make
+# test` once failed the wheel test's build (its error was not kept); they could have
+# overlapped on two pytest-xdist workers. One worker runs them all.
+pytestmark = pytest.mark.xdist_group("source-tree-build")
 FIXTURE_PREFIX = "bftrainer/idle_monitor/fixtures/"
 # setuptools' note on every editable install with a package-dir mapping ("Editable
 # installation. Please be careful with folders..."): information, not a fault of ours.

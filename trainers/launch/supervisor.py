@@ -319,14 +319,17 @@ class TorchrunBackend(Backend):
         env = self.worker_env()
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         self.residents.keep_only([h for h, _ in hosts])
-        resident = [self.spec.python, "-m", "bftrainer.trainers.launch.torchrun_agent"]
+        resident = [
+            self.spec.python,
+            "-m",
+            "bftrainer.trainers.launch.torchrun_agent",
+            "--resident",
+        ]
         self.running_on = []
         for i, (host, slots) in enumerate(hosts):
             # Its workers find their slots of a shared node by this name (launch/slots.py).
             host_env = {**env, "BFTRAINER_HOST": host}
-            command = remote.wrap_command(
-                host, [*resident, "--resident"], config, env=host_env, cwd=str(self.dir)
-            )
+            command = remote.wrap_command(host, resident, config, env=host_env, cwd=str(self.dir))
             agent = self.residents.get(
                 host, command, host_env, lambda argv, e: self.spawn(argv, e, reports=True)
             )

@@ -6,7 +6,7 @@ ending at once when its node is taken.
 
 Every membership change starts a new torchrun generation on every host (supervisor.py
 says why). A torchrun agent imports torch, and what every worker imports next (an
-optimizer imports ``torch._dynamo``; the runtime), 3.2 s of CPU here and more from a
+optimizer imports ``torch._dynamo``; the runtime), about 3 s of CPU here and more from a
 shared file system: paid again on every host at every rescale, that was a third of the
 test suite's CPU. So the supervisor keeps one *resident* per host: it imports all that
 once, then forks one torchrun agent per generation, which forks its workers
@@ -32,7 +32,6 @@ the agent and the resident exit as soon as the workers are gone.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -50,10 +49,10 @@ import bftrainer.trainers.runtime  # noqa: F401  (for the workers)
 from bftrainer import strict_json
 from bftrainer.trainers import lifeline
 from bftrainer.trainers.launch import remote
+from bftrainer.trainers.launch.worker import name_process
 
 TERMINATED = 143  # 128 + SIGTERM, as torchrun's own exit on a signal
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-PR_SET_NAME = 15  # prctl(2)
 
 
 def _exit(code: int) -> NoReturn:
@@ -127,8 +126,7 @@ class Resident:
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
                 lifeline.die_with_parent(signal.SIGTERM, resident)
-                name = f"torchrun-g{generation}".encode()[:15]  # what ps shows (comm)
-                ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+                name_process(f"torchrun-g{generation}")
                 code = run_agent(args)
             except BaseException:
                 traceback.print_exc()

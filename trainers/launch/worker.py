@@ -123,12 +123,18 @@ def _default_signals() -> None:
             signal.signal(sig, default)
 
 
-def _name_process() -> None:
-    """Name this process ``bftrainer-w<rank>`` (its rank at start; ``ps -o comm``,
-    ``top``): a worker forked by torchrun's agent has the agent's command line."""
-    name = f"{PROCESS_NAME}{_rank()}".encode()[:15]  # the kernel keeps 15 bytes
+def name_process(name: str) -> None:
+    """What ``ps -o comm`` and ``top`` show for this process (15 bytes: the kernel's)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(
+            PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0
+        )
+
+
+def _name_process() -> None:
+    """Name this process ``bftrainer-w<rank>`` (its rank at start): a worker forked by
+    torchrun's agent has the agent's command line."""
+    name_process(f"{PROCESS_NAME}{_rank()}")
 
 
 def main(argv: list[str]) -> int:
