@@ -63,6 +63,9 @@ def measured_s() -> dict[str, float]:
     return out
 
 
+# tryfirst: pytest-xdist's worker turns a group mark into the test's id in the same hook;
+# run after it, the marks come too late and no group holds (tests/test_suite_groups.py).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = TORCH_GROUPS.get(item.path.stem)
