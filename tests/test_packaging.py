@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -14,11 +15,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Two tests here build from the source tree, and setuptools writes ROOT/build and the
-# egg-info there: two builds at once in one tree are not safe. A fresh clone's `make
-# test` once failed the wheel test's build (its error was not kept); they could have
-# overlapped on two pytest-xdist workers. One worker runs them all.
-pytestmark = pytest.mark.xdist_group("source-tree-build")
 FIXTURE_PREFIX = "bftrainer/idle_monitor/fixtures/"
 # setuptools' note on every editable install with a package-dir mapping ("Editable
 # installation. Please be careful with folders..."): information, not a fault of ours.
@@ -35,6 +31,24 @@ FOLDERS = {
     "scripts/slurm": "bftrainer.scripts.slurm",  # the holder job scripts (package data)
     "scripts/lsf": "bftrainer.scripts.lsf",
 }
+
+
+def source_copy(tmp_path: Path) -> Path:
+    """The files a commit would carry, copied: setuptools writes build/ and egg-info into
+    the tree it builds, and two builds in one tree at once fail (two pytest-xdist workers
+    did: "Directory not empty: build/bdist.linux-x86_64/wheel")."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    src = tmp_path / "src"
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # a file deleted but not yet committed is listed too
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    return src
 
 
 def test_every_package_folder_is_listed_in_pyproject() -> None:
@@ -55,7 +69,7 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
 def test_wheel_installs_under_one_namespace_in_a_fresh_venv(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path)],
-        cwd=ROOT,
+        cwd=source_copy(tmp_path),
         check=True,
         capture_output=True,
     )
@@ -188,8 +202,9 @@ def warnings_in(output: str) -> list[str]:
 def test_pip_wheel_and_editable_install_print_no_warning(tmp_path: Path) -> None:
     """pip hides a build backend's warnings without -v; -v shows what a packager sees."""
     offline = ["--no-deps", "--no-build-isolation", "--no-index", "-v"]
+    src = source_copy(tmp_path)
     wheel = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", *offline, "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", *offline, "-w", str(tmp_path), str(src)],
         capture_output=True,
         text=True,
         check=False,
@@ -201,7 +216,7 @@ def test_pip_wheel_and_editable_install_print_no_warning(tmp_path: Path) -> None
     # setuptools (the backend, without build isolation) from the dev venv.
     env = {"PYTHONPATH": sysconfig.get_paths()["purelib"], "PATH": "/usr/bin:/bin"}
     editable = subprocess.run(
-        [env_dir / "bin" / "python", "-m", "pip", "install", *offline, "-e", str(ROOT)],
+        [env_dir / "bin" / "python", "-m", "pip", "install", *offline, "-e", str(src)],
         capture_output=True,
         text=True,
         env=env,
