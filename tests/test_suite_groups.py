@@ -3,9 +3,10 @@
 `make test` runs `pytest -n N --dist loadgroup`, and tests/conftest.py puts the tests whose
 trainers train flat out in groups (`TORCH_GROUPS`). Nothing fails when a group is not
 honoured: its tests just overlap and starve each other, and Horovod's and Gloo's timeouts
-fire now and then. That happened unseen: pytest 9.2.0 keeps a node's id where
-pytest-xdist 3.8.0 no longer changes it (pytest-xdist issue #1386), so no group held.
-This runs the real hook on a generated suite, as `make test` runs pytest.
+fire now and then. That happened unseen: pytest-xdist 3.8.0 marks a grouped test by
+changing a field of its id that pytest 9.2.0 no longer reads (pytest-xdist issue #1386),
+and our hook marked the tests after xdist had looked; no group held. This runs the
+suite's hook on a generated suite, as `make test` runs pytest.
 """
 
 from __future__ import annotations
