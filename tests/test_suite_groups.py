@@ -30,8 +30,7 @@ def test_step(i):
 
 
 def test_each_group_runs_on_one_worker(tmp_path: Path) -> None:
-    grouped = sorted(TORCH_GROUPS)[:2]
-    assert len({TORCH_GROUPS[stem] for stem in grouped}) == 2, "two different groups"
+    grouped = sorted({group: stem for stem, group in TORCH_GROUPS.items()}.values())
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     # The suite's own hook, imported whole; the modules take the grouped modules' names.
     (tmp_path / "conftest.py").write_text(

@@ -70,7 +70,7 @@ class HeldPool:
         # A centre agent holds exactly the nodes the allocator gave its trainers (the
         # decision's ``hold``, acquisition.plan_assigned); else the demand's hold plan.
         self.follow_assignment = follow_assignment
-        self._trainers_on: dict[str, set[str]] = {}  # node -> trainer ids (the loop's view)
+        self._loop_view: LoopView | None = None  # the step's, for the GPU check
         self.poll_interval_s = poll_interval_s
         # The nodes whose holder runs, as the loop knows them, and the departures told.
         self.changes = PoolChanges(usable)
@@ -160,10 +160,7 @@ class HeldPool:
         loop's trainers, for the GPU check (which trainers a node's change affects)."""
         self._polled_now = False
         if view is not None:
-            self._trainers_on = {}
-            for t in view.trainers:
-                for n in t.nodes:
-                    self._trainers_on.setdefault(n, set()).add(t.id)
+            self._loop_view = view
         if now_s < self._next_s:
             return
         self._next_s = now_s + self.poll_interval_s
@@ -206,8 +203,12 @@ class HeldPool:
         if self.gate is not None:
             # A held node whose GPU count is not S leaves the loop's pool (its holder is
             # then released by the plan: outside the pool, no trainer on it).
-            users = self._trainers_on
-            self._left_out = self.gate.misfits(view, {n: users.get(n, set()) for n in running})
+            users: dict[str, set[str]] = {n: set() for n in running}
+            for t in self._loop_view.trainers if self._loop_view is not None else ():
+                for n in t.nodes:
+                    if n in users:
+                        users[n].add(t.id)
+            self._left_out = self.gate.misfits(view, users)
             self._idle = view.pool
             view = self.gate.without(view, set(self._left_out))
             running = {n: h for n, h in running.items() if n not in self._left_out}
