@@ -14,6 +14,8 @@ from bftrainer.idle_monitor.trace_time import check_epoch_s, format_time
 
 REQUIRED_COLUMNS = ("time", "node", "idle")
 WRITER_COLUMNS = ("time", "node", "idle", "window_s")
+# Informative, written by `trace from-log`: how long a joining node stayed idle in fact.
+LOG_COLUMNS = (*WRITER_COLUMNS, "idle_s")
 
 
 class TraceFormatError(ValueError):

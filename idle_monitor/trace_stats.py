@@ -18,6 +18,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,10 @@ SHORT_FRAGMENT_S = 600.0
 """The paper's "shorter than 10 minutes"."""
 WINDOW_S = 12 * 3600.0
 """Fig. 6 bins: 12 hours."""
+QUIET_S = 6 * 3600.0
+"""A stretch this long in which no node leaves the pool (no job starts) is flagged as a
+possible outage: a job log has no maintenance windows, so a machine that was down looks
+idle."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,19 @@ class TraceSummary:
     fragment_p90_s: float
     short_fragment_share: float
     short_fragment_time_share: float
+    possible_outages: tuple[tuple[float, float], ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        """A JSON-ready dict: NaN becomes null."""
-        return {
+        """A JSON-ready dict: NaN becomes null; outages as start, end and hours."""
+        out = {
             k: (None if isinstance(v, float) and math.isnan(v) else v)
             for k, v in asdict(self).items()
         }
+        out["possible_outages"] = [
+            {"start": format_time(a), "end": format_time(b), "hours": round((b - a) / 3600, 2)}
+            for a, b in self.possible_outages
+        ]
+        return out
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,14 @@ def summarize(trace: Trace) -> TraceSummary:
         short_fragment_time_share=float(lengths[short].sum() / total_s)
         if total_s > 0
         else math.nan,
+        possible_outages=quiet_spells(trace),
     )
+
+
+def quiet_spells(trace: Trace, min_s: float = QUIET_S) -> tuple[tuple[float, float], ...]:
+    """Stretches of at least ``min_s`` in which no node left the pool (``QUIET_S``)."""
+    leaves = [trace.start_s, *(e.time_s for e in trace.events if e.left), trace.end_s]
+    return tuple((a, b) for a, b in pairwise(leaves) if b - a >= min_s)
 
 
 def window_stats(trace: Trace, window_s: float = WINDOW_S) -> list[WindowStats]:
@@ -309,6 +327,13 @@ def format_summary(summary: TraceSummary, *, load_s: float | None = None) -> Seq
         f"short       {100 * s.short_fragment_share:.1f} % of fragments < 10 min, "
         f"holding {100 * s.short_fragment_time_share:.1f} % of their node-time",
     ]
+    for a, b in s.possible_outages[:10]:
+        lines.append(
+            f"quiet       {format_time(a)} -> {format_time(b)} ({(b - a) / 3600:.1f} h with no "
+            "node taken: a possible outage)"
+        )
+    if len(s.possible_outages) > 10:
+        lines.append(f"quiet       ... {len(s.possible_outages) - 10} more (--json lists all)")
     if load_s is not None:
         lines.append(f"load        {load_s:.2f} s")
     return lines

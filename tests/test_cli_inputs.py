@@ -23,6 +23,7 @@ from bftrainer.cli.params import InputFile, InputTextFile
 # Not files read here: outputs, and paths on the machine the scheduler's commands run on.
 NOT_LOCAL_INPUTS = {
     "trace synth --out",
+    "trace from-log --out",
     "daemon --metrics-textfile",
     "daemon --holder-script",
     "pool --lsf-plan-file",

@@ -7,6 +7,7 @@ what it writes (runs_output.py) live in the replay package.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import click
 
 from bftrainer.cli import UsageError
+from bftrainer.cli.joblog_options import LogOptions, log_options, options_from
 from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
 from bftrainer.cli.params import (
     POSITIVE,
@@ -24,10 +26,11 @@ from bftrainer.cli.params import (
 )
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
 from bftrainer.cli.policy_options import T_FWD, policy_flags, policy_options
-from bftrainer.cli.trace import parse_node_range, parse_time_option
+from bftrainer.cli.trace import load_trace_or_log, parse_node_range, parse_time_option
 from bftrainer.config import ConfigError, load_config, with_overrides
+from bftrainer.idle_monitor.joblog import is_job_log
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpecError, check_workload, jobs_in_slots
+from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
 from bftrainer.replay.executors import run_all, run_on_slurm
 from bftrainer.replay.inputs import pollux_jobs, replay_trace, workload_jobs, workload_record
 from bftrainer.replay.learning import CURVES, PRIORS
@@ -59,7 +62,8 @@ FLAG_NAMES = {
 
 
 @click.command("replay")
-@click.argument("trace_path", metavar="[TRACE]", required=False, type=InputFile(path_type=None))
+@click.argument("trace_path", metavar="[TRACE|LOG]", required=False, type=InputFile(path_type=None))
+@log_options("--machine-nodes")
 @click.option("--nodes", "node_slice", help="Nodes by first-seen order, e.g. 0:1024.")
 @click.option("--start", help="Replay from this time (YYYY-mm-dd HH:MM:SS, ISO-8601 or epoch s).")
 @click.option("--end", help="Replay until this time.")
@@ -167,8 +171,9 @@ FLAG_NAMES = {
 @click.option(
     "--windows",
     type=click.Choice(list(WINDOW_MODES)),
-    help="What the pool source knows of departures: none (default), oracle (the trace's "
-    "true times), realistic (--windows-share/-lead/-error). docs/replay.md.",
+    help="What the pool source knows of departures: none (default for a trace), trace (the "
+    "windows it states; default for a job log), oracle (the true times), realistic "
+    "(--windows-share/-lead/-error). docs/replay.md.",
 )
 @click.option(
     "--windows-share",
@@ -253,6 +258,12 @@ FLAG_NAMES = {
     help="slurm: the tasks' inputs, results and logs, on a filesystem the nodes share "
     "(default: OUT.slurm beside --out).",
 )
+@click.option(
+    "--shift-arrivals",
+    metavar="TIME|start",
+    help="Move a --jobs job set's arrivals, keeping their spacing, so the first arrives at "
+    "TIME or at the replay's start (start); the shift is in summary.json.",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option(
     "--progress/--no-progress", default=True, help="Progress bar on stderr (when a terminal)."
@@ -294,6 +305,7 @@ def replay_cmd(
     slurm_account: str | None,
     slurm_time_min: int | None,
     slurm_folder: Path | None,
+    shift_arrivals: str | None,
     out_dir: Path,
     progress: bool,
     **policy: Any,
@@ -304,7 +316,19 @@ def replay_cmd(
     and prints a short table. With several policies or a sweep, each run has its own
     folder and the top-level summary.json lists them all. See docs/replay.md.
     """
-    trace = _load(trace_path, node_slice, start, end, synthetic_nodes, synthetic_hours, seed)
+    log_options_given = options_from(policy)
+    trace, from_log = _load(
+        trace_path,
+        log_options_given,
+        node_slice,
+        start,
+        end,
+        synthetic_nodes,
+        synthetic_hours,
+        seed,
+    )
+    if from_log and windows is None and config_path is None:
+        windows = "trace"  # a job log states what the scheduler planned: use it
     flags = {
         **policy_flags(policy),
         "window_s": window_hours * 3600 if window_hours is not None else None,
@@ -330,6 +354,9 @@ def replay_cmd(
     if workload != "pollux" or jobs_path:
         _refuse_given(("pollux_data", "batch_adapt"), "needs --workload pollux (and no --jobs)")
     factory = None
+    arrival_shift_s: float | None = None
+    if shift_arrivals is not None and (workload == "pollux" and not jobs_path):
+        raise UsageError("--shift-arrivals moves a --jobs job set: give --jobs")
     if workload == "pollux" and not jobs_path:
         try:
             jobs, factory = pollux_jobs(
@@ -356,6 +383,10 @@ def replay_cmd(
             )
         except ReplayError as e:
             raise UsageError(str(e)) from None
+        if shift_arrivals is not None:
+            if not jobs_path:
+                raise UsageError("--shift-arrivals moves a --jobs job set: give --jobs")
+            jobs, arrival_shift_s = _shifted(jobs, shift_arrivals, trace)
         jobs = jobs_in_slots(jobs, base.slots_per_node)
     try:
         check_workload(jobs)  # the whole workload, before any replay starts
@@ -413,6 +444,8 @@ def replay_cmd(
     results = [r for r, _ in outcomes]
     for r, rep in outcomes:
         r.summary["workload"] = workload_record(jobs_path, workload, pollux_workload, len(jobs))
+        if arrival_shift_s is not None:
+            r.summary["arrival_shift_s"] = arrival_shift_s
         if rep is not None:
             end_s = r.metrics.start_s + r.summary["hours"] * 3600
             r.summary.update(pollux_summary(r.trainers, end_s, rep))
@@ -452,22 +485,42 @@ def _sweep_values(text: str) -> list[float | str]:
 
 def _load(
     path: str | None,
+    log_options: LogOptions,
     nodes: str | None,
     start: str | None,
     end: str | None,
     synthetic_nodes: int,
     synthetic_hours: float,
     seed: int,
-) -> Trace:
+) -> tuple[Trace, bool]:
+    """The trace to replay, and whether it came from a job log."""
     node_slice = parse_node_range(nodes)
     start_s = parse_time_option("--start", start)
     end_s = parse_time_option("--end", end)
+    if path is not None:
+        from_log = log_options.format is not None or is_job_log(path)
+        return load_trace_or_log(Path(path), log_options, node_slice, start_s, end_s), from_log
+    if log_options.given or log_options.nodes is not None:
+        raise UsageError(f"{log_options.given or '--machine-nodes'} needs a job LOG to replay")
     try:
-        return replay_trace(
+        trace = replay_trace(
             path, node_slice, start_s, end_s, synthetic_nodes, synthetic_hours, seed
         )
     except ReplayError as e:
         raise UsageError(str(e)) from None
+    return trace, False
+
+
+def _shifted(jobs: list[JobSpec], shift: str, trace: Trace) -> tuple[list[JobSpec], float]:
+    """The job set with its arrivals moved so the first is at ``shift`` (a time, or
+    ``start`` for the trace's start), and the shift in seconds."""
+    target = (
+        trace.start_s if shift.strip() == "start" else parse_time_option("--shift-arrivals", shift)
+    )
+    assert target is not None
+    first = min(j.submit_s for j in jobs)
+    offset = target - first
+    return [dataclasses.replace(j, submit_s=j.submit_s + offset) for j in jobs], offset
 
 
 # Options of the built-in workloads, which a paper job set (--jobs) replaces.

@@ -6,14 +6,17 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from bftrainer import strict_json
 from bftrainer.cli import UsageError
+from bftrainer.cli.joblog_options import LogOptions, log_options, options_from, read_log_pool
 from bftrainer.cli.outdir import OutputDirError, check_can_create
 from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES, InputFile
 from bftrainer.cli.trace_record import record
+from bftrainer.idle_monitor.joblog import is_job_log, write_log_trace
 from bftrainer.idle_monitor.synthetic import (
     DEFAULT_NODES,
     SyntheticConfig,
@@ -21,6 +24,7 @@ from bftrainer.idle_monitor.synthetic import (
     synthetic_trace,
 )
 from bftrainer.idle_monitor.trace import (
+    Trace,
     TraceFormatError,
     TraceRangeError,
     check_epoch_s,
@@ -68,7 +72,7 @@ def trace() -> None:
 
 
 @trace.command("stats")
-@click.argument("trace_path", metavar="TRACE", type=InputFile())
+@click.argument("trace_path", metavar="TRACE|LOG", type=InputFile())
 @click.option("--nodes", "node_range", metavar="A:B", help="Nodes A..B-1 in first-seen order.")
 @click.option("--start", help="Start here; the state then is the snapshot (time or epoch s).")
 @click.option("--end", help="End here (time or epoch s).")
@@ -79,6 +83,7 @@ def trace() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Write fragments_cdf.png (paper Fig. 1) and events_12h.png (Fig. 6) here.",
 )
+@log_options("--machine-nodes")
 def stats(
     trace_path: Path,
     node_range: str | None,
@@ -86,11 +91,15 @@ def stats(
     end: str | None,
     as_json: bool,
     plots_dir: Path | None,
+    **log_kwargs: Any,
 ) -> None:
     """The BFTrainer paper's Table 1 row for TRACE, and the idle-fragment figures.
 
     INC/h and DEC/h count events (timestamps) with joins and with leaves per hour; the
     idle ratio is the mean share of idle nodes; eq-nodes is idle node-time / duration.
+    A scheduler's job LOG (sacct, Slurm jobcomp, lsb.acct, PBS/Cobalt, SWF) is read as
+    the pool its jobs left idle (docs/traces.md); stretches of 6 h with no node taken are
+    flagged as possible outages.
     """
     nodes = parse_node_range(node_range)
     start_s = parse_time_option("--start", start)
@@ -103,10 +112,7 @@ def stats(
         except OutputDirError as exc:
             raise UsageError(f"--plots {exc}") from None
     began = time.perf_counter()
-    try:
-        loaded = load_trace(trace_path, nodes=nodes, start_s=start_s, end_s=end_s)
-    except (TraceFormatError, TraceRangeError) as exc:
-        raise UsageError(str(exc)) from None
+    loaded = load_trace_or_log(trace_path, options_from(log_kwargs), nodes, start_s, end_s)
     if loaded.end_s <= loaded.start_s:
         raise UsageError(f"{trace_path}: the trace (as sliced) spans no time: no statistics")
     load_s = time.perf_counter() - began
@@ -122,6 +128,70 @@ def stats(
         click.echo(line)
     for path in plots:
         click.echo(f"plot        {path}")
+
+
+def load_trace_or_log(
+    path: Path,
+    options: LogOptions,
+    nodes: slice | None,
+    start_s: float | None,
+    end_s: float | None,
+) -> Trace:
+    """A pool trace, or the pool of a job log (its summary line on stderr), sliced."""
+    try:
+        if not is_job_log(path) and options.format is None:
+            if options.given or options.nodes is not None:
+                flag = options.given or "--machine-nodes"
+                raise UsageError(f"{flag} applies to a job log; {path} is a pool trace")
+            return load_trace(path, nodes=nodes, start_s=start_s, end_s=end_s)
+        pool = read_log_pool(path, options)
+        click.echo(pool.summary_line, err=True)
+        whole = pool.pool.trace()
+        if nodes is None and start_s is None and end_s is None:
+            return whole
+        return whole.slice(nodes=nodes, start_s=start_s, end_s=end_s)
+    except (TraceFormatError, TraceRangeError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+@trace.command("from-log")
+@click.argument("log_path", metavar="LOG", type=InputFile())
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Trace file to write: .csv or .csv.gz.",
+)
+@log_options("--nodes")
+def from_log(log_path: Path, out: Path, **log_kwargs: Any) -> None:
+    """Write the pool trace of a scheduler's job LOG: the nodes no job held, when.
+
+    LOG is sacct --parsable2 output, Slurm's job-completion log, LSF's lsb.acct, PBS or
+    Cobalt accounting, or SWF, told apart by content. Each idle node gets window_s (what
+    the scheduler's plan said then) and idle_s (how long it did stay idle). Prints one
+    summary line: records repeated, node-hours over the machine, records skipped and why.
+    Nothing is written when the log is refused. See docs/traces.md.
+    """
+    options = options_from(log_kwargs)
+    try:
+        check_trace_out(out)  # before the log is read: a year takes a while
+        if out.suffix == ".parquet":
+            raise UsageError(f"--out {out}: a trace from a job log is written as .csv or .csv.gz")
+    except TraceFormatError as exc:
+        raise UsageError(f"--out {exc}") from None
+    pool = read_log_pool(log_path, options)
+    try:
+        rows = write_log_trace(pool.pool, out)
+    except TraceFormatError as exc:
+        raise UsageError(f"--out {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--out {out}: {exc.strerror or exc}") from None
+    click.echo(pool.summary_line)
+    p = pool.pool
+    click.echo(
+        f"wrote {out}: {len(p.machine.names):,} nodes, {(p.end_s - p.start_s) / 3600:,.1f} h, "
+        f"{len(p.flips) - 1:,} events, {rows:,} rows"
+    )
 
 
 @trace.command("synth")

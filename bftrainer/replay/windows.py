@@ -5,8 +5,11 @@ takes a node back) from the scheduler's plan; a trace of idle nodes mostly has n
 replay gives its events windows of three kinds, so one can measure what a scheduler's
 plan is worth to the window-aware allocator (docs/allocator.md, "Windows"):
 
-- ``none``: no window at all (the default; windows a trace carries are dropped too), as
-  before windows existed.
+- ``none``: no window at all (the default for a pool trace; windows a trace carries are
+  dropped too), as before windows existed.
+- ``trace``: the windows the trace itself states. A trace built from a job log states
+  what the scheduler's plan said when each node joined (docs/traces.md); it is the
+  default when the replay reads a job log.
 - ``oracle``: every idle node's true time of leaving, known in hindsight from the trace,
   stated when the node joins (or at the replay's start). The upper bound of what windows
   can give.
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.trace import Trace
 
-WINDOW_MODES = ("none", "oracle", "realistic")
+WINDOW_MODES = ("none", "trace", "oracle", "realistic")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ def events_with_windows(trace: Trace, knowledge: WindowKnowledge) -> list[PoolEv
     only)."""
     if knowledge.mode == "none":
         return [PoolEvent(e.time_s, e.joined, e.left) for e in trace.events]
+    if knowledge.mode == "trace":
+        known = {n: w for n, w in trace.initial_windows_s.items() if n in trace.initial_idle}
+        first = [PoolEvent(trace.start_s, windows_s=known)] if known else []
+        return [*first, *trace.events]
     if knowledge.mode not in WINDOW_MODES:
         raise ValueError(f"windows {knowledge.mode!r} is not one of {', '.join(WINDOW_MODES)}")
     stated: dict[float, dict[str, float | None]] = {}

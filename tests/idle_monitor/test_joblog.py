@@ -1,0 +1,286 @@
+"""Job logs in, pool traces out (`bftrainer trace from-log`, `replay LOG`, `trace stats
+LOG`): every format rebuilds the idle pool that an independent computation gives, in any
+record order; repeats, over-commitment and bad logs are handled as docs/traces.md says."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bftrainer.idle_monitor.trace import Trace, load_trace
+from tests.idle_monitor import joblog_writers as w
+
+REPO = Path(__file__).resolve().parents[2]
+MACHINE = 12
+
+
+def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bftrainer", *args],
+        capture_output=True, text=True, check=False, cwd=REPO, timeout=300,
+    )  # fmt: skip
+
+
+def convert(log: Path, out: Path, *extra: str) -> Trace:
+    done = bftrainer("trace", "from-log", str(log), "--out", str(out), *extra)
+    assert done.returncode == 0, done.stderr
+    return load_trace(out)
+
+
+def idle_at(trace: Trace, t: float) -> frozenset[str]:
+    """The trace's pool at ``t``: its snapshot and every event up to ``t``."""
+    idle = set(trace.initial_idle)
+    for e in trace.events:
+        if e.time_s > t:
+            break
+        idle |= e.joined
+        idle -= e.left
+    return frozenset(idle)
+
+
+def probes(jobs: list[w.Job]) -> list[float]:
+    marks = sorted({t for j in jobs for t in (j.start_s, j.end_s)})
+    return [t + d for t in marks[:-1] for d in (0.0, 0.5)]
+
+
+def held_at(jobs: list[w.Job], t: float) -> list[w.Job]:
+    return [j for j in jobs if j.start_s <= t < j.end_s]
+
+
+NAMED = {
+    "sacct": ("log.txt", w.sacct),
+    "jobcomp": ("jobcomp.log", w.jobcomp),
+    "lsf": ("lsb.acct", w.lsb_acct),
+    "pbs": ("20240101", w.pbs),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(NAMED))
+def test_named_nodes_rebuild_each_node_exactly(fmt: str, tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=len(fmt), machine=MACHINE, count=60)
+    name, write = NAMED[fmt]
+    log = tmp_path / name
+    log.write_text(write(jobs))
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"n[0-{MACHINE - 1}]\n")
+    trace = convert(log, tmp_path / "t.csv.gz", "--node-list", str(nodes))
+    everyone = frozenset(f"n{i}" for i in range(MACHINE))
+    assert set(trace.nodes) == everyone
+    for t in probes(jobs):
+        if t < trace.start_s:
+            continue
+        busy = {n for j in held_at(jobs, t) for n in j.nodes}
+        assert idle_at(trace, t) == everyone - busy, f"{fmt} at {t - w.T0}"
+
+
+@pytest.mark.parametrize("fmt", ["swf", "cobalt"])
+def test_counts_only_give_the_exact_idle_count(fmt: str, tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=7, machine=MACHINE, count=80)
+    log = tmp_path / ("theta.swf" if fmt == "swf" else "cobalt.log")
+    log.write_text(w.swf(jobs, MACHINE) if fmt == "swf" else w.pbs(jobs, cobalt=True))
+    extra = () if fmt == "swf" else ("--nodes", str(MACHINE))  # SWF's header says MaxNodes
+    trace = convert(log, tmp_path / "t.csv", *extra)
+    assert len(trace.nodes) == MACHINE
+    for t in probes(jobs):
+        if t >= trace.start_s:
+            want = max(0, MACHINE - sum(len(j.nodes) for j in held_at(jobs, t)))
+            assert len(idle_at(trace, t)) == want, f"{fmt} at {t - w.T0}"
+
+
+def test_records_in_any_order_give_the_same_trace(tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=3, machine=MACHINE, count=50)
+    text = w.swf(jobs, MACHINE).splitlines()
+    header = [line for line in text if line.startswith(";")]
+    body = [line for line in text if not line.startswith(";")]
+    random.Random(1).shuffle(body)
+    (tmp_path / "a.swf").write_text("\n".join(text) + "\n")
+    (tmp_path / "b.swf").write_text("\n".join(header + body) + "\n")
+    a = convert(tmp_path / "a.swf", tmp_path / "a.csv")
+    b = convert(tmp_path / "b.swf", tmp_path / "b.csv")
+    assert (a.initial_idle, a.events) == (b.initial_idle, b.events)
+
+
+def test_repeats_count_once_and_strict_names_them(tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=5, machine=MACHINE, count=30)
+    lines = w.sacct(jobs).splitlines()
+    log = tmp_path / "sacct.txt"
+    log.write_text("\n".join([*lines, lines[1].replace(f"{jobs[0].job_id}|", "999|", 1)]) + "\n")
+    (tmp_path / "once.txt").write_text("\n".join(lines) + "\n")
+    done = bftrainer("trace", "from-log", str(log), "--out", str(tmp_path / "t.csv"))
+    assert done.returncode == 0, done.stderr
+    assert "1 records repeated another's" in done.stdout
+    once = convert(tmp_path / "once.txt", tmp_path / "once.csv")
+    twice = load_trace(tmp_path / "t.csv")
+    assert (once.initial_idle, once.events) == (twice.initial_idle, twice.events)
+    strict = bftrainer("trace", "from-log", str(log), "--strict", "--out", str(tmp_path / "s.csv"))
+    assert strict.returncode == 2
+    assert f"{log}:{len(lines) + 1}: job 999 repeats job {jobs[0].job_id}" in strict.stderr
+    assert not (tmp_path / "s.csv").exists()
+
+
+def test_overcommitted_counts_and_strict(tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=11, machine=MACHINE, count=60, overcommit=True)
+    log = tmp_path / "over.swf"
+    log.write_text(w.swf(jobs, MACHINE))
+    # A record with another's start, end and size is a repeat (docs/traces.md).
+    jobs = list({(j.start_s, j.end_s, len(j.nodes)): j for j in reversed(jobs)}.values())
+    done = bftrainer("trace", "from-log", str(log), "--out", str(tmp_path / "t.csv"))
+    assert done.returncode == 0, done.stderr
+    trace = load_trace(tmp_path / "t.csv")
+    over = 0
+    for t in probes(jobs):
+        if t >= trace.start_s:
+            held = sum(len(j.nodes) for j in held_at(jobs, t))
+            over = max(over, held - MACHINE)
+            assert len(idle_at(trace, t)) == max(0, MACHINE - held)
+    assert over > 0, "the generated log must over-commit the machine"
+    assert f"(peak {over} nodes over)" in done.stdout
+    once = tmp_path / "once.swf"
+    once.write_text(w.swf(jobs, MACHINE))
+    strict = bftrainer("trace", "from-log", str(once), "--strict", "--out", str(tmp_path / "s.csv"))
+    assert strict.returncode == 2 and "over-commits the machine" in strict.stderr
+    assert strict.stderr.count("\n") == 1 and not (tmp_path / "s.csv").exists()
+
+
+def test_windows_state_the_plan_and_idle_s_the_fact(tmp_path: Path) -> None:
+    """A on n0,n1 (limit 200 s) and C on n2 (ends at 20 s) run; B needs all 4 nodes from
+    10 s. When n2 frees at 20 s, EASY backfill's plan starts B when A's limit ends, at
+    200 s: n2's window is 180 s. B did start at 100 s (A ended early): idle_s is 80 s."""
+    log = tmp_path / "sacct.txt"
+    t, iso = w.T0, w._iso
+    log.write_text(
+        "JobID|Submit|Start|End|NNodes|NodeList|Timelimit\n"
+        f"A|{iso(t - 5)}|{iso(t)}|{iso(t + 100)}|2|n[0-1]|00:03:20\n"
+        f"C|{iso(t - 5)}|{iso(t)}|{iso(t + 20)}|1|n2|00:00:30\n"
+        f"B|{iso(t + 10)}|{iso(t + 100)}|{iso(t + 150)}|4|n[0-3]|00:05:00\n"
+    )
+    out = tmp_path / "t.csv"
+    done = bftrainer("trace", "from-log", str(log), "--nodes", "4", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    header, *lines = out.read_text().splitlines()
+    assert header == "time,node,idle,window_s,idle_s"
+    (join,) = [r for r in lines if r.split(",")[1] == "n2" and r.split(",")[2] == "1"]
+    assert join.split(",")[3:] == ["180", "80"]
+    # n3 was never used: idle from the start until B took it at 100 s, no plan then.
+    (first,) = [r for r in lines if r.split(",")[1] == "n3" and r.split(",")[2] == "1"]
+    assert first.split(",")[4] == "100"
+
+
+def test_down_intervals_are_not_idle(tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=2, machine=MACHINE, count=20)
+    log = tmp_path / "sacct.txt"
+    log.write_text(w.sacct(jobs))
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"n[0-{MACHINE - 1}]\n")
+    down = tmp_path / "down.csv"
+    a, b = w.T0 + 10, w.T0 + 4000
+    down.write_text(f"# maintenance\n{a:.0f},{b:.0f},n[0-2]\n")
+    trace = convert(log, tmp_path / "t.csv", "--node-list", str(nodes), "--down", str(down))
+    for t in probes(jobs):
+        if t >= trace.start_s:
+            idle = idle_at(trace, t)
+            assert not ({"n0", "n1", "n2"} & idle) or not a <= t < b
+            busy = {n for j in held_at(jobs, t) for n in j.nodes}
+            assert not (idle & busy)
+
+
+BAD = {
+    "truncated gzip": (
+        "log.swf.gz",
+        lambda: gzip.compress(w.swf(w.random_jobs(1, MACHINE, 40), MACHINE).encode())[:-30],
+        "cut or damaged",
+    ),
+    "end before start": (
+        "sacct.txt",
+        lambda: (
+            b"JobID|Start|End|NNodes|NodeList\n1|2024-01-01T01:00:00|2024-01-01T00:00:00|1|n1\n"
+        ),
+        "sacct.txt:2: job 1 ends",
+    ),
+    "implausible time": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList\n1|1700000000000|1700000001000|1|n1\n",
+        "sacct.txt:2: job 1 start: time '1700000000000' is outside",
+    ),
+    "bad hostlist": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList\n1|1700000000|1700000100|2|n[1-\n",
+        "sacct.txt:2: job 1: unclosed '['",
+    ),
+    "unknown format": ("log.txt", lambda: b"hello\nworld\n", "unknown job-log format"),
+    "no usable job": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList\n1|Unknown|Unknown|0|None assigned\n",
+        "no usable job in this sacct log (skipped: 1 never started)",
+    ),
+    "cut line": (
+        "log.swf",
+        lambda: b"; MaxNodes: 4\n1 0 0 10 2 -1 -1 2 60 -1 1 -1 -1 -1 -1 -1 -1 0\n2 5 0 10",
+        "log.swf:3: 4 fields where SWF has 18",
+    ),
+    "node outside the node list": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList\n1|1700000000|1700000100|1|zz9\n",
+        "sacct.txt:2: job 1 ran on 'zz9', which is not in the machine's node list",
+    ),
+    "no size": (
+        "cobalt.log",
+        lambda: w.pbs(w.random_jobs(1, 4, 3), cobalt=True).encode(),
+        "--nodes N",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_logs_get_one_line_and_nothing_written(case: str, tmp_path: Path) -> None:
+    name, content, message = BAD[case]
+    log = tmp_path / name
+    log.write_bytes(content())
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text("n[0-11]\n")
+    out = tmp_path / "out.csv"
+    out.write_text("an earlier trace\n")
+    extra = ("--node-list", str(nodes)) if case == "node outside the node list" else ()
+    done = bftrainer("trace", "from-log", str(log), "--out", str(out), *extra)
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert out.read_text() == "an earlier trace\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_stats_and_replay_read_a_job_log(tmp_path: Path) -> None:
+    jobs = w.random_jobs(seed=9, machine=MACHINE, count=40)
+    log = tmp_path / "theta.swf"
+    log.write_text(w.swf(jobs, MACHINE))
+    stats = bftrainer("trace", "stats", str(log), "--json")
+    assert stats.returncode == 0, stats.stderr
+    figures = json.loads(stats.stdout)
+    assert figures["nodes"] == MACHINE and "possible_outages" in figures
+    assert f"swf, {len(jobs)} jobs on 12 nodes" in stats.stderr
+    job_set = tmp_path / "S-Jbnd-2J.csv"
+    job_set.write_text(
+        "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\n"
+        "a,10,10,1,4,1e6,2021-02-10 00:00:00\nb,10,10,1,4,1e6,2021-02-10 00:10:00\n"
+    )
+    (tmp_path / "S-JNPs-2J.csv").write_text(
+        "job,nodes,throughput_samples_per_s\na,1,10\na,4,38\nb,1,10\nb,4,38\n"
+    )
+    out = tmp_path / "replay"
+    done = bftrainer(
+        "replay", str(log), "--jobs", str(job_set), "--shift-arrivals", "start",
+        "--policy", "equal", "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    trace_start = min(j.start_s for j in jobs)
+    assert summary["arrival_shift_s"] == pytest.approx(trace_start - 1612915200.0)
+    assert summary["windows"] == "trace"  # a job log's planned windows, by default
+    refused = bftrainer("replay", str(log), "--jobs", str(job_set), "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "before" in refused.stderr
