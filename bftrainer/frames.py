@@ -156,6 +156,9 @@ SUMMARY_NUMBERS = (
     "utilization_limit",
     "utilization_share_of_limit",
     "window_hours",
+    "samples_processed",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
 )
 
 
