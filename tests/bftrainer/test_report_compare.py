@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,3 +145,27 @@ def test_one_run_opens_with_its_table_alone(policies_out: Path, tmp_path: Path) 
     s = summaries(policies_out)["equal"]
     assert "<tr><th>rescale cost, samples</th><td>" in text
     assert f"<td>{100 * s['utilization_efficiency']:.1f}%</td>" in text
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("hours", "x"), ("samples_processed", ""), ("utilization_efficiency", "-")],
+)
+def test_a_window_figure_of_another_kind_is_named_in_one_line(
+    policies_out: Path, tmp_path: Path, column: str, value: str
+) -> None:
+    """The comparison reads every run's windows.csv: one that says no number where the
+    replay writes one is refused in one line naming the file, not with a traceback."""
+    out = tmp_path / "out"
+    shutil.copytree(policies_out, out, ignore=shutil.ignore_patterns("report"))
+    path = out / "equal" / "windows.csv"
+    windows = pd.read_csv(path)
+    windows[column] = windows[column].astype(object)
+    windows.loc[1, column] = value
+    windows.to_csv(path, index=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "report", str(out)], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert str(path) in line and "not a replay's windows.csv" in line
