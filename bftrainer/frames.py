@@ -156,6 +156,9 @@ SUMMARY_NUMBERS = (
     "utilization_limit",
     "utilization_share_of_limit",
     "window_hours",
+    "samples_processed",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
 )
 
 
@@ -230,9 +233,18 @@ def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
     return allocations[["time", "trainer", "nodes", "change"]]
 
 
+# windows.csv's numbers that the page reads (report/figures.py, compare.py); U alone
+# may be empty (a window with no pool has none).
+WINDOW_NUMBERS = ("hours", "samples_processed", "utilization_efficiency")
+
+
 def _windows(windows: pd.DataFrame) -> pd.DataFrame:
     if not windows.empty:
         windows["start"] = _times(windows["start"])
+        for name in WINDOW_NUMBERS:
+            windows[name] = pd.to_numeric(windows[name], errors="raise")
+            if name != "utilization_efficiency" and windows[name].isna().any():
+                raise ValueError(f"column {name} has an empty cell")
     return windows
 
 

@@ -75,7 +75,7 @@ def colours_for(trainers: Sequence[str]) -> dict[str, str]:
     return {t: PALETTE[i % len(PALETTE)] for i, t in enumerate(trainers)}
 
 
-def _figures(
+def panels(
     height_in: float, rows: int = 1, left_in: float = 0.8, ratios: Sequence[float] | None = None
 ) -> tuple[Figure, list[Axes]]:
     """A 10-inch-wide figure with fixed margins (the right one for the legends): laid
@@ -93,23 +93,29 @@ def _figures(
 
 
 def _figure(height_in: float, left_in: float = 0.8) -> tuple[Figure, Axes]:
-    fig, (ax,) = _figures(height_in, left_in=left_in)
+    fig, (ax,) = panels(height_in, left_in=left_in)
     return fig, ax
 
 
 def _time_axis(ax: Axes, view: View, span: tuple[pd.Timestamp, pd.Timestamp] | None = None) -> None:
     """A UTC date axis over the view's span (or ``span``)."""
+    time_axis(ax, *(span if span is not None else (view.start, view.end)))
+
+
+def time_axis(ax: Axes, lo: pd.Timestamp, hi: pd.Timestamp) -> None:
+    """A UTC date axis from ``lo`` to ``hi``."""
     locator = mdates.AutoDateLocator(minticks=4, maxticks=10)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    lo, hi = span if span is not None else (view.start, view.end)
-    ax.set_xlim(float(mdates.date2num(_x([lo])[0])), float(mdates.date2num(_x([hi])[0])))
+    ax.set_xlim(
+        float(mdates.date2num(plot_times([lo])[0])), float(mdates.date2num(plot_times([hi])[0]))
+    )
     ax.set_xlabel("time (UTC)", fontsize=FONT)
     ax.tick_params(labelsize=FONT)
     ax.grid(alpha=0.3)
 
 
-def _x(times: Sequence[pd.Timestamp] | pd.Series | pd.DatetimeIndex) -> np.ndarray:
+def plot_times(times: Sequence[pd.Timestamp] | pd.Series | pd.DatetimeIndex) -> np.ndarray:
     """UTC datetimes as naive datetime64 for matplotlib's date axis."""
     return pd.DatetimeIndex(times).tz_convert(None).to_numpy()
 
@@ -119,7 +125,7 @@ def pool_split(f: Frames, view: View, whole: bool) -> Figure:
     trainers as one area (``whole``); over the zoom, each top trainer's nodes stacked."""
     fig, ax = _figure(4.2)
     grid = view.grid if whole else Grid.over(*view.zoom)
-    x = _x(grid.times)
+    x = plot_times(grid.times)
     pool = binned_mean(seconds(f.pool["time"]), f.pool["nodes"].to_numpy(float), grid)
     total = binned_mean(*total_allocated(f.allocations), grid) if len(f.allocations) else 0 * pool
     low = np.zeros_like(pool)
@@ -134,13 +140,15 @@ def pool_split(f: Frames, view: View, whole: bool) -> Figure:
         ax.fill_between(x, _post(low), _post(rest), step="post", color=OTHER_COLOUR, label=label)
     ax.step(x, _post(pool), where="post", color=POOL_COLOUR, lw=1.2, label="idle pool")
     if whole and view.zoomed:
-        ax.axvspan(*_x(list(view.zoom)), color="#4575b4", alpha=0.12, lw=0, label="zoom below")
+        ax.axvspan(
+            *plot_times(list(view.zoom)), color="#4575b4", alpha=0.12, lw=0, label="zoom below"
+        )
     ax.set_ylabel("nodes", fontsize=FONT)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, max(1.0, float(pool.max()) * 1.08))
     what = "the nodes given to trainers" if whole else "each trainer's nodes"
     ax.set_title(
-        f"Idle pool and {what} (mean over {_duration(grid.width_s)} bins)", fontsize=FONT + 1
+        f"Idle pool and {what} (mean over {duration(grid.width_s)} bins)", fontsize=FONT + 1
     )
     _time_axis(ax, view, None if whole else view.zoom)
     ax.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -161,14 +169,14 @@ def gantt(f: Frames, view: View) -> Figure | None:
         times_s, nodes = trainer_steps(a, t)
         xs = np.append(times_s, max(end_s, times_s[-1]))
         half = 0.32 * _post(nodes) / max(1, peaks[t])  # each row to its own peak
-        x = _x(pd.to_datetime(xs, unit="s", utc=True))
+        x = plot_times(pd.to_datetime(xs, unit="s", utc=True))
         ax.fill_between(x, i - half, i + half, step="post", color=view.colours[t], lw=0)
     row_of = {t: i for i, t in enumerate(rows)}
     for change, style in MARKS.items():
         hit = a[a["change"] == change]
         if len(hit):
             y = hit["trainer"].map(row_of).to_numpy(float) + MARK_OFFSET.get(change, 0.0)
-            ax.scatter(_x(hit["time"]), y, zorder=3, linewidths=1.2, **style)  # type: ignore[arg-type]
+            ax.scatter(plot_times(hit["time"]), y, zorder=3, linewidths=1.2, **style)  # type: ignore[arg-type]
     ax.set_yticks(range(len(rows)), [f"{t} (max {peaks[t]})" for t in rows], fontsize=FONT - 1)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_ylabel("trainer", fontsize=FONT)
@@ -190,7 +198,7 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
     pool = binned_mean(seconds(f.pool["time"]), f.pool["nodes"].to_numpy(float), grid)
     given = binned_mean(*total_allocated(f.allocations), grid) if len(f.allocations) else 0 * pool
     share = np.divide(100 * given, pool, out=np.full_like(pool, np.nan), where=pool > 0)
-    x = _x(grid.times)
+    x = plot_times(grid.times)
     ax.step(
         x,
         _post(share),
@@ -202,7 +210,7 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
     )
     if f.source == "replay" and len(f.windows):
         u = 100 * f.windows["utilization_efficiency"].to_numpy(float)
-        wx = _x(pd.concat([f.windows["start"], pd.Series([view.end])], ignore_index=True))
+        wx = plot_times(pd.concat([f.windows["start"], pd.Series([view.end])], ignore_index=True))
         ax.step(
             wx,
             np.append(u, u[-1]),
@@ -221,7 +229,7 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
                 label=f"limit U_max, whole replay ({100 * limit:.1f}%)",
             )
     ax.set_ylim(0, 105)
-    ax.set_ylabel(f"% per {_duration(window_s)} window", fontsize=FONT)
+    ax.set_ylabel(f"% per {duration(window_s)} window", fontsize=FONT)
     ax.set_title("What the trainers made of the idle nodes", fontsize=FONT + 1)
     _time_axis(ax, view)
     ax.legend(fontsize=FONT - 1, loc="lower left")
@@ -230,10 +238,10 @@ def utilization(f: Frames, view: View, window_s: float) -> Figure:
 
 def costs(f: Frames, view: View, window_s: float) -> Figure:
     """Rescales and preemptions per window and, for a replay, the samples they cost."""
-    panels = 2 if f.source == "replay" else 1
-    fig, axes = _figures(2.6 * panels + 0.6, rows=panels, left_in=0.9)
+    count = 2 if f.source == "replay" else 1
+    fig, axes = panels(2.6 * count + 0.6, rows=count, left_in=0.9)
     grid = Grid.windows(view.start, view.end, window_s)
-    x = _x(grid.times)
+    x = plot_times(grid.times)
     ax = axes[0]
     width = np.diff(x)
     for offset, (change, label, colour) in enumerate(
@@ -249,19 +257,21 @@ def costs(f: Frames, view: View, window_s: float) -> Figure:
             color=colour,
             label=label,
         )
-    ax.set_ylabel(f"count per {_duration(window_s)} window", fontsize=FONT)
+    ax.set_ylabel(f"count per {duration(window_s)} window", fontsize=FONT)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("Rescales and preemptions", fontsize=FONT + 1)
     ax.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     _time_axis(ax, view)
-    if panels == 2:
+    if count == 2:
         ax2 = axes[1]
         ev = f.events
         for col, label, colour in [
             ("rescale_cost_samples", "rescale cost", "#404040"),
             ("preemption_cost_samples", "preemption cost", "#d73027"),
         ]:
-            ax2.step(_x(ev["time"]), ev[col].cumsum(), where="post", color=colour, label=label)
+            ax2.step(
+                plot_times(ev["time"]), ev[col].cumsum(), where="post", color=colour, label=label
+            )
         ax2.set_ylabel("samples lost, cumulative", fontsize=FONT)
         ax2.yaxis.set_major_formatter(EngFormatter())
         ax2.legend(fontsize=FONT - 1, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
@@ -281,7 +291,7 @@ def latency(f: Frames, view: View) -> Figure | None:
     ms = d["latency_s"].to_numpy(float) * 1e3
     fig, ax = _figure(3.2)
     ax.scatter(
-        _x(d["time"]),
+        plot_times(d["time"]),
         np.maximum(ms, 1e-3),
         s=4,
         alpha=0.4,
@@ -308,9 +318,9 @@ def holders(f: Frames, view: View) -> Figure | None:
     h = f.holders
     if h.empty:
         return None
-    fig, (top, bottom) = _figures(5.8, rows=2, left_in=1.9, ratios=[3, 2])
+    fig, (top, bottom) = panels(5.8, rows=2, left_in=1.9, ratios=[3, 2])
     grid = view.grid
-    x = _x(grid.times)
+    x = plot_times(grid.times)
     started = h["started"].fillna(h["ended"]).fillna(view.end)
     ended = h["ended"].fillna(view.end + pd.Timedelta(seconds=1))
     for label, begin, stop, colour in [
@@ -326,7 +336,7 @@ def holders(f: Frames, view: View) -> Figure | None:
     pre = h[h["reason"] == "preempted"]
     if len(pre):
         top.scatter(
-            _x(pre["ended"]),
+            plot_times(pre["ended"]),
             np.zeros(len(pre)),
             marker="|",
             s=200,
@@ -360,7 +370,7 @@ def _post(values: np.ndarray) -> np.ndarray:
     return np.append(values, values[-1]) if len(values) else values
 
 
-def _duration(s: float) -> str:
+def duration(s: float) -> str:
     if s >= 3600:
         return f"{s / 3600:.3g} h"
     if s >= 60:

@@ -59,6 +59,12 @@ def headline(runs: Sequence[Frames]) -> list[Row]:
             ("U (A_e / A_s)", lambda f: _pct(f.summary.get("utilization_efficiency"))),
             ("limit U_max (clairvoyant)", lambda f: _pct(f.summary.get("utilization_limit"))),
             ("U / U_max", lambda f: _pct(f.summary.get("utilization_share_of_limit"))),
+            ("samples processed", lambda f: _samples(f.summary.get("samples_processed"))),
+            ("rescale cost, samples", lambda f: _samples(f.summary.get("rescale_cost_samples"))),
+            (
+                "preemption cost, samples",
+                lambda f: _samples(f.summary.get("preemption_cost_samples")),
+            ),
         ]
     rows += [
         ("pool, node-hours", lambda f: _amount(node_hours(f)[0])),
@@ -98,6 +104,16 @@ def _share(pool: float, given: float) -> float | None:
 
 def _quantile(values: pd.Series, q: float) -> str:
     return "-" if values.empty else f"{values.quantile(q):.2f}"
+
+
+def _samples(x: object) -> str:
+    """Samples to three significant digits with an SI prefix: 92.6 M, 0."""
+    if not isinstance(x, int | float) or not math.isfinite(x):
+        return "-"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale * 0.9995:  # 999,960 is "1 M", not "1e+03 k"
+            return f"{x / scale:.3g} {prefix}"
+    return f"{x:.3g}"
 
 
 def _pct(u: object) -> str:

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from bftrainer import __version__
 from bftrainer.frames import Frames
-from bftrainer.report import figures
+from bftrainer.report import compare, figures
 from bftrainer.report.curves import curves_table
 from bftrainer.report.figures import View, colours_for
 from bftrainer.report.headline import headline, span
@@ -105,7 +105,9 @@ def _png(fig: Figure) -> bytes:
 
 
 def write_report(runs: Sequence[Frames], out_dir: Path, top: int, title: str) -> Path:
-    """The PNGs and ``report.html`` into ``out_dir`` (which exists); the page's path."""
+    """The PNGs and ``report.html`` into ``out_dir`` (which exists); the page's path.
+    Several replay runs open with them side by side (compare.py), then each run's
+    section; one run, or a daemon, opens with its table alone."""
     sections = []
     for f in runs:
         prefix = f"{f.label}-" if len(runs) > 1 else ""
@@ -113,11 +115,10 @@ def write_report(runs: Sequence[Frames], out_dir: Path, top: int, title: str) ->
         for im in images:
             (out_dir / im.name).write_bytes(im.png)
         sections.append(_section(f, view, images, len(runs) > 1))
-    table = headline(runs)
     body = "\n".join(
         [
             f"<h1>{html.escape(title)}</h1>",
-            _table(table),
+            *_opening(runs, out_dir),
             *_notes(runs),
             *sections,
             f"<footer>bftrainer {__version__}</footer>",
@@ -128,9 +129,36 @@ def write_report(runs: Sequence[Frames], out_dir: Path, top: int, title: str) ->
     return page
 
 
-def _table(rows: Sequence[tuple[str, list[str]]]) -> str:
+def _opening(runs: Sequence[Frames], out_dir: Path) -> list[str]:
+    """The headline table; for several replay runs, first the figure that compares them,
+    each run in the colour of its column."""
+    if not compare.compared(runs):
+        return [_table(headline(runs))]
+    im = Image(compare.NAME, compare.caption(runs), _png(compare.comparison(runs)))
+    (out_dir / im.name).write_bytes(im.png)
+    names = ", ".join(f.label for f in runs)
+    return [
+        '<section id="comparison">',
+        "<h2>The policies side by side</h2>",
+        f"<p>{len(runs)} runs of one replay: {html.escape(names)}. Each policy's own "
+        "figures follow, in a section each.</p>",
+        _figure(im),
+        _table(headline(runs), compare.run_colours(runs)),
+        "</section>",
+    ]
+
+
+def _table(rows: Sequence[tuple[str, list[str]]], colours: dict[str, str] | None = None) -> str:
+    """Rows of (name, one cell per run); with ``colours``, each run's colour keys its
+    column's head to the comparison figure."""
     head, *rest = rows
-    cells = "".join(f"<th>{html.escape(c)}</th>" for c in head[1])
+    keys = [
+        f'<span class="key" style="background:{colours[c]}"></span>'
+        if colours and c in colours
+        else ""
+        for c in head[1]
+    ]
+    cells = "".join(f"<th>{k}{html.escape(c)}</th>" for k, c in zip(keys, head[1], strict=True))
     out = [f"<table><thead><tr><th></th>{cells}</tr></thead><tbody>"]
     for name, values in rest:
         tds = "".join(f"<td>{html.escape(v)}</td>" for v in values)
@@ -177,14 +205,17 @@ def _section(f: Frames, view: View, images: Sequence[Image], titled: bool) -> st
     grouping = where + grouping
     parts = [f"<h2>{html.escape(f.label)}</h2>" if titled else ""]
     parts.append(f"<p>From {start} to {end}. {html.escape(grouping)}</p>")
-    for im in images:
-        data = base64.b64encode(im.png).decode("ascii")
-        parts.append(
-            f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(im.caption)}">'
-            f"<figcaption>{html.escape(im.caption)} ({html.escape(im.name)})</figcaption></figure>"
-        )
+    parts.extend(_figure(im) for im in images)
     parts.append(curves_table(f))
     return "\n".join(parts)
+
+
+def _figure(im: Image) -> str:
+    data = base64.b64encode(im.png).decode("ascii")
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(im.caption)}">'
+        f"<figcaption>{html.escape(im.caption)} ({html.escape(im.name)})</figcaption></figure>"
+    )
 
 
 def _time(t: pd.Timestamp) -> str:
@@ -201,6 +232,7 @@ tbody th {{ text-align: left; font-weight: normal; }}
 figure {{ margin: 1.5em 0; }}
 img {{ max-width: 100%; }}
 figcaption, footer {{ color: #555; font-size: 0.9em; }}
+.key {{ display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.35em; }}
 </style></head>
 <body>
 {body}
