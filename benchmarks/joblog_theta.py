@@ -1,0 +1,125 @@
+"""A second machine from its job log: ALCF Theta's 2022, converted, described and replayed.
+
+Runs what a centre would, as commands:
+
+1. ``bftrainer trace from-log`` on the whole year (wall time and peak memory, from
+   ``/usr/bin/time``'s figures where it exists, else ``resource``);
+2. ``bftrainer trace stats`` on the log (the paper's Table 1 row, fragments, quiet spells);
+3. ``bftrainer replay LOG`` on whole weeks of the machine with the paper's ShuffleNet HPO
+   set and its ImageNet set, their arrivals moved to the week (``--shift-arrivals
+   start``), under milp (``--solver dp``), equal and scavenger;
+4. one week under milp with the windows the log's plan states (``trace``, the default for
+   a job log), none, and the true ones (``oracle``).
+
+    python benchmarks/joblog_theta.py [--data DIR] [--weeks 2022-01-03,2022-08-01] [--out DIR]
+
+Writes ``results.json`` in --out (default benchmarks/results/theta). The data is not part
+of bftrainer: without it this exits with a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SETS = {
+    "shufflenet": "bftrainer-traces/hps-shufflenet-Jbnd-1000J.csv",
+    "imagenet": "bftrainer-traces/ImageNet-imgps-Jbnd-1001J.csv",
+}
+FIELDS = (
+    "U",
+    "U_max",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
+    "trainers_done",
+    "eq_nodes",
+    "hours",
+    "events",
+)
+
+
+def run(argv: list[str]) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """The command's result, wall seconds and the peak memory of children (MB)."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", *argv], capture_output=True, text=True, check=False
+    )
+    wall = time.perf_counter() - began
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if done.returncode != 0:
+        raise SystemExit(f"bftrainer {' '.join(argv)} failed:\n{done.stderr}")
+    return done, wall, peak_mb
+
+
+def summaries(out: Path) -> dict[str, dict[str, Any]]:
+    rows = {}
+    for path in sorted(out.glob("*/summary.json")):
+        s = json.loads(path.read_text())
+        rows[path.parent.name] = {k: s.get(k) for k in (*FIELDS, "arrival_shift_s", "windows")}
+    return rows
+
+
+def week_end(week: str) -> str:
+    """The day a week that starts on ``week`` (YYYY-mm-dd, UTC) ends."""
+    start = datetime.strptime(week, "%Y-%m-%d").replace(tzinfo=UTC)
+    return (start + timedelta(days=7)).strftime("%Y-%m-%d")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--weeks", default="2022-01-03,2022-08-01")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/theta"))
+    parser.add_argument("--skip-convert", action="store_true")
+    args = parser.parse_args()
+    log = args.data / "hpc-job-logs" / "theta_2022.swf.gz"
+    if not log.exists():
+        raise SystemExit(f"{log} is absent: this benchmark needs ../shared/data")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    if not args.skip_convert:
+        year = args.out / "year.csv.gz"
+        done, wall, peak = run(["trace", "from-log", str(log), "--out", str(year)])
+        results["convert"] = {"wall_s": round(wall, 1), "peak_mb": round(peak), "said": done.stdout}
+        print("convert", results["convert"], flush=True)
+    done, wall, _ = run(["trace", "stats", str(log), "--json"])
+    results["stats"] = {**json.loads(done.stdout), "wall_s": round(wall, 1)}
+    brief = {k: results["stats"][k] for k in ("events", "inc_per_h", "eq_nodes")}
+    print("stats", brief, flush=True)
+    for week in args.weeks.split(","):
+        end = week_end(week)
+        for name, jobs in SETS.items():
+            out = args.out / f"{week}-{name}"
+            argv = [
+                "replay", str(log), "--start", week, "--end", end,
+                "--jobs", str(args.data / jobs), "--shift-arrivals", "start",
+                "--policy", "milp,equal,scavenger", "--solver", "dp", "--no-progress",
+                "--out", str(out),
+            ]  # fmt: skip
+            _, wall, _ = run(argv)
+            results[f"{week} {name}"] = {"wall_s": round(wall, 1), "runs": summaries(out)}
+            print(week, name, results[f"{week} {name}"], flush=True)
+    week = args.weeks.split(",")[0]
+    end = week_end(week)
+    for windows in ("trace", "none", "oracle"):
+        out = args.out / f"{week}-windows-{windows}"
+        run([
+            "replay", str(log), "--start", week, "--end", end, "--jobs",
+            str(args.data / SETS["shufflenet"]), "--shift-arrivals", "start", "--policy", "milp",
+            "--solver", "dp", "--windows", windows, "--no-progress", "--out", str(out),
+        ])  # fmt: skip
+        results[f"windows {windows}"] = json.loads((out / "summary.json").read_text()).get("U")
+        print("windows", windows, results[f"windows {windows}"], flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
