@@ -35,14 +35,15 @@ SETS = {
     "imagenet": "bftrainer-traces/ImageNet-imgps-Jbnd-1001J.csv",
 }
 FIELDS = (
-    "U",
-    "U_max",
+    "utilization_efficiency",  # U
+    "utilization_limit",  # U_max
     "rescale_cost_samples",
     "preemption_cost_samples",
-    "trainers_done",
+    "trainers_completed",
     "eq_nodes",
     "hours",
     "events",
+    "events_per_s",
 )
 
 
@@ -116,7 +117,8 @@ def main() -> None:
             str(args.data / SETS["shufflenet"]), "--shift-arrivals", "start", "--policy", "milp",
             "--solver", "dp", "--windows", windows, "--no-progress", "--out", str(out),
         ])  # fmt: skip
-        results[f"windows {windows}"] = json.loads((out / "summary.json").read_text()).get("U")
+        summary = json.loads((out / "summary.json").read_text())
+        results[f"windows {windows}"] = summary.get("utilization_efficiency")
         print("windows", windows, results[f"windows {windows}"], flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
 
