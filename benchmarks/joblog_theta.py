@@ -8,10 +8,11 @@ Runs what a centre would, as commands:
 3. ``bftrainer replay LOG`` on whole weeks of the machine with the paper's ShuffleNet HPO
    set and its ImageNet set, their arrivals moved to the week (``--shift-arrivals
    start``), under milp (``--solver dp``), equal and scavenger;
-4. one week under milp with the windows the log's plan states (``trace``, the default for
+4. the scavenger partition at rigid sizes 4, 16 and 32 on the first week;
+5. one week under milp with the windows the log's plan states (``trace``, the default for
    a job log), none, and the true ones (``oracle``).
 
-    python benchmarks/joblog_theta.py [--data DIR] [--weeks 2022-01-03,2022-08-01] [--out DIR]
+    python benchmarks/joblog_theta.py [--data DIR] [--weeks 2022-01-10,2022-10-10] [--out DIR]
 
 Writes ``results.json`` in --out (default benchmarks/results/theta). The data is not part
 of bftrainer: without it this exits with a message.
@@ -77,7 +78,8 @@ def week_end(week: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--weeks", default="2022-01-03,2022-08-01")
+    # Two weeks with no stretch of 6 h without a job start (no outage that looks idle).
+    parser.add_argument("--weeks", default="2022-01-10,2022-10-10")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/theta"))
     parser.add_argument("--skip-convert", action="store_true")
     args = parser.parse_args()
@@ -110,6 +112,17 @@ def main() -> None:
             print(week, name, results[f"{week} {name}"], flush=True)
     week = args.weeks.split(",")[0]
     end = week_end(week)
+    for name, jobs in SETS.items():
+        for size in (4, 16, 32):
+            out = args.out / f"{week}-{name}-scavenger-{size}"
+            run([
+                "replay", str(log), "--start", week, "--end", end, "--jobs",
+                str(args.data / jobs), "--shift-arrivals", "start", "--policy", "scavenger",
+                "--scavenger-size", str(size), "--no-progress", "--out", str(out),
+            ])  # fmt: skip
+            summary = json.loads((out / "summary.json").read_text())
+            results[f"{week} {name} scavenger {size}"] = {k: summary.get(k) for k in FIELDS}
+            print(week, name, "scavenger", size, summary.get("utilization_efficiency"), flush=True)
     for windows in ("trace", "none", "oracle"):
         out = args.out / f"{week}-windows-{windows}"
         run([
