@@ -15,11 +15,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bftrainer.names import BadNameError, check_host, check_slots, read_text
 from bftrainer.trainers.checkpoint import write_atomic
-from bftrainer.trainers.metrics import MetricsRecord
+
+if TYPE_CHECKING:  # numpy comes with it: `bftrainer status` reads this module, not them
+    from bftrainer.trainers.metrics import MetricsRecord
 
 logger = logging.getLogger(__name__)
 

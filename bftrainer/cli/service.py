@@ -41,11 +41,11 @@ from bftrainer.state import (
     check_state_dir,
     daemon_running,
     resolve_state_dir,
+    settings,
 )
 from bftrainer.trainers import channel
 from bftrainer.trainers.channel import SUPERVISOR_LOG
-from bftrainer.trainers.launch.base import Launcher, LaunchError
-from bftrainer.trainers.learned_curve import curve_summary, live_curve
+from bftrainer.trainers.launch.base import Launcher
 
 # A rescale that takes longer than a day is a typo, not an elastic job.
 RESCALE_S = Number(min=0.0, max=86400.0)
@@ -256,11 +256,13 @@ def _supervisor_exited(row: TrainerRow) -> str | None:
     if row.state not in ("running", "waiting") or row.trainer_dir is None:
         return None
     trainer_dir = Path(row.trainer_dir)
+    # Alive by identity, as the daemon's adoption checks it: a pid file naming a pid
+    # that another process has now (recycled) is no supervisor.
+    if Launcher.running_in(trainer_dir) is not None:
+        return None
     try:
-        if Launcher.attach(trainer_dir).alive():
-            return None
         ended = channel.read_exit(trainer_dir)
-    except (LaunchError, channel.ChannelError):
+    except channel.ChannelError:
         ended = None
     if ended is None:
         return "its supervisor is gone; the daemon starts it again from its checkpoint"
@@ -271,16 +273,22 @@ def _supervisor_exited(row: TrainerRow) -> str | None:
 def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
     """What ``status --json`` prints: the daemon, the pool it last saw, every trainer."""
     allocations = store.current_allocations()
-    pool = store.get_setting("pool", {"time_s": None, "nodes": {}})
+    # Each setting checked for its shape here: one line naming it, never a traceback
+    # later while printing (a window given as text, a next try missing).
+    pool = settings.check_pool(store.path, store.get_setting("pool", {"time_s": None}))
     return {
         "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
-        "slots_per_node": store.get_setting("slots_per_node", 1),
+        "slots_per_node": settings.check_slots_per_node(
+            store.path, store.get_setting("slots_per_node", 1)
+        ),
         # "gres": read from the nodes' GPU counts (--slots-per-node gres); else "config".
-        "slots_from": store.get_setting("slots_from", "config"),
-        "pool_time_s": pool["time_s"],
+        "slots_from": settings.check_slots_from(
+            store.path, store.get_setting("slots_from", "config")
+        ),
+        "pool_time_s": pool.get("time_s"),
         # Holders failing to hold (the latest cause, the nodes, the next try): null if none.
         "holders_failing": pool.get("holders_failing"),
-        "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
+        "pool": [{"node": n, **info} for n, info in sorted(pool.get("nodes", {}).items())],
         "trainers": [_trainer_now(store, t, allocations) for t in store.trainers()],
     }
 
@@ -297,6 +305,10 @@ def _trainer_now(
     if row.finished:
         out["curve"] = None
     else:
+        # Imported here: it reads the agents' records (numpy), which an empty or a
+        # finished store never needs; `status` stays light (benchmarks/cli_startup.py).
+        from bftrainer.trainers.learned_curve import live_curve
+
         records = (m.record for m in store.metrics(row.id))
         out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
     exited = _supervisor_exited(row)
@@ -386,6 +398,8 @@ def status_cmd(
         "script",
     )
     click.echo("\t".join(header))
+    if data["trainers"]:
+        from bftrainer.trainers.learned_curve import curve_summary
     for t in data["trainers"]:
         work = f"/{t['work_samples']}" if t["work_samples"] else ""
         click.echo(
