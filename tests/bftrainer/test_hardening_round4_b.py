@@ -4,13 +4,17 @@ bounded hostlists, folders that are not ours, FIFOs, one-line scheduler errors."
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from bftrainer.state import Store, ensure_state_dir
+from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
@@ -83,3 +87,83 @@ def test_status_imports_no_numpy() -> None:
     code = "import sys; from bftrainer.cli.service import status_cmd; print('numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+# ---------------------------------------------------------------------- the daemon's store
+
+
+def daemon(state: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """A daemon that ends at start (its store or a flag refused): nothing to stop."""
+    return bftrainer(
+        "daemon", "--scheduler", "slurm", "--bf-partition", "bf", "--state-dir", str(state),
+        *flags,
+    )  # fmt: skip
+
+
+def not_a_database(db: Path) -> None:
+    db.write_bytes(b"hello, this is not SQLite\n" * 10)
+
+
+def newer_schema(db: Path) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+
+
+def table_dropped(db: Path) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE holders")
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (not_a_database, "not a usable bftrainer state database"),
+        (newer_schema, f"schema version {SCHEMA_VERSION + 1}, newer"),
+        (table_dropped, "no table 'holders'"),
+    ],
+    ids=["not-sqlite", "newer", "no-table"],
+)
+def test_the_daemon_checks_its_store_at_start_in_one_line(
+    tmp_path: Path, damage: Callable[[Path], None], named: str
+) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    with Store.open(state):
+        pass
+    for suffix in ("-wal", "-shm"):
+        (state / (DB_NAME + suffix)).unlink(missing_ok=True)
+    damage(state / DB_NAME)
+    line = one_error(daemon(state))
+    assert named in line and str(state) in line, line
+
+
+@pytest.mark.parametrize("name", ["", "two\nlines", "a,b"])
+def test_a_bad_job_name_is_refused_before_the_store_is_made(tmp_path: Path, name: str) -> None:
+    state = tmp_path / "state"
+    line = one_error(daemon(state, "--job-name", name))
+    assert "--job-name" in line and "holder job name" in line, line
+    assert not state.exists()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_for_and_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    with Store.open(state):
+        pass
+    other = sqlite3.connect(state / DB_NAME, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's long write
+    release = threading.Timer(1.5, other.execute, ("COMMIT",))
+    with Store.open(state, busy_timeout_s=0.1) as impatient, pytest.raises(StateBusyError):
+        impatient.set_setting("x", 1)
+    release.start()
+    with Store.open(state, busy_timeout_s=0.1, wait_for_writers=True) as daemons:
+        with caplog.at_level(logging.INFO, logger="bftrainer.state.database"):
+            daemons.set_setting("x", 2)
+        assert daemons.get_setting("x") == 2
+    release.join()
+    other.close()
+    said = [r.getMessage() for r in caplog.records if "write lock" in r.getMessage()]
+    assert len(said) == 2, said  # waiting (once), then going on
+    assert "waiting" in said[0] and "free again" in said[1]
