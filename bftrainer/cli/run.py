@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import time
 from dataclasses import replace
@@ -33,6 +32,7 @@ from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +90,19 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
     except (OSError, LaunchError):
         old = None
     if fresh:
-        shutil.rmtree(d)  # a trainer directory (spec.json): written by bftrainer run
+        # Only a folder that is provably a trainer directory, and only what bftrainer
+        # wrote there: a user's folder with a spec.json of another kind is never touched.
+        if not is_trainer_dir(d):
+            raise UsageError(
+                f"--trainer-dir {d}: --fresh removes only a trainer directory, and its "
+                f"{channel.SPEC} is not a bftrainer launch spec written for this folder: "
+                "nothing was removed; choose a new or empty folder"
+            )
+        left = remove_own_files(d)
+        kept = f"; kept what bftrainer did not write: {', '.join(left[:5])}" if left else ""
         click.echo(
-            f"bftrainer run: starting afresh in {d} (the earlier run's files removed)", err=True
+            f"bftrainer run: starting afresh in {d} (the earlier run's files removed{kept})",
+            err=True,
         )
         return None
     edited = old is not None and not _same_work(old, spec)

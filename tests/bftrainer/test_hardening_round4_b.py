@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -14,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from bftrainer.holders.slurm import parse_squeue_holders
+from bftrainer.idle_monitor.slurm import (
+    HostlistError,
+    OutputParseError,
+    expand_hostlist,
+    parse_reservations,
+    parse_running,
+    parse_squeue_start,
+)
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
+from bftrainer.trainers.launch.base import LaunchSpec
+from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
@@ -167,3 +179,97 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_for_and_said_once(
     said = [r.getMessage() for r in caplog.records if "write lock" in r.getMessage()]
     assert len(said) == 2, said  # waiting (once), then going on
     assert "waiting" in said[0] and "free again" in said[1]
+
+
+# ---------------------------------------------------------------------- run --fresh
+
+
+def run_cmd(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "bftrainer", "run", "--backend", "torchrun"]
+    argv += ["--hosts-file", "hosts", *args]
+    return subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        '{"name": "my experiment", "lr": 0.1}\n',  # a spec.json of another kind
+        # A launch spec, but written for another folder (a copy of a trainer directory).
+        json.dumps({"trainer_id": "x", "script": "/x.py", "args": [], "backend": "torchrun",
+                    "trainer_dir": "/elsewhere"}),
+    ],
+    ids=["another-kind", "another-folder"],
+)  # fmt: skip
+def test_fresh_never_removes_a_folder_that_is_not_provably_a_trainer_dir(
+    tmp_path: Path, spec: str
+) -> None:
+    (tmp_path / "hosts").write_text("localhost\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "spec.json").write_text(spec)
+    (mine / "results.csv").write_text("a,b\n1,2\n")
+    done = run_cmd(tmp_path, "--trainer-dir", "mine", "--fresh", str(EXAMPLE))
+    line = one_error(done)
+    assert "mine" in line and "nothing was removed" in line, line
+    assert sorted(p.name for p in mine.iterdir()) == ["results.csv", "spec.json"]
+    assert (mine / "spec.json").read_text() == spec
+
+
+def test_fresh_removes_only_what_bftrainer_wrote(tmp_path: Path) -> None:
+    d = tmp_path / "td"
+    d.mkdir()
+    spec = LaunchSpec("t1", EXAMPLE, ("--work-samples", "64"), d.resolve(), "torchrun")
+    (d / "spec.json").write_text(spec.to_json())
+    for name in ("hosts", "metrics.jsonl", "checkpoint.pt", "supervisor.log", "exit.json"):
+        (d / name).write_text("x")
+    (d / ".checkpoint.pt.abc123.tmp").write_text("x")
+    (d / "torchrun").mkdir()
+    (d / "torchrun" / "log").write_text("x")
+    (d / "notes.txt").write_text("mine")
+    (d / "data").mkdir()
+    assert is_trainer_dir(d)
+    assert remove_own_files(d) == ["data", "notes.txt"]
+    assert sorted(p.name for p in d.iterdir()) == ["data", "notes.txt"]
+
+
+# ---------------------------------------------------------------------- hostlists
+
+
+HUGE = "n[1-1000000][1-1000000]"
+
+
+def test_a_hostlist_is_counted_before_it_is_expanded() -> None:
+    assert expand_hostlist("n[1-3][1-3]", max_names=9)[-1] == "n33"
+    with pytest.raises(HostlistError, match="more than 8 nodes"):
+        expand_hostlist("n[1-3][1-3]", max_names=8)
+    with pytest.raises(HostlistError, match="more than 1,000,000 nodes"):
+        expand_hostlist(HUGE)
+    with pytest.raises(HostlistError, match="more than"):
+        expand_hostlist("a[1-600000],b[1-600000]")  # counted over the whole list
+    with pytest.raises(HostlistError, match="too long"):
+        expand_hostlist("n[" + "9" * 5000 + "]")
+
+
+def test_every_scheduler_reader_refuses_a_huge_hostlist_in_one_error() -> None:
+    with pytest.raises(OutputParseError, match="more than"):
+        parse_running(f"bf|{HUGE}\n", ["bf"])
+    with pytest.raises(OutputParseError, match="more than"):
+        parse_squeue_start(f"12|batch|10000000000|1700000000|{HUGE}|Priority\n")
+    with pytest.raises(OutputParseError, match="more than"):
+        parse_reservations(f"ReservationName=r StartTime=1700000000 Nodes={HUGE}\n")
+    line = f"7|RUNNING|{HUGE}|{HUGE}|N/A|None|\n"
+    with pytest.raises(ValueError, match="more than"):
+        parse_squeue_holders(line)
+
+
+def test_run_in_a_slurm_allocation_of_a_huge_nodelist_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("n1\n")
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": HUGE}
+    done = run_cmd(tmp_path, "--exec-mode", "slurm", str(EXAMPLE), env=env)
+    line = one_error(done)
+    assert "SLURM_JOB_NODELIST" in line and "more than" in line, line
