@@ -72,8 +72,11 @@ def read_json(path: Path) -> Any | None:
 
 
 def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
-    """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots)."""
+    """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots).
+    A host listed twice is refused: each line starts one agent, and two agents on one
+    host never agree on a rendezvous (``host:slots`` gives a host more slots)."""
     out: list[tuple[str, int]] = []
+    first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -86,6 +89,12 @@ def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
             raise ChannelError(
                 f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw[:120]!r}: {e}"
             ) from None
+        if host in first_line:
+            raise ChannelError(
+                f"{source}:{lineno}: host {host!r} is listed twice (first at line "
+                f"{first_line[host]}): list each host once, as 'host:slots' for more slots"
+            )
+        first_line[host] = lineno
         out.append((host, slots))
     return out
 

@@ -29,7 +29,14 @@ from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SECONDS, InputFile
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
-from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
+from bftrainer.names import (
+    BadNameError,
+    NotRegularFileError,
+    check_trainer_id,
+    decode_text,
+    read_bytes,
+    trainer_id_from,
+)
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
@@ -236,8 +243,10 @@ def run_cmd(
         except BadNameError as e:
             raise UsageError(str(e)) from None
     try:
-        last_data = hosts_file.read_bytes()
+        last_data = read_bytes(hosts_file)
         hosts = _parse_host_file(last_data, hosts_file)
+    except NotRegularFileError as e:
+        raise UsageError(f"--hosts-file: {e.strerror}") from None
     except OSError as e:
         raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
     except channel.ChannelError as e:
@@ -291,7 +300,12 @@ def run_cmd(
         while (outcome := launcher.poll()) is None:
             time.sleep(POLL_S)
             try:
-                data = hosts_file.read_bytes()
+                data = read_bytes(hosts_file)  # never blocks: a FIFO is refused
+            except NotRegularFileError as e:
+                if last_data != b"<not a file>":
+                    logger.error("%s; keeping the previous hosts", e.strerror)
+                last_data = b"<not a file>"  # said once, until it is a file again
+                continue
             except OSError:
                 continue  # being replaced; read it next time
             if data != last_data:

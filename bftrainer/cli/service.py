@@ -30,7 +30,7 @@ from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, Number
-from bftrainer.names import BadNameError, check_trainer_id
+from bftrainer.names import BadNameError, NotRegularFileError, check_trainer_id, open_regular
 from bftrainer.state import (
     BACKENDS,
     DEFAULT_RESCALE_S,
@@ -520,11 +520,13 @@ def logs_cmd(
 
 def _print_from(path: Path, offset: int) -> int:
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO in its place: refused, never waited on
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
         return offset
+    except NotRegularFileError as exc:
+        raise click.ClickException(f"the trainer's log {exc.strerror}") from None
     if data:
         click.echo(data.decode(errors="replace"), nl=False)
     return offset + len(data)

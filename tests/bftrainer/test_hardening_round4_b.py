@@ -24,7 +24,9 @@ from bftrainer.idle_monitor.slurm import (
     parse_running,
     parse_squeue_start,
 )
+from bftrainer.names import NotRegularFileError, read_bytes
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
+from bftrainer.trainers.channel import ChannelError, parse_hosts
 from bftrainer.trainers.launch.base import LaunchSpec
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
@@ -273,3 +275,45 @@ def test_run_in_a_slurm_allocation_of_a_huge_nodelist_is_one_line(tmp_path: Path
     done = run_cmd(tmp_path, "--exec-mode", "slurm", str(EXAMPLE), env=env)
     line = one_error(done)
     assert "SLURM_JOB_NODELIST" in line and "more than" in line, line
+
+
+# ---------------------------------------------------------------------- FIFOs, duplicates
+
+
+def test_logs_refuses_a_supervisor_log_that_became_a_fifo(tmp_path: Path) -> None:
+    state = ensure_state_dir(tmp_path / "state")
+    trainer_dir = tmp_path / "t"
+    trainer_dir.mkdir()
+    os.mkfifo(trainer_dir / "supervisor.log")
+    with Store.open(state) as store:
+        tid = store.submit(EXAMPLE, ["--work-samples", "10"])
+        store.set_launch(tid, trainer_dir=trainer_dir, supervisor="1")
+        store.set_trainer_state(tid, "running")
+    for follow in ((), ("-f",)):
+        done = bftrainer("logs", tid, *follow, "--state-dir", str(state), timeout=30)
+        line = one_error(done)
+        assert "supervisor.log is a FIFO, not a regular file" in line, line
+
+
+def test_run_refuses_a_hosts_file_that_is_a_fifo(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "hosts")
+    line = one_error(run_cmd(tmp_path, str(EXAMPLE)))
+    assert "hosts is a FIFO, not a regular file" in line, line
+
+
+def test_reading_never_blocks_on_a_fifo_swapped_in(tmp_path: Path) -> None:
+    fifo = tmp_path / "hosts"
+    os.mkfifo(fifo)
+    with pytest.raises(NotRegularFileError, match="a FIFO"):
+        read_bytes(fifo)  # before: open() blocked for ever (no writer)
+    with pytest.raises(NotRegularFileError, match="a folder"):
+        read_bytes(tmp_path)
+
+
+def test_a_host_listed_twice_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    (tmp_path / "hosts").write_text("localhost\n127.0.0.1\nlocalhost\n")
+    line = one_error(run_cmd(tmp_path, str(EXAMPLE), "--work-samples", "64"))
+    assert "'localhost' is listed twice (first at line 1)" in line, line
+    assert not (tmp_path / "bftrainer-run-train_mlp").exists()  # nothing started
+    with pytest.raises(ChannelError, match="listed twice"):
+        parse_hosts("a:2\nb\na:1\n")
