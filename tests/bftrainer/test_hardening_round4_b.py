@@ -317,3 +317,33 @@ def test_a_host_listed_twice_is_refused_before_any_process_starts(tmp_path: Path
     assert not (tmp_path / "bftrainer-run-train_mlp").exists()  # nothing started
     with pytest.raises(ChannelError, match="listed twice"):
         parse_hosts("a:2\nb\na:1\n")
+
+
+# ---------------------------------------------------------------------- scancel fails
+
+
+def test_a_failed_scancel_names_the_trainers_processes_still_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bftrainer.daemon import HeldPool
+    from bftrainer.daemon.left_running import say_left_running
+    from bftrainer.holders import SlurmHolders
+    from bftrainer.idle_monitor.runner import CommandTimeoutError, ReplayRunner
+    from bftrainer.trainers.launch.base import Launcher
+
+    with Store.open(ensure_state_dir(tmp_path / "state")) as store:
+        tid = store.submit(EXAMPLE, ["--work-samples", "10"])
+        for job, node in (("11", "node1"), ("12", "node2")):
+            store.add_holder(job, node, now_s=100.0)
+            store.set_holder_state(job, "running", now_s=101.0)
+        store.record_allocation(tid, ["node1"])
+        runner = ReplayRunner({"scancel": [CommandTimeoutError(["scancel"], "replay", 20)]})
+        pool = HeldPool(None, SlurmHolders(runner), store, 10.0)  # type: ignore[arg-type]
+        with caplog.at_level(logging.INFO, logger="bftrainer"):
+            assert not pool.cancel(["11", "12"], "released at exit")
+            say_left_running(store, {tid: Launcher(tmp_path / "td", 4242)})
+    text = caplog.text
+    assert f"still holding: 11 (node1: {tid}'s processes run there), 12 (node2)" in text
+    assert "by hand: scancel 11 12" in text
+    assert f"left running: trainer {tid}, supervisor pid 4242" in text
+    assert "holder job(s): 11 on node1" in text
