@@ -347,3 +347,33 @@ def test_a_failed_scancel_names_the_trainers_processes_still_running(
     assert "by hand: scancel 11 12" in text
     assert f"left running: trainer {tid}, supervisor pid 4242" in text
     assert "holder job(s): 11 on node1" in text
+
+
+# ---------------------------------------------------------------------- sbatch's config
+
+CONFIGLESS = """#!/bin/sh
+echo "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2
+echo "sbatch: error: fetch_config: DNS SRV lookup failed" >&2
+echo "sbatch: error: _establish_config_source: failed to fetch config" >&2
+echo "sbatch: fatal: Could not establish a configuration source" >&2
+exit 1
+"""
+
+
+def test_sbatch_without_its_configuration_is_one_line_naming_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    slurm_sweep = pytest.importorskip("bftrainer.replay.slurm_sweep")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(CONFIGLESS)
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    options = slurm_sweep.SlurmOptions(tmp_path / "sweep")
+    with pytest.raises(slurm_sweep.SlurmSweepError) as caught:
+        slurm_sweep.run_array(max, (1,), [2], options)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "`sbatch " in message and "exited with status 1" in message, message
+    assert message.endswith("sbatch: fatal: Could not establish a configuration source")
+    assert "DNS SRV" not in message + capfd.readouterr().err  # not printed either
