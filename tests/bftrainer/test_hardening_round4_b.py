@@ -25,6 +25,7 @@ from bftrainer.idle_monitor.slurm import (
     parse_squeue_start,
 )
 from bftrainer.names import NotRegularFileError, read_bytes
+from bftrainer.slots import SlotBook, SlotError
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
 from bftrainer.trainers.channel import ChannelError, parse_hosts
 from bftrainer.trainers.launch.base import LaunchSpec
@@ -377,3 +378,17 @@ def test_sbatch_without_its_configuration_is_one_line_naming_the_command(
     assert "`sbatch " in message and "exited with status 1" in message, message
     assert message.endswith("sbatch: fatal: Could not establish a configuration source")
     assert "DNS SRV" not in message + capfd.readouterr().err  # not printed either
+
+
+def test_the_slot_book_costs_what_is_asked_not_the_slot_count() -> None:
+    """slots_per_node = 1e9 (refused in a config; here the mechanism): a trainer's slots
+    are found without a list of every slot, which was a MemoryError."""
+    book = SlotBook(10**9)
+    assert book.assign("a", ["n1", "n1", "n2"]) == {"n1": (0, 1), "n2": (0,)}
+    assert book.assign("b", ["n1"]) == {"n1": (2,)}
+    kept, lost = book.restore("c", ["n1", "n1"], {})
+    assert kept == {"n1": (3, 4)} and lost == {}
+    small = SlotBook(2)
+    small.assign("a", ["n1"])
+    with pytest.raises(SlotError, match="has 2 slot"):
+        small.assign("b", ["n1", "n1"])
