@@ -251,6 +251,9 @@ class Centre:
             stderr=subprocess.STDOUT,
             env=self.env(),
             start_new_session=True,
+            # Not the clone: `python -m` would import its bftrainer/ folder first, which
+            # is not the installed layout (bftrainer.trainers is trainers/ there).
+            cwd=self.sockets,
         )
         log.close()
         wait_until(lambda: (self.sockets / "centre.sock").exists(), 30, "the allocator's socket")
