@@ -214,10 +214,11 @@ class Centre:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "SLURM_CONF": str(self.conf),
-            "PYTHONPATH": str(REPO),
             "BFTRAINER_HOROVOD_NIC": "lo",
             "HOROVOD_START_TIMEOUT": "120",
         }
+        if self.example == EXAMPLE:  # the clone itself is readable and runs as it is
+            env["PYTHONPATH"] = str(REPO)
         if user is not None:
             env.update(HOME=str(user.home), USER=user.name, LOGNAME=user.name)
         return env

@@ -392,3 +392,23 @@ def test_the_slot_book_costs_what_is_asked_not_the_slot_count() -> None:
     small.assign("a", ["n1"])
     with pytest.raises(SlotError, match="has 2 slot"):
         small.assign("b", ["n1", "n1"])
+
+
+def test_an_attached_supervisor_is_alive_and_killed_only_by_identity(tmp_path: Path) -> None:
+    """A supervisor.pid naming a pid another process has now: not alive, never signalled."""
+    from bftrainer.trainers.launch.base import Launcher
+
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        d = tmp_path / "td"
+        d.mkdir()
+        (d / "supervisor.pid").write_text(f"{other.pid}\n")
+        launcher = Launcher.attach(d)
+        assert not launcher.alive()
+        assert Launcher.running_in(d) is None
+        launcher.stop(grace_s=0.1)
+        launcher.kill()
+        assert other.poll() is None, "another process was signalled"
+    finally:
+        other.kill()
+        other.wait()
