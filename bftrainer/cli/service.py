@@ -38,6 +38,7 @@ from bftrainer.state import (
     StateError,
     Store,
     TrainerRow,
+    UnknownTrainerError,
     check_state_dir,
     daemon_running,
     resolve_state_dir,
@@ -501,14 +502,13 @@ def logs_cmd(
             f"trainer {trainer_id}'s directory {log_path.parent} is gone, its log with it"
         )
     offset = 0
+    failed_looks: list[str] = []
     while True:
         offset = _print_from(log_path, offset)
         if not follow:
             break
-        # Opened afresh at each look: a store read as immutable sees no later commit.
-        with open_store(state_dir, need_daemon=False, read_only=True) as store:
-            if store.trainer(trainer_id).finished:
-                break
+        if _finished(state_dir, trainer_id, failed_looks):
+            break
         try:
             time.sleep(1.0)
         except KeyboardInterrupt:
@@ -516,6 +516,31 @@ def logs_cmd(
     # A trainer that just ended may have written its last lines after our last read.
     if follow:
         _print_from(log_path, offset)
+
+
+# Looks in a row at a store that cannot be read before ``logs -f`` gives up on it.
+FOLLOW_TRIES = 10
+
+
+def _finished(state_dir: Path | None, trainer_id: str, failed: list[str]) -> bool:
+    """Whether the trainer has ended, at this look. Opened afresh at each look: a store
+    read as immutable sees no later commit. A daemon that starts meanwhile changes the
+    files under a reader (the store changes while it is read, its -wal comes and goes):
+    no error for a follower, which looks again at the next second; only
+    ``FOLLOW_TRIES`` failed looks in a row (``failed`` keeps them) end it, with the last
+    one's line."""
+    try:
+        with open_store(state_dir, need_daemon=False, read_only=True) as store:
+            ended = store.trainer(trainer_id).finished
+    except click.ClickException as exc:
+        if isinstance(exc.__context__, UnknownTrainerError):
+            raise
+        failed.append(exc.message)
+        if len(failed) >= FOLLOW_TRIES:
+            raise
+        return False
+    failed.clear()
+    return ended
 
 
 def _print_from(path: Path, offset: int) -> int:

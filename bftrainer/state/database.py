@@ -27,7 +27,13 @@ from bftrainer.state.directory import (
     file_identity,
     read_only_uri,
 )
-from bftrainer.state.errors import SchemaError, StateBusyError, StateDirError, StateError
+from bftrainer.state.errors import (
+    SchemaError,
+    StateBusyError,
+    StateDirError,
+    StateError,
+    StoreChangedError,
+)
 from bftrainer.state.schema import MIGRATIONS, SCHEMA_VERSION, TABLES, VIEWS, statements
 
 log = logging.getLogger(__name__)
@@ -205,7 +211,7 @@ class Database:
         with self._lock:
             self._conn.close()
         if self._unchanged is not None and file_identity(self.path) != self._unchanged:
-            raise StateError(f"{self.path} changed while it was read: run the command again")
+            raise StoreChangedError(f"{self.path} changed while it was read: run the command again")
 
     def __enter__(self) -> Self:
         return self

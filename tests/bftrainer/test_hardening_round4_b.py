@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -412,3 +413,40 @@ def test_an_attached_supervisor_is_alive_and_killed_only_by_identity(tmp_path: P
     finally:
         other.kill()
         other.wait()
+
+
+def test_logs_follow_goes_on_when_a_daemon_starts_writing_the_store(tmp_path: Path) -> None:
+    """The store was read as immutable (no daemon); one starts and writes: the follower
+    looks again, and ends when the trainer does, as it would have."""
+    state = ensure_state_dir(tmp_path / "state")
+    trainer_dir = tmp_path / "t"
+    trainer_dir.mkdir()
+    (trainer_dir / "supervisor.log").write_text("first line\n")
+    with Store.open(state) as store:
+        tid = store.submit(EXAMPLE, ["--work-samples", "10"])
+        store.set_launch(tid, trainer_dir=trainer_dir, supervisor="1")
+        store.set_trainer_state(tid, "running")
+    assert not (state / f"{DB_NAME}-wal").exists()  # read as immutable
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "bftrainer", "logs", "-f", tid, "--state-dir", str(state)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # A daemon's writes, each checkpointed into state.db at close, for 8 s: the
+        # follower's looks (one a second) overlap some of them.
+        until = time.monotonic() + 8
+        while follow.poll() is None and time.monotonic() < until:
+            with Store.open(state) as store:
+                store.set_setting("pool", {"time_s": time.time(), "nodes": {}})
+        assert follow.poll() is None, follow.communicate()
+        with Store.open(state) as store:
+            store.set_trainer_state(tid, "done")
+        out, err = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == 0, err
+    assert "first line" in out
