@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bftrainer.names import BadNameError, check_host, check_slots, read_text
+from bftrainer.names import BadNameError, NotRegularFileError, check_host, check_slots, read_text
 from bftrainer.trainers.checkpoint import write_atomic
 
 if TYPE_CHECKING:  # numpy comes with it: `bftrainer status` reads this module, not them
@@ -59,9 +59,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any | None:
     """The JSON in ``path``; None when the file does not exist."""
     try:
-        text = Path(path).read_text()
+        text = read_text(Path(path))  # a FIFO in its place: refused, never waited on
     except FileNotFoundError:
         return None
+    except (NotRegularFileError, BadNameError) as e:
+        raise ChannelError(str(e.strerror if isinstance(e, OSError) else e)) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -125,6 +127,8 @@ def read_hosts(trainer_dir: Path) -> list[tuple[str, int]]:
         text = read_text(path)
     except FileNotFoundError:
         return []
+    except NotRegularFileError as e:
+        raise ChannelError(str(e.strerror)) from None
     except BadNameError as e:
         raise ChannelError(str(e)) from None
     return parse_hosts(text, str(path))

@@ -28,7 +28,7 @@ from bftrainer.idle_monitor.slurm import (
 from bftrainer.names import NotRegularFileError, read_bytes
 from bftrainer.slots import SlotBook, SlotError
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
-from bftrainer.trainers.channel import ChannelError, parse_hosts
+from bftrainer.trainers.channel import ChannelError, parse_hosts, read_exit, read_hosts
 from bftrainer.trainers.launch.base import LaunchSpec
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
@@ -310,6 +310,12 @@ def test_reading_never_blocks_on_a_fifo_swapped_in(tmp_path: Path) -> None:
         read_bytes(fifo)  # before: open() blocked for ever (no writer)
     with pytest.raises(NotRegularFileError, match="a folder"):
         read_bytes(tmp_path)
+    # What a supervisor reads of its trainer directory: a line, it keeps its hosts.
+    with pytest.raises(ChannelError, match="hosts is a FIFO"):
+        read_hosts(tmp_path)
+    os.mkfifo(tmp_path / "exit.json")
+    with pytest.raises(ChannelError, match=r"exit\.json is a FIFO"):
+        read_exit(tmp_path)
 
 
 def test_a_host_listed_twice_is_refused_before_any_process_starts(tmp_path: Path) -> None:
