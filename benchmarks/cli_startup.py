@@ -3,8 +3,9 @@
 Both run often: a user on a busy login node, every wait of a script around the daemon.
 The three commands alternate, each run a fresh process as a user's shell starts it, so
 drift on a shared machine hits all alike; the median of each is reported, and the goal
-(0.3 s each on an idle machine) is checked on the medians. ``status`` reads an empty
-store (the import cost, which is what grows with the code; its reads are milliseconds).
+(on an idle machine: 0.3 s for ``--help``, 0.2 s for ``status``, issue 42) is checked
+on the medians. ``status`` reads an empty store (the import cost, which is what grows
+with the code; its reads are milliseconds).
 
     python benchmarks/cli_startup.py [--runs 15]
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from bftrainer.state import Store, ensure_state_dir
 
-GOAL_S = 0.3
+GOAL_S = {"bftrainer --help": 0.3, "bftrainer status": 0.2}
 
 
 def timed(argv: list[str]) -> float:
@@ -63,7 +64,7 @@ def main() -> None:
         goal = (
             ""
             if name.startswith("python")
-            else f"  (goal {GOAL_S} s: {'met' if median <= GOAL_S else 'MISSED'})"
+            else f"  (goal {GOAL_S[name]} s: {'met' if median <= GOAL_S[name] else 'MISSED'})"
         )
         print(f"{name:18s} {median:6.3f} s  {median / base:5.1f}x python -c pass{goal}")
     print(json.dumps(result))

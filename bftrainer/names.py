@@ -10,7 +10,8 @@ scheduler's reply, the store), so each is checked here, once, where it enters:
 - a trainer id likewise (it names a folder: ``..`` or a ``/`` would leave it);
 - a slot count is an integer from 1 to ``MAX_SLOTS`` (the documented maximum of
   ``--slots-per-node``), a node count from 1 to ``MAX_NODES``;
-- text read from a file is UTF-8, or refused naming the file.
+- text read from a file is UTF-8, or refused naming the file; a file read is a regular
+  file, checked on the open file (a FIFO put in its place would block the reader).
 
 Each refusal is a ``BadNameError`` (a ``ValueError``) whose message is one line naming
 what is wrong and where it came from.
@@ -18,8 +19,12 @@ what is wrong and where it came from.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 MAX_HOST_CHARS = 253  # a DNS name's limit
 MAX_ID_CHARS = 64
@@ -103,7 +108,43 @@ def decode_text(data: bytes, path: Path | str) -> str:
         ) from None
 
 
+class NotRegularFileError(OSError):
+    """A path that is read as a file is a FIFO, a device, a socket or a folder."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading in binary, if it is a regular file; else
+    ``NotRegularFileError`` naming it and what it is. Opened without blocking and
+    checked on the open file, so a FIFO swapped in after a look never hangs the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a folder"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device or socket"
+            )
+            raise NotRegularFileError(
+                errno.EINVAL, f"{path} is {kind}, not a regular file", str(path)
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of the regular file ``path`` (``NotRegularFileError`` otherwise)."""
+    with open_regular(path) as f:
+        return f.read()
+
+
 def read_text(path: Path) -> str:
-    """The UTF-8 text of ``path`` (``OSError`` as ``open``; ``BadNameError`` when it is
-    not UTF-8)."""
-    return decode_text(path.read_bytes(), path)
+    """The UTF-8 text of the regular file ``path`` (``OSError`` as ``open``,
+    ``NotRegularFileError`` for a FIFO and the like; ``BadNameError`` when it is not
+    UTF-8)."""
+    return decode_text(read_bytes(path), path)

@@ -81,8 +81,8 @@ class SlotBook:
             want = list(stored.get(node, ()))[:count]
             used = self._used(node)
             kept = [i for i in want if i < self.slots_per_node and i not in used]
-            free = [i for i in range(self.slots_per_node) if i not in used and i not in kept]
-            kept += free[: count - len(want)]  # slots stored without indices (S = 1)
+            # slots stored without indices (S = 1): the lowest free ones
+            kept += self._lowest_free(used | set(kept), count - len(want))
             if len(kept) < count:
                 lost[node] = count - len(kept)
             if kept:
@@ -90,6 +90,18 @@ class SlotBook:
         if not held:
             del self._held[trainer_id]
         return self.slots(trainer_id), lost
+
+    def _lowest_free(self, used: set[int], count: int) -> list[int]:
+        """The ``count`` lowest slot indices not in ``used`` (fewer if the node has no
+        more). Never a list of every slot: S may be large (a config's typo is refused
+        at start, but this costs what is asked for, not S)."""
+        out: list[int] = []
+        i = 0
+        while len(out) < count and i < self.slots_per_node:
+            if i not in used:
+                out.append(i)
+            i += 1
+        return out
 
     def _used(self, node: str) -> set[int]:
         return {i for h in self._held.values() for i in h.get(node, ())}
@@ -111,8 +123,7 @@ class SlotBook:
             have = held.setdefault(node, [])
             if len(have) >= count:
                 continue
-            used = self._used(node)
-            free = [i for i in range(self.slots_per_node) if i not in used]
+            free = self._lowest_free(self._used(node), count - len(have))
             if count - len(have) > len(free):
                 others = {t: s for t, s in self.holders(node).items() if t != trainer_id}
                 raise SlotError(

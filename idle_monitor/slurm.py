@@ -16,8 +16,10 @@ Facts this relies on (Slurm 22.05, see docs/slurm-local.md):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -50,19 +52,52 @@ class HostlistError(ValueError):
     """A Slurm hostlist expression (``node[1-4,7]``) that does not parse; names it."""
 
 
-def expand_hostlist(text: str) -> list[str]:
+# The most names one hostlist may expand to: ten times the largest machines' node
+# counts. Checked by arithmetic on the ranges before any name is made, so that a reply
+# naming 1e10 nodes is refused in one line instead of filling the memory.
+MAX_HOSTLIST_NAMES = 1_000_000
+
+# One name of a hostlist, parsed: its literal parts and its bracket groups, each group
+# a list of (lo, hi, zero-padded width) ranges.
+_Group = list[tuple[int, int, int]]
+
+
+def expand_hostlist(text: str, max_names: int = MAX_HOSTLIST_NAMES) -> list[str]:
     """Expand a Slurm hostlist (``node[01-03],gpu[1-2]x``) into names, in order.
 
     Bracket groups may hold ranges (zero padding kept) and lists; several groups in one
-    name expand as a product, as ``scontrol show hostnames`` does.
+    name expand as a product, as ``scontrol show hostnames`` does. ``HostlistError``
+    when it does not parse, or when it would make more than ``max_names`` names
+    (counted before expanding).
     """
     text = text.strip()
     if text.lower() in _NO_VALUE:
         return []
+    items = [_parse_one(item, text) for item in _split_top(text, text)]
+    total = 0
+    for parts in items:
+        total += math.prod(
+            sum(hi - lo + 1 for lo, hi, _ in p) for p in parts if not isinstance(p, str)
+        )
+        if total > max_names:
+            raise HostlistError(
+                f"hostlist {_short(text)} names more than {max_names:,} nodes; refused "
+                "before expanding it"
+            )
     names: list[str] = []
-    for item in _split_top(text, text):
-        names.extend(_expand_one(item, text))
+    for parts in items:
+        choices = [
+            [p]
+            if isinstance(p, str)
+            else [f"{k:0{w}d}" for lo, hi, w in p for k in range(lo, hi + 1)]
+            for p in parts
+        ]
+        names.extend("".join(chosen) for chosen in itertools.product(*choices))
     return names
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:77] + "...")
 
 
 def _split_top(text: str, whole: str) -> list[str]:
@@ -71,46 +106,51 @@ def _split_top(text: str, whole: str) -> list[str]:
         if ch == "[":
             depth += 1
             if depth > 1:
-                raise HostlistError(f"nested '[' at {i} in hostlist {whole!r}")
+                raise HostlistError(f"nested '[' at {i} in hostlist {_short(whole)}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
-                raise HostlistError(f"unmatched ']' at {i} in hostlist {whole!r}")
+                raise HostlistError(f"unmatched ']' at {i} in hostlist {_short(whole)}")
         elif ch == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
     if depth:
-        raise HostlistError(f"unclosed '[' in hostlist {whole!r}")
+        raise HostlistError(f"unclosed '[' in hostlist {_short(whole)}")
     items.append(text[start:])
     for item in items:
         if not item.strip():
-            raise HostlistError(f"empty name in hostlist {whole!r}")
+            raise HostlistError(f"empty name in hostlist {_short(whole)}")
     return [i.strip() for i in items]
 
 
-def _expand_one(item: str, whole: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if not m:
-        if any(c in item for c in "[] "):
-            raise HostlistError(f"bad name {item!r} in hostlist {whole!r}")
-        return [item]
-    prefix, body, rest = item[: m.start()], m.group(1), item[m.end() :]
-    tails = _expand_one(rest, whole) if rest else [""]
-    out: list[str] = []
-    for part in body.split(","):
-        part = part.strip()
-        lo_text, sep, hi_text = part.partition("-")
-        if not lo_text.isdigit() or (sep and not hi_text.isdigit()):
-            raise HostlistError(f"bad range {part!r} in hostlist {whole!r}")
-        lo, hi = int(lo_text), int(hi_text) if sep else int(lo_text)
-        if hi < lo:
-            raise HostlistError(f"range {part!r} goes down in hostlist {whole!r}")
-        if hi - lo > 1_000_000:
-            raise HostlistError(f"range {part!r} is too large in hostlist {whole!r}")
-        width = len(lo_text) if lo_text.startswith("0") else 0
-        for k in range(lo, hi + 1):
-            out.extend(f"{prefix}{k:0{width}d}{tail}" for tail in tails)
-    return out
+def _parse_one(item: str, whole: str) -> list[str | _Group]:
+    """One name's literal parts and bracket groups, in order; nothing expanded."""
+    parts: list[str | _Group] = []
+    rest = item
+    while True:
+        m = re.search(r"\[([^\]]*)\]", rest)
+        literal = rest if m is None else rest[: m.start()]
+        if any(c in literal for c in "[] "):
+            raise HostlistError(f"bad name {item!r} in hostlist {_short(whole)}")
+        if literal:
+            parts.append(literal)
+        if m is None:
+            return parts
+        group: _Group = []
+        for part in m.group(1).split(","):
+            part = part.strip()
+            lo_text, sep, hi_text = part.partition("-")
+            if not lo_text.isdigit() or (sep and not hi_text.isdigit()):
+                raise HostlistError(f"bad range {_short(part)} in hostlist {_short(whole)}")
+            if max(len(lo_text), len(hi_text)) > 18:  # no node number has 19 digits
+                raise HostlistError(f"number too long in hostlist {_short(whole)}")
+            lo, hi = int(lo_text), int(hi_text) if sep else int(lo_text)
+            if hi < lo:
+                raise HostlistError(f"range {part!r} goes down in hostlist {_short(whole)}")
+            width = len(lo_text) if lo_text.startswith("0") else 0
+            group.append((lo, hi, width))
+        parts.append(group)
+        rest = rest[m.end() :]
 
 
 def parse_time_s(text: str) -> float | None:

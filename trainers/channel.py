@@ -15,11 +15,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bftrainer.names import BadNameError, check_host, check_slots, read_text
+from bftrainer.names import BadNameError, NotRegularFileError, check_host, check_slots, read_text
 from bftrainer.trainers.checkpoint import write_atomic
-from bftrainer.trainers.metrics import MetricsRecord
+
+if TYPE_CHECKING:  # numpy comes with it: `bftrainer status` reads this module, not them
+    from bftrainer.trainers.metrics import MetricsRecord
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +59,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any | None:
     """The JSON in ``path``; None when the file does not exist."""
     try:
-        text = Path(path).read_text()
+        text = read_text(Path(path))  # a FIFO in its place: refused, never waited on
     except FileNotFoundError:
         return None
+    except (NotRegularFileError, BadNameError) as e:
+        raise ChannelError(str(e.strerror if isinstance(e, OSError) else e)) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -70,8 +74,11 @@ def read_json(path: Path) -> Any | None:
 
 
 def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
-    """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots)."""
+    """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots).
+    A host listed twice is refused: each line starts one agent, and two agents on one
+    host never agree on a rendezvous (``host:slots`` gives a host more slots)."""
     out: list[tuple[str, int]] = []
+    first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -84,6 +91,12 @@ def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
             raise ChannelError(
                 f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw[:120]!r}: {e}"
             ) from None
+        if host in first_line:
+            raise ChannelError(
+                f"{source}:{lineno}: host {host!r} is listed twice (first at line "
+                f"{first_line[host]}): list each host once, as 'host:slots' for more slots"
+            )
+        first_line[host] = lineno
         out.append((host, slots))
     return out
 
@@ -114,6 +127,8 @@ def read_hosts(trainer_dir: Path) -> list[tuple[str, int]]:
         text = read_text(path)
     except FileNotFoundError:
         return []
+    except NotRegularFileError as e:
+        raise ChannelError(str(e.strerror)) from None
     except BadNameError as e:
         raise ChannelError(str(e)) from None
     return parse_hosts(text, str(path))

@@ -24,7 +24,7 @@ from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number, SlotsPerN
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
 from bftrainer.config import ConfigError
-from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders
+from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders, check_job_name
 from bftrainer.idle_monitor.runner import CommandRunner
 from bftrainer.policy import LIVE_POLICIES
 from bftrainer.state import (
@@ -221,7 +221,15 @@ def serve(
         lock.release()
         raise
     monitor = build_source(**source, read_gpus=config.gpu_slots)
-    store = Store.open(path)
+    try:
+        # Checked at start: a newer schema, a file that is no database, a table gone.
+        store = Store.open(path, wait_for_writers=True)
+    except StateError as exc:
+        monitor.runner.close()
+        if metrics is not None:
+            metrics.close()
+        lock.release()
+        raise click.ClickException(str(exc)) from None
     holders = holders_of(monitor.runner)
     if not source.get("ssh_target"):  # the nodes may see the state directory: kept if so
         holders.stderr_dir = path / "holders"
@@ -312,6 +320,10 @@ def holder_factory(
     job_name: str,
 ) -> Callable[[CommandRunner], Holders]:
     """A function of the runner that builds the scheduler's holders; checks the flags."""
+    try:
+        check_job_name(job_name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     common: dict[str, Any] = {"job_name": job_name, "extra_args": holder_args, "slack_s": slack_s}
     if source["scheduler"] == "slurm":
         from bftrainer.holders.slurm import SCRIPT, SlurmHolders

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import time
 from dataclasses import replace
@@ -30,9 +29,17 @@ from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SECONDS, InputFile
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
-from bftrainer.names import BadNameError, check_trainer_id, decode_text, trainer_id_from
+from bftrainer.names import (
+    BadNameError,
+    NotRegularFileError,
+    check_trainer_id,
+    decode_text,
+    read_bytes,
+    trainer_id_from,
+)
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +97,19 @@ def _earlier_run(spec: LaunchSpec, fresh: bool) -> str | None:
     except (OSError, LaunchError):
         old = None
     if fresh:
-        shutil.rmtree(d)  # a trainer directory (spec.json): written by bftrainer run
+        # Only a folder that is provably a trainer directory, and only what bftrainer
+        # wrote there: a user's folder with a spec.json of another kind is never touched.
+        if not is_trainer_dir(d):
+            raise UsageError(
+                f"--trainer-dir {d}: --fresh removes only a trainer directory, and its "
+                f"{channel.SPEC} is not a bftrainer launch spec written for this folder: "
+                "nothing was removed; choose a new or empty folder"
+            )
+        left = remove_own_files(d)
+        kept = f"; kept what bftrainer did not write: {', '.join(left[:5])}" if left else ""
         click.echo(
-            f"bftrainer run: starting afresh in {d} (the earlier run's files removed)", err=True
+            f"bftrainer run: starting afresh in {d} (the earlier run's files removed{kept})",
+            err=True,
         )
         return None
     edited = old is not None and not _same_work(old, spec)
@@ -226,8 +243,10 @@ def run_cmd(
         except BadNameError as e:
             raise UsageError(str(e)) from None
     try:
-        last_data = hosts_file.read_bytes()
+        last_data = read_bytes(hosts_file)
         hosts = _parse_host_file(last_data, hosts_file)
+    except NotRegularFileError as e:
+        raise UsageError(f"--hosts-file: {e.strerror}") from None
     except OSError as e:
         raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
     except channel.ChannelError as e:
@@ -281,7 +300,12 @@ def run_cmd(
         while (outcome := launcher.poll()) is None:
             time.sleep(POLL_S)
             try:
-                data = hosts_file.read_bytes()
+                data = read_bytes(hosts_file)  # never blocks: a FIFO is refused
+            except NotRegularFileError as e:
+                if last_data != b"<not a file>":
+                    logger.error("%s; keeping the previous hosts", e.strerror)
+                last_data = b"<not a file>"  # said once, until it is a file again
+                continue
             except OSError:
                 continue  # being replaced; read it next time
             if data != last_data:

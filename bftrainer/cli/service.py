@@ -30,7 +30,7 @@ from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, Number
-from bftrainer.names import BadNameError, check_trainer_id
+from bftrainer.names import BadNameError, NotRegularFileError, check_trainer_id, open_regular
 from bftrainer.state import (
     BACKENDS,
     DEFAULT_RESCALE_S,
@@ -38,14 +38,15 @@ from bftrainer.state import (
     StateError,
     Store,
     TrainerRow,
+    UnknownTrainerError,
     check_state_dir,
     daemon_running,
     resolve_state_dir,
+    settings,
 )
 from bftrainer.trainers import channel
 from bftrainer.trainers.channel import SUPERVISOR_LOG
-from bftrainer.trainers.launch.base import Launcher, LaunchError
-from bftrainer.trainers.learned_curve import curve_summary, live_curve
+from bftrainer.trainers.launch.base import Launcher
 
 # A rescale that takes longer than a day is a typo, not an elastic job.
 RESCALE_S = Number(min=0.0, max=86400.0)
@@ -256,11 +257,13 @@ def _supervisor_exited(row: TrainerRow) -> str | None:
     if row.state not in ("running", "waiting") or row.trainer_dir is None:
         return None
     trainer_dir = Path(row.trainer_dir)
+    # Alive by identity, as the daemon's adoption checks it: a pid file naming a pid
+    # that another process has now (recycled) is no supervisor.
+    if Launcher.running_in(trainer_dir) is not None:
+        return None
     try:
-        if Launcher.attach(trainer_dir).alive():
-            return None
         ended = channel.read_exit(trainer_dir)
-    except (LaunchError, channel.ChannelError):
+    except channel.ChannelError:
         ended = None
     if ended is None:
         return "its supervisor is gone; the daemon starts it again from its checkpoint"
@@ -271,16 +274,22 @@ def _supervisor_exited(row: TrainerRow) -> str | None:
 def status_json(store: Store, state_dir: Path) -> dict[str, Any]:
     """What ``status --json`` prints: the daemon, the pool it last saw, every trainer."""
     allocations = store.current_allocations()
-    pool = store.get_setting("pool", {"time_s": None, "nodes": {}})
+    # Each setting checked for its shape here: one line naming it, never a traceback
+    # later while printing (a window given as text, a next try missing).
+    pool = settings.check_pool(store.path, store.get_setting("pool", {"time_s": None}))
     return {
         "daemon": {"pid": daemon_running(state_dir), "state_dir": str(state_dir)},
-        "slots_per_node": store.get_setting("slots_per_node", 1),
+        "slots_per_node": settings.check_slots_per_node(
+            store.path, store.get_setting("slots_per_node", 1)
+        ),
         # "gres": read from the nodes' GPU counts (--slots-per-node gres); else "config".
-        "slots_from": store.get_setting("slots_from", "config"),
-        "pool_time_s": pool["time_s"],
+        "slots_from": settings.check_slots_from(
+            store.path, store.get_setting("slots_from", "config")
+        ),
+        "pool_time_s": pool.get("time_s"),
         # Holders failing to hold (the latest cause, the nodes, the next try): null if none.
         "holders_failing": pool.get("holders_failing"),
-        "pool": [{"node": n, **info} for n, info in sorted(pool["nodes"].items())],
+        "pool": [{"node": n, **info} for n, info in sorted(pool.get("nodes", {}).items())],
         "trainers": [_trainer_now(store, t, allocations) for t in store.trainers()],
     }
 
@@ -297,6 +306,10 @@ def _trainer_now(
     if row.finished:
         out["curve"] = None
     else:
+        # Imported here: it reads the agents' records (numpy), which an empty or a
+        # finished store never needs; `status` stays light (benchmarks/cli_startup.py).
+        from bftrainer.trainers.learned_curve import live_curve
+
         records = (m.record for m in store.metrics(row.id))
         out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
     exited = _supervisor_exited(row)
@@ -386,6 +399,8 @@ def status_cmd(
         "script",
     )
     click.echo("\t".join(header))
+    if data["trainers"]:
+        from bftrainer.trainers.learned_curve import curve_summary
     for t in data["trainers"]:
         work = f"/{t['work_samples']}" if t["work_samples"] else ""
         click.echo(
@@ -487,14 +502,13 @@ def logs_cmd(
             f"trainer {trainer_id}'s directory {log_path.parent} is gone, its log with it"
         )
     offset = 0
+    failed_looks: list[str] = []
     while True:
         offset = _print_from(log_path, offset)
         if not follow:
             break
-        # Opened afresh at each look: a store read as immutable sees no later commit.
-        with open_store(state_dir, need_daemon=False, read_only=True) as store:
-            if store.trainer(trainer_id).finished:
-                break
+        if _finished(state_dir, trainer_id, failed_looks):
+            break
         try:
             time.sleep(1.0)
         except KeyboardInterrupt:
@@ -504,13 +518,40 @@ def logs_cmd(
         _print_from(log_path, offset)
 
 
+# Looks in a row at a store that cannot be read before ``logs -f`` gives up on it.
+FOLLOW_TRIES = 10
+
+
+def _finished(state_dir: Path | None, trainer_id: str, failed: list[str]) -> bool:
+    """Whether the trainer has ended, at this look. Opened afresh at each look: a store
+    read as immutable sees no later commit. A daemon that starts meanwhile changes the
+    files under a reader (the store changes while it is read, its -wal comes and goes):
+    no error for a follower, which looks again at the next second; only
+    ``FOLLOW_TRIES`` failed looks in a row (``failed`` keeps them) end it, with the last
+    one's line."""
+    try:
+        with open_store(state_dir, need_daemon=False, read_only=True) as store:
+            ended = store.trainer(trainer_id).finished
+    except click.ClickException as exc:
+        if isinstance(exc.__context__, UnknownTrainerError):
+            raise
+        failed.append(exc.message)
+        if len(failed) >= FOLLOW_TRIES:
+            raise
+        return False
+    failed.clear()
+    return ended
+
+
 def _print_from(path: Path, offset: int) -> int:
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO in its place: refused, never waited on
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
         return offset
+    except NotRegularFileError as exc:
+        raise click.ClickException(f"the trainer's log {exc.strerror}") from None
     if data:
         click.echo(data.decode(errors="replace"), nl=False)
     return offset + len(data)

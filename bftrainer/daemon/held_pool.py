@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from bftrainer.acquisition import plan_assigned, plan_holders
+from bftrainer.daemon.left_running import holding
 from bftrainer.exec_plan import ExecPlan
 from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
@@ -490,7 +491,13 @@ class HeldPool:
             self.holders.release(*job_ids)
         except HolderError as exc:
             self.counts.errors["holder_cancel"] += 1
-            log.warning("holders not released (%s): %s", reason, exc)
+            log.warning(
+                "holders not released (%s): %s; still holding: %s (by hand: %s)",
+                reason,
+                exc,
+                holding(self.store, job_ids),
+                " ".join(self.holders.cancel_argv(job_ids)),
+            )
             return False
         if recorded:
             ended = tuple(job_ids)

@@ -34,6 +34,7 @@ from pathlib import Path
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import GRES, DaemonConfig
 from bftrainer.daemon.held_pool import HeldPool
+from bftrainer.daemon.left_running import say_left_running
 from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
 from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
 from bftrainer.holders.base import HolderError, Holders
@@ -291,6 +292,7 @@ class Daemon(LiveService):
                 raise
             log.warning("holders not released at exit: the state cannot be written (%s)", exc)
         log.info("daemon stopped; %d trainer(s) left running", len(self.driver.launchers))
+        say_left_running(self.store, self.driver.launchers)
 
     def _release_spare(self) -> None:
         allocated = {n for a in self.store.current_allocations().values() for n in a.nodes}

@@ -148,6 +148,27 @@ def stderr_tail(path: Path | None, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
+# Slurm's and LSF's job names are one token: squeue --name and bjobs filter on it (a
+# comma is squeue's list separator), and a holder's name ends with -HOST on LSF.
+JOB_NAME_MAX = 100
+
+
+def check_job_name(job_name: str, source: str = "--job-name") -> str:
+    """``job_name`` if the schedulers can carry it as one name; else ``ValueError``
+    naming it, in one line (checked before the daemon creates its store)."""
+    if not job_name:
+        raise ValueError(f"{source}: the holder job name is empty")
+    bad = [c for c in job_name if c.isspace() or not c.isprintable() or c in ",\\'\"`$"]
+    if bad:
+        raise ValueError(
+            f"{source} {job_name!r}: the holder job name holds {bad[0]!r}; use letters, "
+            "digits and -_. only"
+        )
+    if len(job_name) > JOB_NAME_MAX:
+        raise ValueError(f"{source}: the holder job name is longer than {JOB_NAME_MAX}")
+    return job_name
+
+
 class Holders(ABC):
     """Holder jobs on one scheduler. Subclasses fill the hooks; the logic lives here.
 
@@ -165,8 +186,7 @@ class Holders(ABC):
         job_name: str = DEFAULT_JOB_NAME,
         slack_s: float = WINDOW_SLACK_S,
     ) -> None:
-        if not job_name or any(c.isspace() for c in job_name):
-            raise ValueError(f"bad holder job name {job_name!r}")
+        check_job_name(job_name)
         if not (math.isfinite(slack_s) and slack_s >= 0):
             raise ValueError(f"holder slack {slack_s!r} s: expected a finite number >= 0")
         self.runner = runner

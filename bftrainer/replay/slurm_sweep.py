@@ -9,6 +9,8 @@ Import it only when asked for: submitit is an optional extra (``bftrainer[slurm]
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import pickle
 import shutil
@@ -124,9 +126,12 @@ def run_array(
         executor.update_parameters(**params)
         n = len(configs)
         try:
-            submitted = executor.map_array(_task, [fn] * n, [inputs_path] * n, list(configs))
+            # submitit prints sbatch's whole stderr (a configless client's DNS lookups,
+            # a dozen lines) before it raises: kept here, and said in one line below.
+            with contextlib.redirect_stderr(io.StringIO()):
+                submitted = executor.map_array(_task, [fn] * n, [inputs_path] * n, list(configs))
         except Exception as exc:  # submitit's own errors and sbatch's exit status
-            raise SlurmSweepError(f"sbatch refused the array: {_one_line(str(exc))}") from None
+            raise SlurmSweepError(f"sbatch refused the array: {_sbatch_failure(exc)}") from None
         # submitit 1.5.4 makes an array's tasks plain SlurmJobs whatever its job_class
         # says: the same tasks, as jobs whose watcher asks squeue.
         jobs = [
@@ -176,6 +181,24 @@ def _outcome(index: int, job: Any) -> Any:
 
 def _array_id(jobs: Sequence[Any]) -> str:
     return str(jobs[0].job_id).split("_")[0]
+
+
+def _sbatch_failure(exc: Exception) -> str:
+    """The command that failed and Slurm's telling line (its ``fatal:`` one, else its
+    last), from submitit's error over sbatch's exit status; else the error in one line."""
+    cause = exc.__cause__
+    if not isinstance(cause, subprocess.CalledProcessError):
+        return _one_line(str(exc))
+    argv = cause.cmd if isinstance(cause.cmd, list | tuple) else [cause.cmd]
+    command = " ".join(str(a) for a in argv)
+    stderr = (
+        cause.stderr.decode(errors="replace") if isinstance(cause.stderr, bytes) else cause.stderr
+    )
+    lines = [line.strip() for line in str(stderr or "").splitlines() if line.strip()]
+    fatal = [line for line in lines if "fatal" in line.lower()]
+    telling = (fatal or lines or [""])[-1]
+    said = f": {_one_line(telling)}" if telling else ""
+    return f"`{command}` exited with status {cause.returncode}{said}"
 
 
 def _one_line(text: str) -> str:

@@ -12,6 +12,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,8 +27,14 @@ from bftrainer.state.directory import (
     file_identity,
     read_only_uri,
 )
-from bftrainer.state.errors import SchemaError, StateBusyError, StateDirError, StateError
-from bftrainer.state.schema import MIGRATIONS, SCHEMA_VERSION, statements
+from bftrainer.state.errors import (
+    SchemaError,
+    StateBusyError,
+    StateDirError,
+    StateError,
+    StoreChangedError,
+)
+from bftrainer.state.schema import MIGRATIONS, SCHEMA_VERSION, TABLES, VIEWS, statements
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +48,21 @@ class Database:
     """
 
     def __init__(
-        self, conn: sqlite3.Connection, path: Path, unchanged: tuple[int, ...] | None = None
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        unchanged: tuple[int, ...] | None = None,
+        *,
+        wait_for_writers: bool = False,
     ) -> None:
         self._conn = conn
         self.path = path
         self._lock = threading.RLock()
         self._depth = 0
         self._unchanged = unchanged  # read as immutable: the file's identity when opened
+        # The daemon: another process holding the write lock past the busy timeout is
+        # waited for (said once), not a StateBusyError that ends the daemon.
+        self.wait_for_writers = wait_for_writers
 
     # ------------------------------------------------------------- opening
 
@@ -59,6 +74,7 @@ class Database:
         create: bool = True,
         read_only: bool = False,
         busy_timeout_s: float = BUSY_TIMEOUT_S,
+        wait_for_writers: bool = False,
     ) -> Self:
         """Open ``<state_dir>/state.db``, migrated to this version; with ``create`` (the
         daemon, ``submit``) the directory and database are made if missing, without it
@@ -66,8 +82,13 @@ class Database:
         (``status``, ``logs``, ``report``; implies not ``create``): no byte of the state
         directory is written, see ``read_only_uri``.
 
+        ``wait_for_writers`` (the daemon): a write waits for as long as another process
+        holds the write lock, saying so once, instead of ``StateBusyError`` after
+        ``busy_timeout_s``.
+
         Raises ``StateDirError`` for a directory that is not ours alone and
-        ``SchemaError`` for a database that is not ours or is newer than this code.
+        ``SchemaError`` for a database that is not ours, is newer than this code, or
+        lacks a table.
         """
         path = state_dir / DB_NAME
         if read_only:
@@ -94,7 +115,7 @@ class Database:
                 path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
         conn.row_factory = sqlite3.Row
-        store = cls(conn, path, unchanged)
+        store = cls(conn, path, unchanged, wait_for_writers=wait_for_writers)
         try:
             store._setup(busy_timeout_s, create=create)
         except sqlite3.DatabaseError as exc:
@@ -125,6 +146,7 @@ class Database:
             check = [r[0] for r in c.execute("PRAGMA quick_check(3)").fetchall()]
             if check != ["ok"]:
                 raise SchemaError(f"{self.path} fails SQLite's integrity check: {'; '.join(check)}")
+            self._check_tables()
             return
         mode = c.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -132,6 +154,23 @@ class Database:
         c.execute("PRAGMA synchronous = FULL")  # a commit is on disk when it returns
         c.execute("PRAGMA foreign_keys = ON")
         self._migrate()
+        self._check_tables()
+
+    def _check_tables(self) -> None:
+        """Every table and view of this version is there (one line naming the first
+        missing one, instead of a traceback at the first read or write of it)."""
+        have = {
+            (r[0], r[1])
+            for r in self._conn.execute("SELECT type, name FROM sqlite_master").fetchall()
+        }
+        for kind, names in (("table", TABLES), ("view", VIEWS)):
+            for name in names:
+                if (kind, name) not in have:
+                    raise SchemaError(
+                        f"{self.path} has no {kind} {name!r} (schema version "
+                        f"{SCHEMA_VERSION}): the store is damaged; move it away to start "
+                        "afresh, or restore it from a copy"
+                    )
 
     def _migrate(self) -> None:
         # Checked first without the write lock: opening an up-to-date database (status,
@@ -172,7 +211,7 @@ class Database:
         with self._lock:
             self._conn.close()
         if self._unchanged is not None and file_identity(self.path) != self._unchanged:
-            raise StateError(f"{self.path} changed while it was read: run the command again")
+            raise StoreChangedError(f"{self.path} changed while it was read: run the command again")
 
     def __enter__(self) -> Self:
         return self
@@ -218,14 +257,7 @@ class Database:
                 with self._savepoint():
                     yield
                 return
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc) or "busy" in str(exc):
-                    raise StateBusyError(
-                        f"{self.path} stayed locked by another process: {exc}"
-                    ) from None
-                raise
+            self._begin()
             self._depth = 1
             try:
                 yield
@@ -242,6 +274,35 @@ class Database:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
+
+    def _begin(self) -> None:
+        """``BEGIN IMMEDIATE``: the write lock, waited for up to the busy timeout, or for
+        as long as it takes with ``wait_for_writers`` (one warning, one line when done)."""
+        waited_s: float | None = None
+        while True:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if not self.wait_for_writers:
+                    raise StateBusyError(
+                        f"{self.path} stayed locked by another process: {exc}"
+                    ) from None
+                if waited_s is None:
+                    waited_s = time.monotonic()
+                    log.warning(
+                        "%s: another process holds the write lock; waiting for it "
+                        "(nothing is lost meanwhile)",
+                        self.path,
+                    )
+        if waited_s is not None:
+            log.info(
+                "%s: the write lock is free again after %.0f s; going on",
+                self.path,
+                time.monotonic() - waited_s,
+            )
 
     @contextlib.contextmanager
     def _savepoint(self) -> Iterator[None]:

@@ -66,5 +66,10 @@ class HolderConflictError(StateError):
     """A node already has a live (pending or running) holder in the state."""
 
 
+class StoreChangedError(StateError):
+    """A store read as immutable changed while it was read (a daemon started and wrote):
+    what was read may be torn; read it again."""
+
+
 class StateBusyError(StateError):
     """Another process kept the database locked for longer than the busy timeout."""

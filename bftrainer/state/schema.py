@@ -13,6 +13,10 @@ import sqlite3
 from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
 
 SCHEMA_VERSION = 4
+# What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
+# with a table dropped is named at start, not by a traceback at the first write.
+TABLES = ("trainers", "allocations", "holders", "pool_events", "metrics", "settings")
+VIEWS = ("current_allocations",)
 
 # MIGRATIONS[k] takes a database from version k to k + 1.
 MIGRATIONS: tuple[str, ...] = (

@@ -50,12 +50,81 @@ def runnable_by_all(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
+def readable_by_all(folder: Path) -> bool:
+    """Whether every account can read the tree ``folder`` (each folder above it
+    searchable; it and every folder in it listable, every file in it readable)."""
+    if not all(p.stat().st_mode & 0o001 for p in folder.parents):
+        return False
+    for top, _dirs, files in os.walk(folder):
+        if os.stat(top).st_mode & 0o005 != 0o005:
+            return False
+        for name in files:
+            path = os.path.join(top, name)
+            if not os.path.islink(path) and not os.stat(path).st_mode & 0o004:
+                return False
+    return True
+
+
+def _public_tree(src: Path, dst: Path, *, link: bool) -> None:
+    """``src`` as ``dst``, every folder 0755 and every file readable by all: files that
+    are already readable by all are hard links when ``link`` (no copy of gigabytes of
+    wheels), the others copies; nothing of ``src`` changes."""
+    for top, dirs, files in os.walk(src):
+        out = dst / Path(top).relative_to(src)
+        out.mkdir(mode=0o755, exist_ok=True)
+        out.chmod(0o755)
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            source, target = Path(top) / name, out / name
+            if source.is_symlink():
+                continue
+            mode = source.stat().st_mode
+            if link and mode & 0o004:
+                try:
+                    os.link(source, target)
+                    continue
+                except OSError:  # another file system
+                    pass
+            shutil.copyfile(source, target)
+            target.chmod(0o755 if mode & 0o100 else 0o644)
+
+
+def _public_install(folder: Path) -> Path:
+    """This installation copied into ``folder`` where every account can read it, for a
+    clone that only its owner can read (``mktemp -d``, /root: 0700): the virtualenv's
+    packages (hard links), bftrainer's sources as the wheel lays them out
+    (pyproject.toml's package-dir, instead of the editable install that points into the
+    clone) and the examples. Its site folder."""
+    site = folder / "site"
+    packages = Path(sysconfig.get_paths()["purelib"])
+    _public_tree(packages, site, link=True)
+    for editable in site.glob("__editable__*"):
+        editable.unlink()
+    layout = {
+        "bftrainer": "bftrainer",
+        "bftrainer/milp": "milp",
+        "bftrainer/idle_monitor": "idle_monitor",
+        "bftrainer/trainers": "trainers",
+        "bftrainer/scripts": "scripts",
+    }
+    for where, source in layout.items():
+        _public_tree(REPO / source, site / where, link=False)
+    _public_tree(REPO / "examples", folder / "examples", link=False)
+    return site
+
+
 @contextlib.contextmanager
 def python_for_all() -> Iterator[str]:
     """An interpreter with this installation that every account can run: this one, or
-    (when it lives where only its owner can enter, as pyenv's under /root) a venv of the
-    system's Python of the same version that loads this venv's packages."""
-    if runnable_by_all(Path(sys.executable).resolve()):
+    (when it, its packages or this clone live where only their owner can enter, as
+    pyenv's under /root or a clone in ``mktemp -d``) a venv of the system's Python of the
+    same version that loads a readable copy of them (:func:`_public_install`); the
+    trainer example to submit with it is :func:`example_for`."""
+    packages = Path(sysconfig.get_paths()["purelib"])
+    clone_readable = readable_by_all(REPO / "bftrainer") and readable_by_all(REPO / "examples")
+    here = Path(sys.executable)
+    runnable = runnable_by_all(here) and runnable_by_all(here.resolve())
+    if runnable and readable_by_all(packages) and clone_readable:
         yield sys.executable
         return
     name = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -67,12 +136,23 @@ def python_for_all() -> Iterator[str]:
         folder.chmod(0o755)
         subprocess.run([system, "-m", "venv", "--without-pip", str(folder / "venv")], check=True)
         site_dir = folder / "venv" / "lib" / name / "site-packages"
-        packages = sysconfig.get_paths()["purelib"]
-        loader = f"import site; site.addsitedir({packages!r})\n"
-        (site_dir / "bftrainer-test.pth").write_text(loader)
+        if readable_by_all(packages) and clone_readable:
+            loaded = packages
+        else:
+            loaded = _public_install(folder)
+        (site_dir / "bftrainer-test.pth").write_text(
+            f"import site; site.addsitedir({str(loaded)!r})\n"
+        )
         yield str(folder / "venv" / "bin" / "python")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def example_for(python: str) -> Path:
+    """The trainer example that the accounts running ``python`` can read: the copy made
+    with it (:func:`python_for_all`), else the clone's."""
+    copy = Path(python).parents[2] / "examples" / EXAMPLE.name
+    return copy if copy.is_file() else EXAMPLE
 
 
 WORK = 60_000
@@ -83,11 +163,11 @@ STEP_DELAY_S = "0.2"
 FREE = ("--rescale-up", "0", "--rescale-down", "0")
 
 
-def submit_args(max_nodes: int, work: int, hold: Path) -> list[str]:
+def submit_args(max_nodes: int, work: int, hold: Path, example: Path = EXAMPLE) -> list[str]:
     """``bftrainer submit`` of the example on 1 to ``max_nodes`` nodes, slowed down while
     the file ``hold`` exists (every user must be able to see it)."""
     return [
-        "submit", str(EXAMPLE), "--backend", "torchrun", "--min-nodes", "1",
+        "submit", str(example), "--backend", "torchrun", "--min-nodes", "1",
         "--max-nodes", str(max_nodes), "--work-samples", str(work),
         "--step-delay-s", STEP_DELAY_S, "--hold-file", str(hold), "--max-batch", "128",
     ]  # fmt: skip
@@ -113,6 +193,7 @@ class Centre:
         self, cluster: SlurmCluster, sockets: Path, logs: Path, conf: Path, python: str
     ) -> None:
         self.bftrainer = [python, "-m", "bftrainer"]
+        self.example = example_for(python)  # the users can read it (a 0700 clone's copy)
         self.cluster = cluster
         self.conf = conf  # a copy of slurm.conf every user can read
         self.sockets = sockets
@@ -133,10 +214,11 @@ class Centre:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "SLURM_CONF": str(self.conf),
-            "PYTHONPATH": str(REPO),
             "BFTRAINER_HOROVOD_NIC": "lo",
             "HOROVOD_START_TIMEOUT": "120",
         }
+        if self.example == EXAMPLE:  # the clone itself is readable and runs as it is
+            env["PYTHONPATH"] = str(REPO)
         if user is not None:
             env.update(HOME=str(user.home), USER=user.name, LOGNAME=user.name)
         return env
@@ -170,6 +252,9 @@ class Centre:
             stderr=subprocess.STDOUT,
             env=self.env(),
             start_new_session=True,
+            # Not the clone: `python -m` would import its bftrainer/ folder first, which
+            # is not the installed layout (bftrainer.trainers is trainers/ there).
+            cwd=self.sockets,
         )
         log.close()
         wait_until(lambda: (self.sockets / "centre.sock").exists(), 30, "the allocator's socket")
@@ -202,7 +287,7 @@ class Centre:
         return done.stdout
 
     def submit(self, user: User, max_nodes: int = 4, work: int = WORK) -> str:
-        out = self.ok(user, *submit_args(max_nodes, work, self.hold), *FREE)
+        out = self.ok(user, *submit_args(max_nodes, work, self.hold, self.example), *FREE)
         return out.strip().splitlines()[-1]
 
     def status(self, user: User) -> dict[str, Any]:

@@ -209,7 +209,9 @@ class CentreSoak:
         if sum(len(self.unfinished(u)) for u in self.users) >= MAX_UNFINISHED:
             return
         user = self.users[args["user"]]
-        done = self.c.run(user, *submit_args(args["max_nodes"], args["work"], self.c.hold))
+        done = self.c.run(
+            user, *submit_args(args["max_nodes"], args["work"], self.c.hold, self.c.example)
+        )
         if done.returncode != 0:
             self.violate(f"{user.name}: submit failed: {done.stderr.strip()[-300:]}")
             return

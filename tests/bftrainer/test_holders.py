@@ -266,7 +266,7 @@ def test_step_argv() -> None:
 
 
 def test_job_name_must_be_one_word() -> None:
-    with pytest.raises(ValueError, match="bad holder job name"):
+    with pytest.raises(ValueError, match="holder job name holds"):
         SlurmHolders(ReplayRunner({}), job_name="two words")
 
 

@@ -175,14 +175,17 @@ class Launcher:
             launcher = cls.attach(trainer_dir)
         except LaunchError:
             return None
+        return launcher if launcher.alive() else None
+
+    def _is_supervisor(self) -> bool:
+        """Whether ``pid`` is this directory's supervisor now, by its command line (a
+        pid the kernel has given to another process since is not)."""
         try:
-            argv = Path(f"/proc/{launcher.pid}/cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            return None
-        mine = os.fsencode(str(Path(trainer_dir).resolve()))
-        if SUPERVISOR_MODULE.encode() in argv and mine in argv:
-            return launcher
-        return None
+            return False
+        mine = os.fsencode(str(self.trainer_dir.resolve()))
+        return SUPERVISOR_MODULE.encode() in argv and mine in argv
 
     def set_hosts(self, hosts: Sequence[str | tuple[str, int]]) -> None:
         """``host`` or ``(host, slots)`` each; [] is zero hosts."""
@@ -194,13 +197,17 @@ class Launcher:
         channel.write_exec(self.trainer_dir, mode, slurm_jobs, ssh_args)
 
     def alive(self) -> bool:
+        """The supervisor runs: started here, by its process; attached, by identity
+        (its pid alive, not a zombie, and still this directory's supervisor)."""
         if self._proc is not None:
             return self._proc.poll() is None
-        return remote.alive(self.pid)
+        return remote.alive(self.pid) and self._is_supervisor()
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Ask the supervisor to stop (workers checkpoint); wait for it, then kill."""
         channel.write_text_atomic(self.trainer_dir / STOP_GRACE, f"{grace_s}\n")
+        if not self.alive():
+            return  # never a signal to a pid that is no longer our supervisor's
         try:
             os.kill(self.pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -247,7 +254,8 @@ class Launcher:
     def kill(self) -> None:
         """SIGKILL the supervisor, its process group and every process it started,
         and any process left here by an earlier supervisor of the same trainer."""
-        remote.kill_tree(self.pid, signal.SIGKILL)
+        if self._proc is not None or self._is_supervisor():  # never a recycled pid's tree
+            remote.kill_tree(self.pid, signal.SIGKILL)
         for pid in remote.processes_of(self.trainer_dir):
             remote.kill_tree(pid, signal.SIGKILL)
         if self._proc is not None:
