@@ -112,6 +112,8 @@ class ElasticRuntime:
     ``torch.amp.GradScaler``, for mixed precision): the runtime scales the loss before
     ``backward()``, unscales the summed gradients before the noise probe reads them
     (the noise scale is of true gradients), and steps through the scaler.
+    ``evaluate(model)`` (rank 0, at each commit and at the end): a value to
+    :meth:`report`, for a search's pruner.
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class ElasticRuntime:
         comm: Comm | None = None,
         script: str | None = None,
         grad_scaler: Any | None = None,
+        evaluate: Callable[[Any], float] | None = None,
     ) -> None:
         import torch
 
@@ -150,6 +153,8 @@ class ElasticRuntime:
             self.work_samples = (opts.work_epochs or 1) * self.num_samples
         self.fetch = fetch or default_fetch(dataset)
         self.on_commit = on_commit
+        self.evaluate = evaluate
+        self._reported_samples = -1  # the samples of the last report (one per commit)
         stem = Path(script or sys.argv[0]).stem or "trainer"
         self.trainer_dir = Path(opts.trainer_dir or f"bftrainer-run-{stem}")
         self.trainer_id = opts.trainer_id or stem
@@ -549,6 +554,7 @@ class ElasticRuntime:
             if self.on_commit is not None:
                 self.on_commit(info)
             save_checkpoint(self.snapshot(), self._checkpoint)
+            self._evaluate()
             if retune:
                 move = self.retune_decision()
         # Nobody keeps a commit that rank 0 may not have written (it could die first);
@@ -563,6 +569,32 @@ class ElasticRuntime:
             self._report()
         if not leaving:
             comm.commit()
+
+    def report(self, value: float) -> None:
+        """Report the trainer's own metric (a validation loss, an accuracy), keyed by the
+        samples trained so far: a search's pruner compares trials by it, and the last
+        one is a finished trial's value (docs/hpo.md). Rank 0 writes it durably
+        (fsynced) to ``metrics.jsonl``; other ranks' calls do nothing. Samples, not
+        seconds: a trial that was resized or waited without nodes is compared fairly."""
+        value = float(value)
+        if not math.isfinite(value):
+            raise RuntimeConfigError(
+                f"runtime.report({value}) at {self.progress.samples_done} samples: "
+                "the value must be finite"
+            )
+        writer = self._writer_of_rank0
+        if writer is not None:
+            p = self.progress
+            writer.report(value, p.samples_done, p.step, self.opts.trial)
+            self._reported_samples = p.samples_done
+
+    def _evaluate(self) -> None:
+        """Rank 0, at a commit: ``evaluate(model)``'s value reported, once per sample
+        count (a commit and the end at the same count report once). The other ranks
+        wait for it at the commit's broadcast: keep it short."""
+        if self.evaluate is None or self._reported_samples == self.progress.samples_done:
+            return
+        self.report(self.evaluate(self.model))
 
     def _model_checksum(self) -> float:
         with self.torch.no_grad():
@@ -582,6 +614,7 @@ class ElasticRuntime:
         }
         writer = self._writer_of_rank0
         if writer is not None:
+            self._evaluate()  # the final value, before result.json says done
             writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
             writer.result(result)
             print(strict_json.dumps(result, sort_keys=True), flush=True)
