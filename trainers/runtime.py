@@ -64,7 +64,14 @@ from bftrainer.trainers.runtime_options import (
     add_runtime_args,
     parse_runtime_args,
 )
-from bftrainer.trainers.runtime_state import CommitInfo, ReplicaDivergenceError, RunProgress
+from bftrainer.trainers.runtime_state import (
+    CommitInfo,
+    ReplicaDivergenceError,
+    RunProgress,
+    default_fetch,
+    finite_report,
+    model_checksum,
+)
 from bftrainer.trainers.sampler import ElasticSampler
 
 __all__ = [
@@ -91,16 +98,6 @@ REFIT_EVERY_S = 60.0
 # one would take at most this share of the time, at the last commit's cost: a small
 # model's short epochs each get one, a large checkpoint waits for --commit-every-s.
 COMMIT_SHARE = 0.05
-
-
-def default_fetch(dataset: Any) -> Callable[[np.ndarray], Any]:
-    """Batch ``dataset[i]`` for the ids with torch's default collate."""
-    from torch.utils.data import default_collate
-
-    def fetch(ids: np.ndarray) -> Any:
-        return default_collate([dataset[int(i)] for i in ids])
-
-    return fetch
 
 
 class ElasticRuntime:
@@ -538,7 +535,7 @@ class ElasticRuntime:
         if comm.size > 1:
             # Every rank's model must be the same bits (summed gradients, one LR from
             # rank 0): a checksum per commit turns a silent divergence into an error.
-            gathered = comm.allgather_object((self._model_checksum(), self._pending))
+            gathered = comm.allgather_object((model_checksum(self.params), self._pending))
             checksums = [c for c, _ in gathered]
             if len(set(checksums)) > 1:
                 raise ReplicaDivergenceError(
@@ -571,35 +568,17 @@ class ElasticRuntime:
             comm.commit()
 
     def report(self, value: float) -> None:
-        """Report the trainer's own metric (a validation loss, an accuracy), keyed by the
-        samples trained so far: a search's pruner compares trials by it, and the last
-        one is a finished trial's value (docs/hpo.md). Rank 0 writes it durably
-        (fsynced) to ``metrics.jsonl``; other ranks' calls do nothing. Samples, not
-        seconds: a trial that was resized or waited without nodes is compared fairly."""
-        value = float(value)
-        if not math.isfinite(value):
-            raise RuntimeConfigError(
-                f"runtime.report({value}) at {self.progress.samples_done} samples: "
-                "the value must be finite"
-            )
-        writer = self._writer_of_rank0
-        if writer is not None:
-            p = self.progress
+        """The trainer's metric, keyed by samples trained (not seconds: a resized trial
+        compares fairly), for a search's pruner (docs/hpo.md); rank 0 writes it, fsynced."""
+        value, p = finite_report(value, self.progress.samples_done), self.progress
+        if (writer := self._writer_of_rank0) is not None:
             writer.report(value, p.samples_done, p.step, self.opts.trial)
             self._reported_samples = p.samples_done
 
     def _evaluate(self) -> None:
-        """Rank 0, at a commit: ``evaluate(model)``'s value reported, once per sample
-        count (a commit and the end at the same count report once). The other ranks
-        wait for it at the commit's broadcast: keep it short."""
-        if self.evaluate is None or self._reported_samples == self.progress.samples_done:
-            return
-        self.report(self.evaluate(self.model))
-
-    def _model_checksum(self) -> float:
-        with self.torch.no_grad():
-            sums = self.torch.stack([q.detach().double().sum() for q in self.params])
-            return float(sums.sum())
+        """``evaluate(model)`` reported once per sample count (rank 0: commits, the end)."""
+        if self.evaluate is not None and self._reported_samples != self.progress.samples_done:
+            self.report(self.evaluate(self.model))
 
     def _finish(self) -> dict[str, Any]:
         p = self.progress
