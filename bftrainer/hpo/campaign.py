@@ -236,30 +236,17 @@ class Campaign:
             return
         if ATTR_TRAINER not in ft.user_attrs:
             optuna.trial.Trial(self.study, ft._trial_id).set_user_attr(ATTR_TRAINER, row.id)
-        if ATTR_PRUNED in ft.user_attrs:
-            self._prune(ft, row)  # decided before a restart: finish what it began
-            return
         # The row is read before the reports: a trainer recorded as ended has written
         # all of them (rank 0 writes its last report before result.json).
         row = self.store.trainer(row.id)
-        pruned = self._forward(ft, row)
-        if pruned:
-            return
-        if row.state == "done":
-            ft = self.study._storage.get_trial(ft._trial_id)
-            if not ft.intermediate_values:
-                self._fail(ft, f"trainer {row.id} ended without a report (runtime.report)")
-                return
-            value = ft.intermediate_values[max(ft.intermediate_values)]
-            self.study.tell(ft.number, value)
-            log.info("trial %d complete: %g (trainer %s)", ft.number, value, row.id)
-        elif row.state == "failed":
-            self._fail(ft, f"trainer {row.id} failed: {row.reason}")
-        elif row.state == "cancelled":
-            self._fail(ft, f"trainer {row.id} was cancelled outside the campaign")
+        if ATTR_PRUNED in ft.user_attrs:
+            self._pruned(ft, row)  # decided at an earlier step, or before a restart
+        elif not self._forward(ft, row):
+            self._ended(ft, row)
 
     def _forward(self, ft: FrozenTrial, row: TrainerRow) -> bool:
-        """Report the trainer's new values to the study; prune if its pruner says so."""
+        """Report the trainer's new values to the study; True when its pruner says stop
+        (the trainer is then cancelled: its nodes return at the daemon's next step)."""
         if row.trainer_dir is None:
             return False
         reports, self._offsets[ft.number] = channel.read_reports(
@@ -276,21 +263,39 @@ class Campaign:
                 seen.add(r["samples_done"])
         if row.finished or not trial.should_prune():
             return False
-        trial.set_user_attr(ATTR_PRUNED, max(seen))
-        self._prune(self.study._storage.get_trial(ft._trial_id), row)
+        trial.set_user_attr(ATTR_PRUNED, {"samples": max(seen), "time_s": time.time()})
+        self.store.request_cancel(row.id)
+        log.info(
+            "trial %d pruned at %d samples: trainer %s cancelled", ft.number, max(seen), row.id
+        )
         return True
 
-    def _prune(self, ft: FrozenTrial, row: TrainerRow) -> None:
-        """End a pruned trial: its trainer cancelled (its nodes return at the daemon's
-        next step), the study told. Both are idempotent, so a restart may redo them."""
-        self.store.request_cancel(row.id)
-        self.study.tell(ft.number, state=TrialState.PRUNED, skip_if_finished=True)
-        log.info(
-            "trial %d pruned at %s samples; trainer %s cancelled",
-            ft.number,
-            ft.user_attrs.get(ATTR_PRUNED),
-            row.id,
-        )
+    def _pruned(self, ft: FrozenTrial, row: TrainerRow) -> None:
+        """A pruned trial ends with its trainer: PRUNED once the daemon has cancelled it
+        (asked again after a restart: it is idempotent), and what the trainer's end says
+        if it ended otherwise first (its work was done before the cancel reached it)."""
+        if not row.finished:
+            self.store.request_cancel(row.id)
+        elif row.state == "cancelled":
+            self.study.tell(ft.number, state=TrialState.PRUNED, skip_if_finished=True)
+        else:
+            self._forward(ft, row)
+            self._ended(self.study._storage.get_trial(ft._trial_id), row)
+
+    def _ended(self, ft: FrozenTrial, row: TrainerRow) -> None:
+        """Tell the study a trainer's end: done is COMPLETE with its last report."""
+        if row.state == "done":
+            ft = self.study._storage.get_trial(ft._trial_id)
+            if not ft.intermediate_values:
+                self._fail(ft, f"trainer {row.id} ended without a report (runtime.report)")
+                return
+            value = ft.intermediate_values[max(ft.intermediate_values)]
+            self.study.tell(ft.number, value, skip_if_finished=True)
+            log.info("trial %d complete: %g (trainer %s)", ft.number, value, row.id)
+        elif row.state == "failed":
+            self._fail(ft, f"trainer {row.id} failed: {row.reason}")
+        elif row.state == "cancelled":
+            self._fail(ft, f"trainer {row.id} was cancelled outside the campaign")
 
     def _fail(self, ft: FrozenTrial, why: str) -> None:
         trial = optuna.trial.Trial(self.study, ft._trial_id)
