@@ -225,8 +225,9 @@ FLAG_NAMES = {
     "--prior",
     "curves_prior",
     type=click.Choice(PRIORS),
-    help="learned: optimistic (Pollux: perfect scaling, capped at 2x the largest count run; "
-    "default) or profile (a short probe at a few sizes on a trainer's first nodes).",
+    help="learned: peers (default: what trainers of the same model measured, else as "
+    "optimistic), optimistic (Pollux: perfect scaling, capped at 2x the largest count run) "
+    "or profile (a short probe at a few sizes on a trainer's first nodes).",
 )
 @click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."

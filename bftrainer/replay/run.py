@@ -75,7 +75,7 @@ class ReplayConfig(Config):
     restart_s: float | None = None
     # What the policy knows of the trainers' curves (bftrainer/replay/learning.py).
     curves: str = "known"
-    curves_prior: str = "optimistic"
+    curves_prior: str = "peers"
     curves_noise: float = 0.05
     curves_observe_s: float = 30.0
     curves_growth: float = 2.0
