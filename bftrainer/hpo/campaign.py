@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,16 @@ class Campaign:
             )
         if not space:
             raise CampaignError("the search space is empty: give at least one parameter")
+        if len(study.directions) != 1:
+            raise CampaignError(
+                f"study {study.study_name!r} has {len(study.directions)} objectives: a trial "
+                "reports one value (runtime.report), so only single-objective studies run"
+            )
+        # The daemon starts the script from its own directory: the path must be whole.
+        script = Path(spec.script).expanduser().absolute()
+        if not script.is_file():
+            raise CampaignError(f"trial script {script}: no such file")
+        spec = replace(spec, script=script)
         self.study, self.space, self.spec, self.store = study, dict(space), spec, store
         self.n_trials, self.max_parallel = n_trials, max_parallel
         self._offsets: dict[int, int] = {}  # trial number -> metrics.jsonl bytes read

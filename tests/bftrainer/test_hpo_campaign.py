@@ -9,6 +9,7 @@ test_hpo_e2e.py."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -84,8 +85,10 @@ def study(tmp_path: Path, pruner: optuna.pruners.BasePruner | None = None) -> op
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store.open(tmp_path / "state")
+    for name in ("trial.py", "t.py"):  # the trial scripts the tests name
+        (tmp_path / name).write_text("")
     yield s
     s.close()
 
@@ -187,6 +190,17 @@ def test_a_pruned_trial_stays_pruned_across_a_restart(tmp_path: Path, store: Sto
     check_ends(s, store)
     for t in s.trials:
         assert len(t.intermediate_values) <= len(STEPS)
+
+
+def test_a_campaign_that_cannot_run_is_refused_in_one_line(tmp_path: Path, store: Store) -> None:
+    with pytest.raises(CampaignError, match=r"trial script .*missing.py: no such file"):
+        Campaign(study(tmp_path), SPACE, TrialSpec(tmp_path / "missing.py"), store, 2)
+    script = tmp_path / "t.py"
+    two = optuna.create_study(directions=["minimize", "maximize"])
+    with pytest.raises(CampaignError, match="2 objectives"):
+        Campaign(two, SPACE, TrialSpec(script), store, 2)
+    with pytest.raises(CampaignError, match=r"trial nodes 2\.\.1"):
+        Campaign(study(tmp_path), SPACE, TrialSpec(script, min_nodes=2), store, 2)
 
 
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
