@@ -308,6 +308,7 @@ def replay(
     if isinstance(arrivals, SearchSource):
         changes = [(c.time_s, c.trainer_id, c.nodes) for c in recorder.changes]
         result.summary.update(arrivals.summary(node_seconds(changes, loop.now_s)))
+        result.summary["curves_prior"] = None  # the trials plan on known curves
     if isinstance(driver, LearningDriver):
         result.summary.update(learning_summary(driver, result.summary))
     return result

@@ -60,6 +60,7 @@ def test_pruning_ends_losers_and_saves_node_hours() -> None:
     assert full["trials_completed"] == 30
     assert pruned["node_hours_per_trial"] < full["node_hours_per_trial"]
     assert pruned["target_loss"] == full["target_loss"]  # one target for every run
+    assert pruned["curves_prior"] is None  # known curves: no prior stands anywhere
 
 
 def test_a_search_replay_is_seeded() -> None:
