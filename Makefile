@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := dev,parquet,slurm,torch,gurobi
+EXTRAS := dev,parquet,slurm,torch,gurobi,hpo
 DEMO_OUT ?= out/demo
 
 .PHONY: demo test venv lint typecheck unit bench clean horovod horovod-if-possible upgrade-check

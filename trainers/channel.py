@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -279,6 +280,20 @@ class ChannelWriter:
             }
         )
 
+    def report(self, value: float, samples_done: int, step: int, trial: str | None) -> None:
+        """One value of the trainer's own metric (``runtime.report``), keyed by the
+        samples it had seen: what a search's pruner compares (docs/hpo.md)."""
+        self._append(
+            {
+                "kind": "report",
+                "value": value,
+                "samples_done": samples_done,
+                "step": step,
+                "trial": trial,
+                "time_s": self._clock(),
+            }
+        )
+
     def result(self, result: Mapping[str, Any]) -> None:
         write_json_atomic(self.trainer_dir / RESULT, dict(result))
 
@@ -309,6 +324,29 @@ def read_metrics(trainer_dir: Path, offset: int = 0) -> tuple[list[dict[str, Any
         if isinstance(obj, dict):
             records.append(obj)
     return records, offset + end
+
+
+def read_reports(trainer_dir: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The ``report`` records (``runtime.report``) appended since byte ``offset``, each
+    checked: ``{"value": finite float, "samples_done": int >= 0, ...}``; a malformed one
+    is skipped with a warning (it cannot be a value the trainer meant)."""
+    records, end = read_metrics(trainer_dir, offset)
+    out = []
+    for rec in records:
+        if rec.get("kind") != "report":
+            continue
+        value, samples = rec.get("value"), rec.get("samples_done")
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and isinstance(samples, int)
+            and samples >= 0
+        ):
+            out.append(rec)
+        else:
+            logger.warning("%s: skipping a malformed report: %.120r", trainer_dir, rec)
+    return out, end
 
 
 def read_result(trainer_dir: Path) -> dict[str, Any] | None:

@@ -64,7 +64,14 @@ from bftrainer.trainers.runtime_options import (
     add_runtime_args,
     parse_runtime_args,
 )
-from bftrainer.trainers.runtime_state import CommitInfo, ReplicaDivergenceError, RunProgress
+from bftrainer.trainers.runtime_state import (
+    CommitInfo,
+    ReplicaDivergenceError,
+    RunProgress,
+    default_fetch,
+    finite_report,
+    model_checksum,
+)
 from bftrainer.trainers.sampler import ElasticSampler
 
 __all__ = [
@@ -93,16 +100,6 @@ REFIT_EVERY_S = 60.0
 COMMIT_SHARE = 0.05
 
 
-def default_fetch(dataset: Any) -> Callable[[np.ndarray], Any]:
-    """Batch ``dataset[i]`` for the ids with torch's default collate."""
-    from torch.utils.data import default_collate
-
-    def fetch(ids: np.ndarray) -> Any:
-        return default_collate([dataset[int(i)] for i in ids])
-
-    return fetch
-
-
 class ElasticRuntime:
     """Runs the user's model, optimizer, data set and loss elastically.
 
@@ -112,6 +109,8 @@ class ElasticRuntime:
     ``torch.amp.GradScaler``, for mixed precision): the runtime scales the loss before
     ``backward()``, unscales the summed gradients before the noise probe reads them
     (the noise scale is of true gradients), and steps through the scaler.
+    ``evaluate(model)`` (rank 0, at each commit and at the end): a value to
+    :meth:`report`, for a search's pruner.
     """
 
     def __init__(
@@ -127,6 +126,7 @@ class ElasticRuntime:
         comm: Comm | None = None,
         script: str | None = None,
         grad_scaler: Any | None = None,
+        evaluate: Callable[[Any], float] | None = None,
     ) -> None:
         import torch
 
@@ -150,6 +150,8 @@ class ElasticRuntime:
             self.work_samples = (opts.work_epochs or 1) * self.num_samples
         self.fetch = fetch or default_fetch(dataset)
         self.on_commit = on_commit
+        self.evaluate = evaluate
+        self._reported_samples = -1  # the samples of the last report (one per commit)
         stem = Path(script or sys.argv[0]).stem or "trainer"
         self.trainer_dir = Path(opts.trainer_dir or f"bftrainer-run-{stem}")
         self.trainer_id = opts.trainer_id or stem
@@ -533,7 +535,7 @@ class ElasticRuntime:
         if comm.size > 1:
             # Every rank's model must be the same bits (summed gradients, one LR from
             # rank 0): a checksum per commit turns a silent divergence into an error.
-            gathered = comm.allgather_object((self._model_checksum(), self._pending))
+            gathered = comm.allgather_object((model_checksum(self.params), self._pending))
             checksums = [c for c, _ in gathered]
             if len(set(checksums)) > 1:
                 raise ReplicaDivergenceError(
@@ -549,6 +551,7 @@ class ElasticRuntime:
             if self.on_commit is not None:
                 self.on_commit(info)
             save_checkpoint(self.snapshot(), self._checkpoint)
+            self._evaluate()
             if retune:
                 move = self.retune_decision()
         # Nobody keeps a commit that rank 0 may not have written (it could die first);
@@ -564,10 +567,18 @@ class ElasticRuntime:
         if not leaving:
             comm.commit()
 
-    def _model_checksum(self) -> float:
-        with self.torch.no_grad():
-            sums = self.torch.stack([q.detach().double().sum() for q in self.params])
-            return float(sums.sum())
+    def report(self, value: float) -> None:
+        """The trainer's metric, keyed by samples trained (not seconds: a resized trial
+        compares fairly), for a search's pruner (docs/hpo.md); rank 0 writes it, fsynced."""
+        value, p = finite_report(value, self.progress.samples_done), self.progress
+        if (writer := self._writer_of_rank0) is not None:
+            writer.report(value, p.samples_done, p.step, self.opts.trial)
+            self._reported_samples = p.samples_done
+
+    def _evaluate(self) -> None:
+        """``evaluate(model)`` reported once per sample count (rank 0: commits, the end)."""
+        if self.evaluate is not None and self._reported_samples != self.progress.samples_done:
+            self.report(self.evaluate(self.model))
 
     def _finish(self) -> dict[str, Any]:
         p = self.progress
@@ -582,6 +593,7 @@ class ElasticRuntime:
         }
         writer = self._writer_of_rank0
         if writer is not None:
+            self._evaluate()  # the final value, before result.json says done
             writer.metrics(self.agent.metrics(), p.samples_done, self.sampler.epoch)
             writer.result(result)
             print(strict_json.dumps(result, sort_keys=True), flush=True)

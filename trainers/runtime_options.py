@@ -39,6 +39,7 @@ class RuntimeOptions:
     data_seed: int = 0
     trainer_dir: str | None = None
     trainer_id: str | None = None
+    trial: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RuntimeOptions:
@@ -91,6 +92,10 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         help="trainer directory (default $BFTRAINER_TRAINER_DIR, else ./bftrainer-run-<script>)",
     )
     g.add_argument("--trainer-id", default=os.environ.get("BFTRAINER_TRAINER_ID"))
+    g.add_argument(
+        "--trial",
+        help="the search trial this trainer runs (set by bftrainer hpo; kept in its reports)",
+    )
 
 
 def parse_runtime_args(

@@ -6,8 +6,14 @@ format and the user's code rely on, apart from the training loop that fills them
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+from bftrainer.trainers.runtime_options import RuntimeConfigError
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -60,3 +66,31 @@ class RunProgress:
             batch_sizes=[int(b) for b in pr["batch_sizes"]],
             committed_step=int(pr["committed_step"]),
         )
+
+
+def default_fetch(dataset: Any) -> Callable[[np.ndarray], Any]:
+    """Batch ``dataset[i]`` for the ids with torch's default collate."""
+    from torch.utils.data import default_collate
+
+    def fetch(ids: np.ndarray) -> Any:
+        return default_collate([dataset[int(i)] for i in ids])
+
+    return fetch
+
+
+def finite_report(value: float, samples_done: int) -> float:
+    """``runtime.report``'s value as a float; one line if it is not finite."""
+    out = float(value)
+    if not math.isfinite(out):
+        raise RuntimeConfigError(
+            f"runtime.report({out}) at {samples_done} samples: the value must be finite"
+        )
+    return out
+
+
+def model_checksum(params: list[Any]) -> float:
+    """The sum of every parameter, in float64: equal on every replica unless they drifted."""
+    import torch
+
+    with torch.no_grad():
+        return float(torch.stack([q.detach().double().sum() for q in params]).sum())

@@ -38,6 +38,7 @@ from bftrainer.replay.output import summary_table
 from bftrainer.replay.pollux_output import pollux_summary, pollux_table
 from bftrainer.replay.run import POLICIES, REPLAY_TABLES, ReplayConfig, ReplayError
 from bftrainer.replay.runs_output import write_outputs
+from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES
 from bftrainer.replay.sweep import policy_configs, run_label, sweep_configs
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.zoo import ZOO_SPS
@@ -58,6 +59,9 @@ FLAG_NAMES = {
     "slots_per_node": "--slots-per-node",
     "curves": "--curves",
     "curves_prior": "--prior",
+    "search": "--search",
+    "search_pruner": "--pruner",
+    "search_trials": "--trials",
 }
 
 
@@ -230,8 +234,28 @@ FLAG_NAMES = {
     "--prior",
     "curves_prior",
     type=click.Choice(PRIORS),
-    help="learned: optimistic (Pollux: perfect scaling, capped at 2x the largest count run; "
-    "default) or profile (a short probe at a few sizes on a trainer's first nodes).",
+    help="learned: peers (default: what trainers of the same model measured, else as "
+    "optimistic), optimistic (Pollux: perfect scaling, capped at 2x the largest count run) "
+    "or profile (a short probe at a few sizes on a trainer's first nodes).",
+)
+@click.option(
+    "--search",
+    type=click.Choice(SEARCHES),
+    help="Replay a search instead: Optuna's sampler asks a trial (a job like the first of "
+    "the workload) whenever the pool can run one more; adds time_to_target_s to "
+    "summary.json (docs/replay.md, 'Searches'; the hpo extra).",
+)
+@click.option(
+    "--pruner",
+    "search_pruner",
+    type=click.Choice(SEARCH_PRUNERS),
+    help="--search: asha (default), hyperband or none.",
+)
+@click.option(
+    "--trials",
+    "search_trials",
+    type=Number(integer=True, min=1, max=100_000),
+    help="--search: trials in the search (default 100).",
 )
 @click.option(
     "--sweep", help="tfwd=10,30,60,120,300: run the milp policy once per value, in parallel."
@@ -299,6 +323,9 @@ def replay_cmd(
     slots_per_node: int | None,
     curves: str | None,
     curves_prior: str | None,
+    search: str | None,
+    search_pruner: str | None,
+    search_trials: int | None,
     sweep: str | None,
     executor: str,
     slurm_partition: str | None,
@@ -342,6 +369,9 @@ def replay_cmd(
         "slots_per_node": slots_per_node,
         "curves": curves,
         "curves_prior": curves_prior,
+        "search": search,
+        "search_pruner": search_pruner,
+        "search_trials": search_trials,
     }
     try:
         base = DEFAULT

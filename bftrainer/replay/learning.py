@@ -64,7 +64,7 @@ class LearningError(ValueError):
 class LearningOptions:
     """How the replay's trainers learn their curves; defaults in one place."""
 
-    prior: str = "optimistic"
+    prior: str = "peers"  # what peers measured, else optimistic (docs/benchmarks.md: best U)
     noise: float = 0.05
     observe_s: float = 30.0
     growth: float = float(EXPLORATION_GROWTH)

@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bftrainer.config import POLICY_TABLES, Config, ConfigError
@@ -48,6 +48,7 @@ from bftrainer.replay.metrics import (
     utilization,
 )
 from bftrainer.replay.rigid import DEFAULT_CHECKPOINT_EVERY_S, CheckpointRestartDriver
+from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES, SearchSource, node_seconds
 from bftrainer.replay.simulator import SimulatedDriver, Waste
 from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
@@ -75,11 +76,16 @@ class ReplayConfig(Config):
     restart_s: float | None = None
     # What the policy knows of the trainers' curves (bftrainer/replay/learning.py).
     curves: str = "known"
-    curves_prior: str = "optimistic"
+    curves_prior: str = "peers"
     curves_noise: float = 0.05
     curves_observe_s: float = 30.0
     curves_growth: float = 2.0
     curves_seed: int = 0
+    # A search (bftrainer/replay/search.py): None replays the job list as it is.
+    search: str | None = None
+    search_pruner: str = "asha"
+    search_trials: int = 100
+    search_seed: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -97,6 +103,16 @@ class ReplayConfig(Config):
             isinstance(r, bool) or not isinstance(r, int | float) or not (0 <= r < math.inf)
         ):
             raise ConfigError(f"restart_s = {r!r}: expected a finite number >= 0 (seconds)")
+        if self.search is not None and self.search not in SEARCHES:
+            raise ConfigError(f"search = {self.search!r}: expected one of {', '.join(SEARCHES)}")
+        if self.search_pruner not in SEARCH_PRUNERS:
+            raise ConfigError(
+                f"search_pruner = {self.search_pruner!r}: expected one of "
+                f"{', '.join(SEARCH_PRUNERS)}"
+            )
+        n = self.search_trials
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"search_trials = {n!r}: expected a whole number >= 1")
         w = self.window_s
         if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
             raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")
@@ -148,6 +164,10 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
         "curves_observe_s": "curves_observe_s",
         "curves_growth": "curves_growth",
         "curves_seed": "curves_seed",
+        "search": "search",
+        "search_pruner": "search_pruner",
+        "search_trials": "search_trials",
+        "search_seed": "search_seed",
     },
 }
 
@@ -246,9 +266,23 @@ def replay(
         )
     wall0 = time.perf_counter()
     metrics = MetricsRecorder(start_s=start_s, window_s=config.window_s)
-    arrivals: TimedSource | PriorArrivals = TimedSource((j.submit_s, Arrival(j)) for j in jobs)
+    arrivals: TimedSource | PriorArrivals | SearchSource = TimedSource(
+        (j.submit_s, Arrival(j)) for j in jobs
+    )
     if isinstance(driver, LearningDriver):
         arrivals = PriorArrivals(jobs, driver)  # the policy never sees a job's profile
+    if config.search is not None:
+        if learning:
+            raise ReplayError("--search runs with known curves (--curves known)")
+        arrivals = SearchSource(
+            replace(jobs[0], submit_s=start_s),
+            config.search,
+            config.search_pruner,
+            config.search_trials,
+            seed=config.search_seed,
+            max_parallel=config.max_trainers,
+        )
+        jobs = [replace(jobs[0], submit_s=start_s)]
     events = events_with_windows(trace, config.window_knowledge)
     pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
     recorder = RecordingDriver(driver)
@@ -271,6 +305,10 @@ def replay(
     waste = driver.waste if isinstance(driver, SimulatedDriver | CheckpointRestartDriver) else None
     result = _result(config, metrics, trainers, jobs, start_s, loop.now_s, wall_s, waste)
     result.allocations = recorder.changes
+    if isinstance(arrivals, SearchSource):
+        changes = [(c.time_s, c.trainer_id, c.nodes) for c in recorder.changes]
+        result.summary.update(arrivals.summary(node_seconds(changes, loop.now_s)))
+        result.summary["curves_prior"] = None  # the trials plan on known curves
     if isinstance(driver, LearningDriver):
         result.summary.update(learning_summary(driver, result.summary))
     return result

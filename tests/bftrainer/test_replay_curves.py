@@ -174,7 +174,9 @@ def test_the_policy_sees_measurements_and_priors_never_the_profile(prior: str) -
 def test_optimistic_growth_is_capped_at_twice_the_largest_count_run() -> None:
     trace, jobs = small()
     seen: list[Any] = []
-    config = ReplayConfig(policy="milp", solver="dp", curves="learned", curves_noise=0.0)
+    config = ReplayConfig(
+        policy="milp", solver="dp", curves="learned", curves_prior="optimistic", curves_noise=0.0
+    )
     replay(trace, jobs, config, policy=Watching(make_policy(config), seen))
     for _, curve, given in seen:
         measured = [n for n, v in curve if n.is_integer()]
@@ -213,6 +215,15 @@ def test_the_profile_probe_is_paid_and_measures_its_sizes() -> None:
     assert optimistic["probe_cost_samples"] == 0
     probed = [driver.learned(t).measured for t in result.trainers if t.started_s is not None]
     assert any({1, 4} <= m for m in probed)  # a first allocation of more than 4 probes 1 and 4
+
+
+def test_peers_is_the_default_prior() -> None:
+    """docs/benchmarks.md: peers gave the best U of the priors, so a learned replay
+    without --prior uses it, and its summary says so."""
+    assert ReplayConfig().curves_prior == "peers"
+    trace, jobs = small()
+    summary = replay(trace, jobs, ReplayConfig(policy="milp", solver="dp", curves="learned"))
+    assert summary.summary["curves_prior"] == "peers"
 
 
 def test_learned_replays_are_seeded() -> None:

@@ -1,0 +1,166 @@
+"""``bftrainer hpo``: an Optuna study whose trials run as trainers on the daemon's pool.
+
+The study lives in ``--storage`` (default: SQLite in the state directory), the trials'
+trainers in the daemon's store; the command can be killed and run again with the same
+arguments, and goes on where it was (docs/hpo.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from bftrainer import strict_json
+from bftrainer.cli import UsageError
+from bftrainer.cli.options import state_dir_option
+from bftrainer.cli.params import NODES, SAMPLES, SEED, Number
+from bftrainer.cli.service import open_store
+from bftrainer.state import BACKENDS, resolve_state_dir
+
+log = logging.getLogger(__name__)
+
+PRUNERS = ("asha", "hyperband", "median", "none")
+SAMPLERS = ("tpe", "random")
+POLL_S = Number(min=0.1, max=3600.0)
+
+
+def make_sampler(name: str, seed: int | None) -> Any:
+    import optuna
+
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def make_pruner(name: str, min_resource: int | None, reduction_factor: int) -> Any:
+    """``asha``: Optuna's successive halving, which is asynchronous (ASHA); resources are
+    samples seen (the reports' key)."""
+    import optuna
+
+    resource: Any = "auto" if min_resource is None else min_resource
+    if name == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=resource, reduction_factor=reduction_factor
+        )
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=min_resource or 1, reduction_factor=reduction_factor
+        )
+    if name == "median":
+        return optuna.pruners.MedianPruner()
+    return optuna.pruners.NopPruner()
+
+
+@click.command(
+    "hpo",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+)
+@click.argument("script", type=click.Path(path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--study", "study_name", required=True, help="The study's name in the storage.")
+@click.option(
+    "--storage",
+    help="Optuna storage URL (default: sqlite:///STATE_DIR/hpo.db, beside the daemon's store).",
+)
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    required=True,
+    help="A parameter: NAME=float:LOW:HIGH[:log], NAME=int:LOW:HIGH[:log] or "
+    "NAME=cat:A,B,...; the script gets it as --NAME VALUE. Repeat for each.",
+)
+@click.option("--n-trials", type=NODES, required=True, help="Trials in the study, all ends.")
+@click.option("--direction", type=click.Choice(["minimize", "maximize"]), default="minimize")
+@click.option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True)
+@click.option("--pruner", type=click.Choice(PRUNERS), default="asha", show_default=True)
+@click.option(
+    "--min-resource",
+    type=SAMPLES,
+    help="asha/hyperband: samples a trial trains before its first rung (default: asha "
+    "guesses from the first complete trial).",
+)
+@click.option("--reduction-factor", type=Number(integer=True, min=2, max=100), default=3)
+@click.option("--seed", type=SEED, help="The sampler's seed.")
+@click.option("--min-nodes", type=NODES, default=1, show_default=True)
+@click.option("--max-nodes", type=NODES, default=1, show_default=True)
+@click.option("--work-samples", type=SAMPLES, help="Samples each trial trains if not pruned.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="torchrun", show_default=True)
+@click.option("--max-parallel", type=NODES, help="Trials at once (default: as the pool allows).")
+@click.option("--poll-interval", "poll_s", type=POLL_S, default=5.0, show_default=True)
+@state_dir_option
+def hpo_cmd(
+    script: Path,
+    args: tuple[str, ...],
+    study_name: str,
+    storage: str | None,
+    params: tuple[str, ...],
+    n_trials: int,
+    direction: str,
+    sampler: str,
+    pruner: str,
+    min_resource: int | None,
+    reduction_factor: int,
+    seed: int | None,
+    min_nodes: int,
+    max_nodes: int,
+    work_samples: int | None,
+    backend: str,
+    max_parallel: int | None,
+    poll_s: float,
+    state_dir: Path | None,
+) -> None:
+    """Run an Optuna study whose trials are trainers on the daemon's pool, pruned early.
+
+    Each trial runs SCRIPT [ARGS...] --NAME VALUE ... --trial STUDY#N; the script
+    reports its metric with runtime.report (docs/hpo.md). Run it again with the same
+    arguments after a kill: it goes on without losing or doubling a trial.
+    """
+    if importlib.util.find_spec("optuna") is None:
+        raise UsageError("bftrainer hpo needs Optuna: pip install 'bftrainer[hpo]'")
+    import optuna
+
+    from bftrainer.hpo import (
+        Campaign,
+        CampaignError,
+        SpaceError,
+        TrialSpec,
+        parse_space,
+        study_lock,
+        summary,
+    )
+
+    script = script.expanduser().absolute()
+    if not script.is_file():
+        raise UsageError(f"trial script {script}: no such file")
+    if max_nodes < min_nodes:
+        raise UsageError(f"--max-nodes {max_nodes} is below --min-nodes {min_nodes}")
+    if backend == "horovod" and importlib.util.find_spec("horovod") is None:
+        raise UsageError("--backend horovod: Horovod is not installed here; use torchrun")
+    try:
+        space = parse_space(params)
+    except SpaceError as exc:
+        raise UsageError(str(exc)) from None
+    path = resolve_state_dir(state_dir)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with open_store(state_dir, need_daemon=True) as store:
+        study = optuna.create_study(
+            storage=storage or f"sqlite:///{path / 'hpo.db'}",
+            study_name=study_name,
+            direction="maximize" if direction == "maximize" else "minimize",
+            sampler=make_sampler(sampler, seed),
+            pruner=make_pruner(pruner, min_resource, reduction_factor),
+            load_if_exists=True,
+        )
+        spec = TrialSpec(script, args, backend, min_nodes, max_nodes, work_samples)
+        try:
+            campaign = Campaign(study, space, spec, store, n_trials, max_parallel)
+            with study_lock(path, study):
+                tally = campaign.run(poll_s)
+        except CampaignError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(strict_json.dumps(summary(study, tally), sort_keys=True))

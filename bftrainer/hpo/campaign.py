@@ -1,0 +1,335 @@
+"""A campaign: an Optuna study whose trials run as trainers on a daemon's pool.
+
+One :meth:`Campaign.step` follows every running trial (its trainer's reports go to the
+study, whose pruner may end it; its trainer's end is told to the study) and then asks
+the study for new trials while the pool can run one more. Nothing is kept in memory
+that a restart needs: the trial -> trainer link is the ``--trial`` option in the
+trainer's arguments (in the daemon's store) and a user attribute of the trial (in the
+study's storage), so a campaign killed at any point and started again neither loses nor
+doubles a trial (docs/hpo.md, "Restarts").
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from bftrainer.hpo.space import as_args
+from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
+from bftrainer.trainers import channel
+
+log = logging.getLogger(__name__)
+
+TRIAL_OPTION = "--trial"  # the runtime's option (trainers/runtime_options.py)
+ATTR_TRAINER = "bftrainer_trainer"  # the trainer id that runs the trial
+ATTR_PRUNED = "bftrainer_pruned"  # the samples at which the pruner ended it
+ATTR_END = "bftrainer_end"  # why a trial failed, in one line
+
+
+class CampaignError(RuntimeError):
+    """The campaign cannot run as asked (another campaign runs the study, bad input)."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """How every trial of the campaign runs: ``script`` with ``args``, then the trial's
+    parameters as options, on ``min_nodes``..``max_nodes`` nodes (slots)."""
+
+    script: Path
+    args: tuple[str, ...] = ()
+    backend: str = "torchrun"
+    min_nodes: int = 1
+    max_nodes: int = 1
+    work_samples: int | None = None
+    rescale_up_s: float | None = None
+    rescale_down_s: float | None = None
+
+
+@dataclass
+class Tally:
+    """The campaign's trials by end, as the study holds them."""
+
+    running: int = 0
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+    stopping: int = 0  # trainers of ended (pruned) trials the daemon has yet to stop
+    trainers: dict[int, str] = field(default_factory=dict)  # trial number -> trainer
+
+
+def token(study: optuna.Study, number: int) -> str:
+    """The name a trial's trainer carries (``--trial``): unique within the study."""
+    return f"{study.study_name}#{number}"
+
+
+def trainers_by_trial(store: Store) -> dict[str, TrainerRow]:
+    """Every trainer in the store that runs a trial, by its ``--trial`` name."""
+    out: dict[str, TrainerRow] = {}
+    for row in store.trainers():
+        args = list(row.args)
+        for i, a in enumerate(args[:-1]):
+            if a == TRIAL_OPTION:
+                out.setdefault(args[i + 1], row)
+    return out
+
+
+def room(store: Store) -> int:
+    """Nodes (slots) the pool has beyond every unfinished trainer's minimum: the pool the
+    daemon last read (``status``'s), less nodes left out, times its slots per node."""
+    pool = store.get_setting("pool", {"nodes": {}})
+    nodes = sum(1 for info in pool["nodes"].values() if not info.get("left_out"))
+    slots = store.get_setting("slots_per_node", 1)
+    per_node = slots if isinstance(slots, int) and slots >= 1 else 1
+    demand = sum(t.min_nodes for t in store.trainers() if not t.finished)
+    return nodes * per_node - demand
+
+
+@contextmanager
+def study_lock(state_dir: Path, study: optuna.Study) -> Iterator[None]:
+    """One campaign per study and state directory: a second is refused in one line."""
+    key = hashlib.sha256(study.study_name.encode()).hexdigest()[:16]
+    path = state_dir / f"hpo-{key}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CampaignError(
+                f"study {study.study_name!r}: another campaign runs it on {state_dir} ({path})"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+class Campaign:
+    """``n_trials`` trials of ``study`` over ``space``, each a trainer of ``spec``, on the
+    daemon of ``store``; at most ``max_parallel`` at once (None: as the pool allows)."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: Mapping[str, BaseDistribution],
+        spec: TrialSpec,
+        store: Store,
+        n_trials: int,
+        max_parallel: int | None = None,
+    ) -> None:
+        if n_trials < 1:
+            raise CampaignError(f"n_trials {n_trials}: must be at least 1")
+        if max_parallel is not None and max_parallel < 1:
+            raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
+        if not 1 <= spec.min_nodes <= spec.max_nodes:
+            raise CampaignError(
+                f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max"
+            )
+        if not space:
+            raise CampaignError("the search space is empty: give at least one parameter")
+        if len(study.directions) != 1:
+            raise CampaignError(
+                f"study {study.study_name!r} has {len(study.directions)} objectives: a trial "
+                "reports one value (runtime.report), so only single-objective studies run"
+            )
+        # The daemon starts the script from its own directory: the path must be whole.
+        script = Path(spec.script).expanduser().absolute()
+        if not script.is_file():
+            raise CampaignError(f"trial script {script}: no such file")
+        spec = replace(spec, script=script)
+        self.study, self.space, self.spec, self.store = study, dict(space), spec, store
+        self.n_trials, self.max_parallel = n_trials, max_parallel
+        self._offsets: dict[int, int] = {}  # trial number -> metrics.jsonl bytes read
+
+    # -- one step ------------------------------------------------------------------
+    def step(self) -> Tally:
+        """Follow every running trial, then start new ones while there is room."""
+        trials = self.study.get_trials(deepcopy=False)
+        rows = trainers_by_trial(self.store)
+        for ft in trials:
+            if ft.state == TrialState.RUNNING:
+                self._follow(ft, rows)
+        trials = self.study.get_trials(deepcopy=False)
+        asked = len(trials)
+        active = sum(t.state == TrialState.RUNNING for t in trials)
+        while asked < self.n_trials and self._may_start(active):
+            trial = self.study.ask(self.space)
+            self._submit(self.study._storage.get_trial(trial._trial_id), trial)
+            asked, active = asked + 1, active + 1
+        return self.tally()
+
+    def tally(self) -> Tally:
+        out = Tally()
+        rows = trainers_by_trial(self.store)
+        for ft in self.study.get_trials(deepcopy=False):
+            row = rows.get(token(self.study, ft.number))
+            if ft.state.is_finished() and row is not None and not row.finished:
+                out.stopping += 1
+            if ft.state == TrialState.RUNNING:
+                out.running += 1
+            elif ft.state == TrialState.COMPLETE:
+                out.complete += 1
+            elif ft.state == TrialState.PRUNED:
+                out.pruned += 1
+            elif ft.state == TrialState.FAIL:
+                out.failed += 1
+            if ATTR_TRAINER in ft.user_attrs:
+                out.trainers[ft.number] = str(ft.user_attrs[ATTR_TRAINER])
+        return out
+
+    def done(self, tally: Tally) -> bool:
+        asked = tally.running + tally.complete + tally.pruned + tally.failed
+        return asked >= self.n_trials and tally.running == 0 and tally.stopping == 0
+
+    def run(self, poll_s: float = 5.0, timeout_s: float | None = None) -> Tally:
+        """Step every ``poll_s`` until every trial has ended and the daemon has stopped
+        every trainer of a pruned one (or ``timeout_s`` passed)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            tally = self.step()
+            if self.done(tally):
+                return tally
+            if deadline is not None and time.monotonic() > deadline:
+                raise CampaignError(f"timed out after {timeout_s:g} s with {tally}")
+            time.sleep(poll_s)
+
+    # -- starting a trial ------------------------------------------------------------
+    def _may_start(self, active: int) -> bool:
+        if self.max_parallel is not None and active >= self.max_parallel:
+            return False
+        return room(self.store) >= self.spec.min_nodes
+
+    def _submit(self, ft: FrozenTrial, trial: optuna.Trial | None = None) -> str:
+        """Queue the trial's trainer, then record its id in the trial. A trainer the
+        store already has for it (a campaign killed between the two) is recorded, not
+        queued again."""
+        name = token(self.study, ft.number)
+        existing = trainers_by_trial(self.store).get(name)
+        if existing is not None:
+            trainer_id = existing.id
+        else:
+            spec = self.spec
+            up_s, down_s = DEFAULT_RESCALE_S[spec.backend]
+            trainer_id = self.store.submit(
+                spec.script,
+                [*spec.args, *as_args(ft.params), TRIAL_OPTION, name],
+                backend=spec.backend,
+                min_nodes=spec.min_nodes,
+                max_nodes=spec.max_nodes,
+                work_samples=spec.work_samples,
+                rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
+                rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
+            )
+            log.info("trial %d -> trainer %s: %s", ft.number, trainer_id, ft.params)
+        trial = trial or optuna.trial.Trial(self.study, ft._trial_id)
+        trial.set_user_attr(ATTR_TRAINER, trainer_id)
+        return trainer_id
+
+    # -- following a trial -------------------------------------------------------------
+    def _follow(self, ft: FrozenTrial, rows: Mapping[str, TrainerRow]) -> None:
+        row = rows.get(token(self.study, ft.number))
+        if row is None:
+            if set(ft.params) != set(self.space):
+                self._fail(ft, "asked, but its parameters were not all recorded")
+                return
+            self._submit(ft)  # asked but never queued (the campaign was killed between)
+            return
+        if ATTR_TRAINER not in ft.user_attrs:
+            optuna.trial.Trial(self.study, ft._trial_id).set_user_attr(ATTR_TRAINER, row.id)
+        # The row is read before the reports: a trainer recorded as ended has written
+        # all of them (rank 0 writes its last report before result.json).
+        row = self.store.trainer(row.id)
+        if ATTR_PRUNED in ft.user_attrs:
+            self._pruned(ft, row)  # decided at an earlier step, or before a restart
+        elif not self._forward(ft, row):
+            self._ended(ft, row)
+
+    def _forward(self, ft: FrozenTrial, row: TrainerRow) -> bool:
+        """Report the trainer's new values to the study; True when its pruner says stop
+        (the trainer is then cancelled: its nodes return at the daemon's next step)."""
+        if row.trainer_dir is None:
+            return False
+        reports, self._offsets[ft.number] = channel.read_reports(
+            Path(row.trainer_dir), self._offsets.get(ft.number, 0)
+        )
+        seen = set(ft.intermediate_values)
+        new = [r for r in reports if r["samples_done"] not in seen]
+        if not new:
+            return False
+        trial = optuna.trial.Trial(self.study, ft._trial_id)
+        for r in new:
+            if r["samples_done"] not in seen:
+                trial.report(float(r["value"]), int(r["samples_done"]))
+                seen.add(r["samples_done"])
+        if row.finished or not trial.should_prune():
+            return False
+        trial.set_user_attr(ATTR_PRUNED, {"samples": max(seen), "time_s": time.time()})
+        self.store.request_cancel(row.id)
+        log.info(
+            "trial %d pruned at %d samples: trainer %s cancelled", ft.number, max(seen), row.id
+        )
+        return True
+
+    def _pruned(self, ft: FrozenTrial, row: TrainerRow) -> None:
+        """A pruned trial ends with its trainer: PRUNED once the daemon has cancelled it
+        (asked again after a restart: it is idempotent), and what the trainer's end says
+        if it ended otherwise first (its work was done before the cancel reached it)."""
+        if not row.finished:
+            self.store.request_cancel(row.id)
+        elif row.state == "cancelled":
+            self.study.tell(ft.number, state=TrialState.PRUNED, skip_if_finished=True)
+        else:
+            self._forward(ft, row)
+            self._ended(self.study._storage.get_trial(ft._trial_id), row)
+
+    def _ended(self, ft: FrozenTrial, row: TrainerRow) -> None:
+        """Tell the study a trainer's end: done is COMPLETE with its last report."""
+        if row.state == "done":
+            ft = self.study._storage.get_trial(ft._trial_id)
+            if not ft.intermediate_values:
+                self._fail(ft, f"trainer {row.id} ended without a report (runtime.report)")
+                return
+            value = ft.intermediate_values[max(ft.intermediate_values)]
+            self.study.tell(ft.number, value, skip_if_finished=True)
+            log.info("trial %d complete: %g (trainer %s)", ft.number, value, row.id)
+        elif row.state == "failed":
+            self._fail(ft, f"trainer {row.id} failed: {row.reason}")
+        elif row.state == "cancelled":
+            self._fail(ft, f"trainer {row.id} was cancelled outside the campaign")
+
+    def _fail(self, ft: FrozenTrial, why: str) -> None:
+        trial = optuna.trial.Trial(self.study, ft._trial_id)
+        trial.set_user_attr(ATTR_END, why)
+        self.study.tell(ft.number, state=TrialState.FAIL, skip_if_finished=True)
+        log.warning("trial %d failed: %s", ft.number, why)
+
+
+def summary(study: optuna.Study, tally: Tally) -> dict[str, Any]:
+    """What ``bftrainer hpo`` prints at the end: counts, and the best trial if any."""
+    out: dict[str, Any] = {
+        "study": study.study_name,
+        "complete": tally.complete,
+        "pruned": tally.pruned,
+        "failed": tally.failed,
+        "running": tally.running,
+        "best": None,
+    }
+    if tally.complete:
+        best = study.best_trial
+        out["best"] = {
+            "number": best.number,
+            "value": best.value,
+            "params": best.params,
+            "trainer": best.user_attrs.get(ATTR_TRAINER),
+        }
+    return out
