@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bftrainer.milp.problem import CURVE_VALUE_MAX
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 
 if TYPE_CHECKING:
@@ -157,7 +158,10 @@ def learned_curve(
     last_n, last_v = points[-1]
     if last_n < n_max:
         points.append((float(n_max), last_v))
-    return LearnedCurve(tuple(points), frozenset(own))
+    # A belief the allocator can take: extrapolated past its limit on a curve's value
+    # (scaling from a rate near it), the curve is flat at the limit.
+    capped = tuple((n, min(v, CURVE_VALUE_MAX)) for n, v in points)
+    return LearnedCurve(capped, frozenset(own))
 
 
 def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:

@@ -5,6 +5,7 @@ Each test failed before its fix."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket
@@ -164,3 +165,224 @@ def test_deep_json_and_huge_integers_are_dropped_in_one_line(tmp_path, caplog, d
         assert call(server.path, "x") == {"ok": 1}
     finally:
         server.close()
+
+
+# ---- the replay: progress never negative, U_max never above 1 -----------------------------
+
+
+def churny_trace(length_s: float = 2000.0):
+    """Four nodes; every 50 s one leaves or comes back."""
+    from bftrainer.idle_monitor.events import PoolEvent
+    from bftrainer.idle_monitor.trace import Trace
+
+    nodes = ("a", "b", "c", "d")
+    events = []
+    for i in range(1, int(length_s // 50)):
+        n = nodes[i % 4]
+        kind = "left" if (i // 4) % 2 == 0 else "joined"
+        events.append(PoolEvent(50.0 * i, **{kind: frozenset({n})}))
+    return Trace(nodes, frozenset(nodes), 0.0, length_s, tuple(events))
+
+
+def costly_job(jid: str, curve=((1.0, 10.0), (4.0, 40.0)), rescale_s: float = 1e6):
+    from bftrainer.jobs import JobSpec
+
+    return JobSpec(jid, "m", 0.0, 1, 4, rescale_s, rescale_s, 1e12, curve)
+
+
+@pytest.mark.parametrize("policy", ["equal", "milp"])
+def test_rescales_dearer_than_the_time_on_the_nodes_never_make_progress_negative(policy):
+    from bftrainer.replay.run import ReplayConfig, replay
+
+    jobs = [costly_job(f"j{i}") for i in range(3)]
+    r = replay(churny_trace(), jobs, ReplayConfig(policy=policy, t_fwd_s=120.0))
+    assert r.summary["preemption_cost_samples"] + r.summary["rescale_cost_samples"] > 0
+    assert r.summary["samples_processed"] >= 0
+    assert r.summary["utilization_efficiency"] >= 0
+    assert all(t.progress_samples >= 0 for t in r.trainers)
+    assert r.metrics.processed_samples >= r.summary["samples_processed"]
+
+
+def test_a_curve_that_grows_faster_than_linearly_keeps_u_max_within_one():
+    from bftrainer.replay.run import ReplayConfig, replay
+
+    convex = ((1.0, 1.0), (2.0, 4.0), (3.0, 9.0), (4.0, 16.0))
+    jobs = [costly_job("j0", curve=convex, rescale_s=0.0)]
+    s = replay(churny_trace(), jobs, ReplayConfig(policy="milp")).summary
+    assert 0.0 <= s["utilization_limit"] <= 1.0
+    assert 0.0 <= s["utilization_efficiency"] <= s["utilization_limit"] + 1e-9
+
+
+# ---- learned curves: zeros, subnormals, the allocator's limit, short windows ---------------
+
+
+def still_trace(start_s: float = 1.6e9, length_s: float = 600.0):
+    from bftrainer.idle_monitor.trace import Trace
+
+    nodes = ("a", "b", "c", "d")
+    return Trace(nodes, frozenset(nodes), start_s, start_s + length_s, ())
+
+
+@pytest.mark.parametrize(
+    "curve, what",
+    [
+        (((1.0, 0.0), (4.0, 40.0)), "gives 0 samples/s at 1 node(s)"),
+        (((1.0, 10.0), (2.0, 0.0), (4.0, 40.0)), "gives 0 samples/s at 2 node(s)"),
+        (((1.0, 10.0), (4.0, 0.0)), "gives 0 samples/s at 4 node(s)"),
+        (((1.0, 5e-324), (4.0, 2e-323)), "gives 4.94066e-324 samples/s at 1 node(s)"),
+    ],
+    ids=["zero-at-1", "drops-to-zero", "zero-at-n_max", "subnormal"],
+)
+def test_a_curve_a_trainer_cannot_measure_is_refused_in_one_line(curve, what) -> None:
+    from bftrainer.jobs import JobSpec
+    from bftrainer.replay.run import ReplayConfig, ReplayError, replay
+
+    job = JobSpec("j", "m", 1.6e9, 1, 4, 1.0, 1.0, 1e9, curve)
+    with pytest.raises(ReplayError, match=re.escape(what)) as refused:
+        replay(still_trace(), [job], ReplayConfig(policy="milp", curves="learned"))
+    assert "\n" not in str(refused.value) and "job 'j'" in str(refused.value)
+
+
+@pytest.mark.parametrize("prior", ["optimistic", "profile", "peers"])
+def test_a_learned_curve_past_the_allocators_limit_is_capped_there(prior) -> None:
+    from bftrainer.jobs import JobSpec
+    from bftrainer.replay.run import ReplayConfig, replay
+
+    top = ((1.0, 5e11), (8.0, 1e12))  # within the limit; the learned beliefs are not
+    jobs = [JobSpec(f"j{i}", "m", 0.0, 1, 8, 1.0, 1.0, 1e16, top) for i in range(3)]
+    config = ReplayConfig(policy="milp", curves="learned", curves_prior=prior)
+    s = replay(churny_trace(), jobs, config).summary
+    assert s["measurements"] > 0 and s["samples_processed"] > 0
+
+
+def test_learned_curves_values_never_pass_the_allocators_limit() -> None:
+    from bftrainer.milp.problem import CURVE_VALUE_MAX
+    from bftrainer.trainers.learned_curve import learned_curve
+
+    curve = learned_curve({1: 9e11}, 1, 1000, unmeasured_sps=1.0, growth=math.inf)
+    assert max(v for _, v in curve.points) == CURVE_VALUE_MAX
+
+
+def test_a_millisecond_observation_window_at_trace_times_does_not_stall() -> None:
+    from bftrainer.jobs import JobSpec
+    from bftrainer.replay.run import ReplayConfig, replay
+
+    job = JobSpec("j", "m", 1.6e9, 1, 4, 1.0, 1.0, 1e12, ((1.0, 10.0), (4.0, 40.0)))
+    config = ReplayConfig(policy="milp", curves="learned", curves_observe_s=0.001)
+    s = replay(still_trace(length_s=2.0), [job], config).summary
+    assert s["measurements"] >= 1000
+
+
+# ---- options that mean nothing alone, infinite settings, config limits as the flags' -------
+
+
+def run_cli(*args: str):
+    from click.testing import CliRunner
+
+    from bftrainer.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.mark.parametrize(
+    "args, config, what",
+    [
+        (["--prior", "peers"], None, "--prior means nothing without --curves learned"),
+        (["--prior", "peers", "--curves", "known"], None, "--prior means nothing"),
+        ([], "[replay]\ncurves_prior = 'peers'\n", "[replay] curves_prior means nothing"),
+        ([], "[replay]\ncurves_observe_s = 5\n", "[replay] curves_observe_s means nothing"),
+    ],
+)
+def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, config, what):
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        args = [*args, "--config", str(tmp_path / "c.toml")]
+    r = run_cli("replay", "--synthetic-hours", "1", "--out", str(tmp_path / "o"), *args)
+    assert r.exit_code == 2 and what in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "table, line, what",
+    [
+        ("policy", "redecide_every_s = inf", "redecide_every_s = inf: expected a finite number"),
+        ("policy", "max_trainers = 1000000000000000000", "expected a whole number from 1 to"),
+        ("daemon", "slots_per_node = 1025", "slots_per_node = 1025: expected a whole number"),
+        ("daemon", "slots_per_node = 1000000000", "from 1 to 1024"),
+        ("daemon", "metrics_textfile = '{tmp}/m.prom'", "is a folder, not a file"),
+        ("daemon", "metrics_textfile = '{tmp}/none/m.prom'", "its folder does not exist"),
+    ],
+)
+def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, table, line, what):
+    from bftrainer.config import ConfigError
+    from bftrainer.daemon.config import load_daemon_config
+
+    (tmp_path / "m.prom").mkdir()
+    path = tmp_path / "d.toml"
+    path.write_text(f"[{table}]\n{line.format(tmp=tmp_path)}\n")
+    with pytest.raises(ConfigError, match=re.escape(what)) as refused:
+        load_daemon_config(path, {})
+    assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+
+
+def test_max_parallel_has_the_config_files_limit(tmp_path) -> None:
+    r = run_cli("replay", "--max-parallel", "1000000000000000000", "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "<= 9.0072e+15" in r.output
+
+
+# ---- report and traces: the state directory untouched, damaged files one line -------------
+
+
+@pytest.mark.parametrize("out", ["sd/trainers", "sd", "sd/new/deeper", "."])
+def test_a_report_never_writes_into_or_over_the_state_directory(tmp_path, monkeypatch, out):
+    from tests.bftrainer.test_frames import build_store
+
+    monkeypatch.chdir(tmp_path)
+    build_store(tmp_path / "sd")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "sd").rglob("*"))
+    r = run_cli("report", "--state-dir", "sd", "--out", out)
+    assert r.exit_code == 2 and f"the state directory {tmp_path / 'sd'}," in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "sd").rglob("*")) == before
+
+
+@pytest.fixture(scope="module")
+def small_replay(tmp_path_factory) -> object:
+    out = tmp_path_factory.mktemp("replay") / "r"
+    r = run_cli(
+        "replay",
+        *("--synthetic-hours", "2", "--synthetic-nodes", "32", "--jobs-count", "4"),
+        *("--solver", "dp", "--no-progress", "--out", str(out)),
+    )
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize(
+    "cut, what",
+    [
+        (lambda d: d[:-7], "ends mid-row"),
+        (lambda d: d.rsplit(b",", 1)[0] + b"\n", "misses a value"),
+    ],
+    ids=["mid-field", "at-a-comma"],
+)
+def test_a_report_on_an_allocations_file_cut_mid_row_is_refused(tmp_path, small_replay, cut, what):
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(small_replay, run)
+    path = run / "allocations.csv"
+    path.write_bytes(cut(path.read_bytes()))
+    r = run_cli("report", str(run), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 2 and "allocations.csv" in r.output and what in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
+def test_a_trace_whose_header_repeats_a_column_is_refused(tmp_path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("time,node,idle,idle\n0,a,1,0\n10,a,0,1\n")
+    r = run_cli("replay", str(path), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2
+    assert "column 'idle' appears more than once in header" in r.output
+    assert len(r.output.strip().splitlines()) == 1
