@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from bftrainer.trainers.metrics import MetricsRecord
 
 MEASURED, PRIOR = "measured", "prior"
+# A growth of this much or more is no cap at all (a setting's finite spelling of inf).
+NO_CAP = 1e9
 # A trainer on its prior is told of a new best rate per node when it rose by 1%.
 LEVEL_STEP = 1.01
 
@@ -89,7 +91,7 @@ def growth_cap(measured: Iterable[int], n_min: int, n_max: int, growth: float) -
     """The largest count worth giving before the trainer has run closer: ``growth`` x the
     largest count measured (``n_min`` with none), within [n_min, n_max]."""
     most = max(measured, default=0)
-    if math.isinf(growth):
+    if growth >= NO_CAP:
         return n_max
     return min(n_max, max(n_min, math.floor(growth * most)))
 

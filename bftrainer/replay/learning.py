@@ -47,6 +47,7 @@ from bftrainer.replay.simulator import SimulatedDriver, capped_cost
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (
     LEVEL_STEP,
+    NO_CAP,
     LearnedCurve,
     Measurements,
     learned_curve,
@@ -78,11 +79,12 @@ class LearningOptions:
         for name, lo, hi in (
             ("noise", 0.0, 2.0),
             ("observe_s", 1e-3, 1e6),
-            ("growth", 1.0, math.inf),
+            ("growth", 1.0, NO_CAP),  # finite, as every setting: NO_CAP is no cap
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi):
-                raise LearningError(f"{name} {v!r}: expected a number in [{lo:g}, {hi:g}]")
+                no_cap = f" ({NO_CAP:g}: no cap)" if name == "growth" else ""
+                raise LearningError(f"{name} {v!r}: expected a number in [{lo:g}, {hi:g}]{no_cap}")
         for name, lo in (("probe_base", 2), ("seed", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:

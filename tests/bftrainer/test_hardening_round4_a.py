@@ -326,6 +326,14 @@ def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, tab
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
 
 
+@pytest.mark.parametrize("line", ["curves_growth = inf", "curves_observe_s = nan"])
+def test_an_infinite_replay_setting_is_refused(tmp_path, line) -> None:
+    (tmp_path / "c.toml").write_text(f"[replay]\ncurves = 'learned'\n{line}\n")
+    r = run_cli("replay", "--config", str(tmp_path / "c.toml"), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and line.split()[0] in r.output and "expected a number" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
 def test_max_parallel_has_the_config_files_limit(tmp_path) -> None:
     r = run_cli("replay", "--max-parallel", "1000000000000000000", "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "<= 9.0072e+15" in r.output
@@ -386,3 +394,44 @@ def test_a_trace_whose_header_repeats_a_column_is_refused(tmp_path) -> None:
     assert r.exit_code == 2
     assert "column 'idle' appears more than once in header" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+# ---- allocate: p near 0, the time limit at large sizes -------------------------------------
+
+
+@pytest.mark.parametrize("p", [1e-300, -1e-300, 1e-17, -1e-12])
+@pytest.mark.parametrize("solver", ["dp", "highs"])
+def test_a_fairness_p_next_to_0_allocates_as_p_0(p, solver) -> None:
+    from bftrainer.milp import allocate, problem_from_dict
+
+    def counts(fairness_p: float) -> list[int]:
+        data = {
+            "pool": [f"n{i}" for i in range(8)],
+            "fairness_p": fairness_p,
+            "objective": "speedup",
+            "trainers": [
+                {"id": f"t{i}", "n_min": 1, "n_max": 8, "rescale_up": 0, "rescale_down": 0}
+                | {"curve": [[1, 1.0], [8, 6.0]]}
+                for i in range(4)
+            ],
+        }
+        result = allocate(problem_from_dict(data), solver=solver)
+        assert result.status == "optimal"
+        return sorted(len(v) for v in result.nodes.values())
+
+    assert counts(p) == counts(0.0) == [2, 2, 2, 2]
+
+
+def test_a_count_model_that_cannot_be_built_in_time_is_not_started(caplog) -> None:
+    """Building has no clock to look at: the per-count model of 20 trainers of n_max 1e6
+    on 1e6 nodes took 18 s against --time-limit 5. Not started, the greedy answer stands
+    (a smaller instance and limit here, the same rule)."""
+    from bftrainer.milp import Problem, TrainerSpec, allocate
+
+    pool = tuple(f"n{i}" for i in range(100_000))
+    curve = ((1.0, 1.0), (1000.0, 500.0), (100_000.0, 2000.0))
+    trainers = tuple(TrainerSpec(f"t{i}", 1, 100_000, 10.0, 5.0, curve) for i in range(20))
+    caplog.set_level(logging.INFO, logger="bftrainer.milp.allocate")
+    result = allocate(Problem(pool, trainers, max_trainers=20), time_limit_s=0.5)
+    assert "highs/count not run: building the model would take" in caplog.text
+    assert result.status == "time_limit" and sum(result.counts.values()) == len(pool)

@@ -263,13 +263,13 @@ def test_cli_curves_learned_and_bad_combinations(tmp_path: Any) -> None:
 
 def test_learning_from_a_configuration_file(tmp_path: Any) -> None:
     good = tmp_path / "good.toml"
-    good.write_text('[replay]\ncurves = "learned"\ncurves_prior = "peers"\ncurves_growth = inf\n')
+    good.write_text('[replay]\ncurves = "learned"\ncurves_prior = "peers"\ncurves_growth = 1e9\n')
     args = ["replay", "--synthetic-nodes", "64", "--synthetic-hours", "2", "--jobs-count", "20"]
     args += ["--policy", "milp", "--solver", "dp", "--no-progress"]
     ok = CliRunner().invoke(cli_main, [*args, "--config", str(good), "--out", str(tmp_path / "a")])
     assert ok.exit_code == 0, ok.output
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert (summary["curves_prior"], summary["curves_growth"]) == ("peers", None)
+    assert (summary["curves_prior"], summary["curves_growth"]) == ("peers", 1e9)  # no cap
     bad = tmp_path / "bad.toml"
     bad.write_text('[replay]\ncurves = "learned"\ncurves_noise = "a"\n')
     out = CliRunner().invoke(cli_main, [*args, "--config", str(bad), "--out", str(tmp_path / "b")])
