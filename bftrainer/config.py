@@ -115,7 +115,8 @@ class Config:
                 raise ConfigError(
                     f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or a number <= {T_FWD_MAX_S:g}'
                 )
-        _number("time_limit_s", self.time_limit_s, lo=0.0, lo_open=True, allow_inf=False)
+        # --time-limit's limit: a solver cannot be run and stopped in less.
+        _number("time_limit_s", self.time_limit_s, lo=0.01, lo_open=False, allow_inf=False)
         _number(
             "fairness_p", self.fairness_p, lo=FAIRNESS_P_RANGE[0], lo_open=False, allow_inf=False
         )

@@ -82,7 +82,7 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[policy]\npolicy = 'greedy'\n", "policy = 'greedy': expected one of milp, equal"),
         ("[policy]\nt_fwd_s = -5\n", "t_fwd_s = -5.0: expected a number > 0"),
         ("[policy]\nt_fwd_s = nan\n", "t_fwd_s = nan: expected a finite number"),
-        ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number > 0"),
+        ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number >= 0.01"),
         ("[policy]\nt_fwd_s = '120'\n", "t_fwd_s = '120': expected \"auto\" or seconds"),
         ("[policy]\nmax_trainers = 2.5\n", "max_trainers = 2.5: expected a whole number"),
         ("[policy]\nmax_trainers = 0\n", "max_trainers = 0: expected a whole number from 1 to"),

@@ -307,6 +307,7 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
     "table, line, what",
     [
         ("policy", "redecide_every_s = inf", "redecide_every_s = inf: expected a finite number"),
+        ("policy", "time_limit_s = 0.001", "time_limit_s = 0.001: expected a number >= 0.01"),
         ("policy", "max_trainers = 1000000000000000000", "expected a whole number from 1 to"),
         ("daemon", "slots_per_node = 1025", "slots_per_node = 1025: expected a whole number"),
         ("daemon", "slots_per_node = 1000000000", "from 1 to 1024"),
