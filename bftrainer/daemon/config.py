@@ -112,12 +112,10 @@ def load_daemon_config(
         config = load_config(path, config, DAEMON_TABLES)
     config = with_overrides(config, overrides, names)
     textfile = config.metrics_textfile
-    if textfile is not None:  # as --metrics-textfile: a file, in a folder that exists
+    if textfile is not None:  # as --metrics-textfile: a file, not a folder
         where = f"{path}: " if path is not None and not overrides.get("metrics_textfile") else ""
         if Path(textfile).is_dir():
             raise ConfigError(f"{where}metrics_textfile = {textfile!r}: is a folder, not a file")
-        if not Path(textfile).absolute().parent.is_dir():
-            raise ConfigError(f"{where}metrics_textfile = {textfile!r}: its folder does not exist")
     if config.policy not in LIVE_POLICIES:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(

@@ -312,7 +312,6 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
         ("daemon", "slots_per_node = 1025", "slots_per_node = 1025: expected a whole number"),
         ("daemon", "slots_per_node = 1000000000", "from 1 to 1024"),
         ("daemon", "metrics_textfile = '{tmp}/m.prom'", "is a folder, not a file"),
-        ("daemon", "metrics_textfile = '{tmp}/none/m.prom'", "its folder does not exist"),
     ],
 )
 def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, table, line, what):
