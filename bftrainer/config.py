@@ -16,7 +16,7 @@ A file has a ``[policy]`` table with any of :class:`Config`'s fields::
     fair_by = "trainer"        # trainer | user | account: whose shares fairness evens out
     fair_weights = { alice = 2.0, physics = 0.5 }  # by user or account; absent: 1
     max_trainers = 10          # P_jmax: trainers admitted at once
-    redecide_every_s = 60.0    # a curve report re-decides at most this often (inf: never)
+    redecide_every_s = 60.0    # a curve report re-decides at most this often (1e9: never)
     scavenger_size = 16        # the scavenger policy's rigid job size (omit: each job's n_max)
 
 Other commands add their own tables (``replay``: ``window_hours``). Unknown tables or
@@ -41,6 +41,10 @@ from bftrainer.milp.problem import (
     OBJECTIVES,
     T_FWD_MAX_S,
 )
+from bftrainer.names import MAX_SLOTS
+
+# The most trainers admitted at once (--max-parallel, max_trainers): exact as a float.
+MAX_TRAINERS = 2**53
 
 # The policies' names. The record checks them as it checks the solvers' and objectives'
 # names; bftrainer.policy builds each from this record (POLICIES, make_policy) and
@@ -111,7 +115,8 @@ class Config:
                 raise ConfigError(
                     f't_fwd_s = {self.t_fwd_s!r}: expected "auto" or a number <= {T_FWD_MAX_S:g}'
                 )
-        _number("time_limit_s", self.time_limit_s, lo=0.0, lo_open=True, allow_inf=False)
+        # --time-limit's limit: a solver cannot be run and stopped in less.
+        _number("time_limit_s", self.time_limit_s, lo=0.01, lo_open=False, allow_inf=False)
         _number(
             "fairness_p", self.fairness_p, lo=FAIRNESS_P_RANGE[0], lo_open=False, allow_inf=False
         )
@@ -137,15 +142,22 @@ class Config:
                 raise ConfigError(f"fair_weights.{name} = {weight!r}: expected a number <= {hi:g}")
         if isinstance(self.max_trainers, bool) or not isinstance(self.max_trainers, int):
             raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a whole number")
-        if self.max_trainers < 1:
-            raise ConfigError(f"max_trainers = {self.max_trainers!r}: expected a number >= 1")
-        _number("redecide_every_s", self.redecide_every_s, lo=0.0, lo_open=False, allow_inf=True)
+        if not 1 <= self.max_trainers <= MAX_TRAINERS:
+            raise ConfigError(
+                f"max_trainers = {self.max_trainers!r}: expected a whole number from 1 to "
+                f"{MAX_TRAINERS} (2**53, --max-parallel's limit)"
+            )
+        # Finite, as --redecide-every: inf was kept, and recorded as null (issue 42).
+        _number("redecide_every_s", self.redecide_every_s, lo=0.0, lo_open=False, allow_inf=False)
         size = self.scavenger_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ConfigError(f"scavenger_size = {size!r}: expected a whole number >= 1")
         slots = self.slots_per_node
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise ConfigError(f"slots_per_node = {slots!r}: expected a whole number >= 1")
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+            raise ConfigError(
+                f"slots_per_node = {slots!r}: expected a whole number from 1 to {MAX_SLOTS} "
+                "(--slots-per-node's limit)"
+            )
         if slots > 1 and self.policy == "scavenger":
             raise ConfigError(
                 f"slots_per_node = {slots}: the scavenger baseline runs whole nodes (1 slot)"
@@ -186,6 +198,33 @@ def load_config(path: Path, base: C, tables: Mapping[str, Mapping[str, str]] = P
                 raise ConfigError(f"{path}: [{name}] unknown key {key!r} (expected {_list(keys)})")
             config = _set(config, keys[key], value, f"{path}: [{name}] ")
     return config
+
+
+def given_fields(path: Path, tables: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The fields ``path`` sets, each with where (``path: [table] key``): of a file
+    :func:`load_config` has read without error."""
+    data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    return {
+        tables[name][key]: f"{path}: [{name}] {key}"
+        for name, table in data.items()
+        for key in table
+    }
+
+
+def refuse_unused(
+    config: Any,
+    given: Mapping[str, str],
+    needs: Mapping[str, tuple[str, Any, str]],
+) -> None:
+    """A setting that means nothing without another refused in one line (issue 42: it was
+    accepted and ignored). ``given``: field -> where it was set (a flag, a file's key);
+    ``needs``: field -> (the field it needs, the value it needs, how to set it)."""
+    for name in sorted(given):
+        if name not in needs:
+            continue
+        other, value, how = needs[name]
+        if getattr(config, other) != value:
+            raise ConfigError(f"{given[name]} means nothing without {how}")
 
 
 def with_overrides(base: C, values: Mapping[str, Any], names: Mapping[str, str] | None = None) -> C:

@@ -191,6 +191,7 @@ def _read_replay_csv(
     """One CSV of a replay's output, read and converted; what cannot be is named in one
     line with its file (an empty, truncated or foreign file, a column of another kind)."""
     try:
+        _check_whole(path)
         return convert(pd.read_csv(path, **read))
     except (
         pd.errors.EmptyDataError,
@@ -226,11 +227,26 @@ def _trainers(trainers: pd.DataFrame) -> pd.DataFrame:
     return trainers
 
 
+def _check_whole(path: Path) -> None:
+    """A CSV the replay wrote ends with a newline: one that does not was cut mid-row
+    (a copy or a disk that ran out), and its last row is not what the replay wrote."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        if size:
+            f.seek(size - 1)
+            if f.read(1) != b"\n":
+                raise ValueError("it ends mid-row (no newline after its last row): cut short?")
+
+
 def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
     allocations["time"] = _times(allocations["time"])
     allocations["change"] = allocations["change"].astype(CHANGE_TYPE)
     allocations["nodes"] = pd.to_numeric(allocations["nodes"], errors="raise")
-    return allocations[["time", "trainer", "nodes", "change"]]
+    out = allocations[["time", "trainer", "nodes", "change"]]
+    blank = out.isna().any(axis=1)
+    if blank.any():  # every field of every row is written: a blank one is a cut row
+        raise ValueError(f"row {int(blank.argmax()) + 2} misses a value or holds an unknown one")
+    return out
 
 
 # windows.csv's numbers that the page reads (report/figures.py, compare.py); U alone

@@ -122,6 +122,11 @@ def parse_rows(
 ) -> Trace | None:
     """Check and group rows into a snapshot and events; None when there are no rows."""
     names = [h.strip() for h in header]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # which of the two is meant cannot be told: refused, not guessed
+        raise TraceFormatError(
+            f"{path}:1: column {twice[0]!r} appears more than once in header {','.join(header)!r}"
+        )
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise TraceFormatError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
 import math
 import time
@@ -50,6 +52,13 @@ NODE_BUILD_S_PER_CELL = 1.5e-6
 # under the optimum too). At S = 4 on benchmark instances (5 x 20, 10 x 50) the optima
 # were the same and the medians 4.2 -> 3.7 s and 1.31 -> 1.32 s.
 SLOT_INTEGRALITY_TOLERANCE = 1e-9
+# Building the per-count model costs about 0.9 us per (trainer, count) column here (20
+# trainers of n_max 1e6: 2e7 columns in 18.5 s on a loaded machine); not started when
+# it cannot end in time (issue 42: --time-limit 5 took 46 s).
+COUNT_BUILD_S_PER_CELL = 1e-6
+# What follows the solver costs up to ~5 us per node given out at 1e6 nodes (the greedy
+# growth, the mapping, the independent constraint check).
+RESERVE_S_PER_NODE = 2e-6
 
 
 class AllocatorConfigError(ValueError):
@@ -104,6 +113,37 @@ class Allocation:
         }
 
 
+# The modules each solver imports on its first call (none at import of bftrainer.milp,
+# which must stay light): a fresh process's first solve spent 0.3-0.4 s importing them,
+# and reported it as solve_s (issue 42).
+_SOLVER_MODULES = {
+    "highs": ("scipy.sparse", "highspy"),
+    "cbc": ("scipy.sparse", "pulp"),
+    "gurobi": ("scipy.sparse", "gurobipy"),
+    "dp": (),
+}
+
+
+def load_solver(solver: str) -> None:
+    """Import what ``solver`` needs, once per process (a missing package is the
+    solver's to report, with its own message, when it runs)."""
+    global _LOADED
+    if solver in _LOADED:
+        return
+    for name in _SOLVER_MODULES.get(solver, ()):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    if "scipy.sparse" in _SOLVER_MODULES.get(solver, ()):
+        # scipy's first sparse matrix reads numpy's integer limits (8 ms, once).
+        import scipy.sparse as sp
+
+        sp.csr_matrix((np.ones(1), (np.zeros(1, int), np.zeros(1, int))), shape=(1, 1))
+    _LOADED = _LOADED | {solver}
+
+
+_LOADED: frozenset[str] = frozenset()
+
+
 def current_counts(terms: list[TrainerTerms]) -> dict[str, int]:
     """The current map made feasible: a trainer below n_min after departures stops."""
     return {t.id: t.c if t.runnable and t.c >= t.n_min else 0 for t in terms}
@@ -134,6 +174,7 @@ def allocate(
         raise AllocatorConfigError("the dp solver solves the count formulation only")
     if not (math.isfinite(time_limit_s) and time_limit_s > 0):
         raise AllocatorConfigError(f"time_limit_s is {time_limit_s!r}, expected seconds > 0")
+    load_solver(solver)  # before the clock: solve_s and the time limit time the solve
     start = time.perf_counter()
     deadline = start + time_limit_s
     terms = build_terms(problem)
@@ -215,11 +256,20 @@ def _solve_milp(
     backend = MILP_SOLVERS[solver]()
     outcome = None
     answer: dict[str, tuple[str, ...]] | None = None
-    node_build_s = NODE_BUILD_S_PER_CELL * len(terms) * cap
-    if formulation == "node" and time.perf_counter() + node_build_s > deadline:
+    if formulation == "node":
+        build_s = NODE_BUILD_S_PER_CELL * len(terms) * cap
+    elif exact is None and not backend.native_sos2:  # per-count columns, 0..n_max each
+        build_s = COUNT_BUILD_S_PER_CELL * sum(min(t.n_max, cap) + 1 for t in terms)
+    else:
+        build_s = 0.0  # pruned by the DP's answer, or SOS2 on the curve's breakpoints
+    reserve_s = _reserve_s(terms, time_limit_s, cap)
+    if time.perf_counter() + build_s + reserve_s > deadline:
         # Building it has no clock to look at: 10,000 trainers x 1,000 nodes took 12 s
-        # against a 10 s limit. The exact DP's (or the greedy) answer stands instead.
-        log.info("%s/node not run: building the model would take ~%.3g s", solver, node_build_s)
+        # against a 10 s limit (node); 20 trainers of n_max 1e6 on 1e6 nodes, 18 s
+        # against 5 s (count). The exact DP's (or the greedy) answer stands instead.
+        log.info(
+            "%s/%s not run: building the model would take ~%.3g s", solver, formulation, build_s
+        )
     elif time.perf_counter() < deadline:
         if formulation == "count":
             # With the DP's answer the pruned per-count model is small for any solver (and
@@ -237,7 +287,7 @@ def _solve_milp(
             nm = build_node_model(terms, problem.pool, t_fwd)
         # Keep time for what follows the solver (the greedy fallback, mapping, checks:
         # about 0.1 ms per trainer), so the whole call ends near the limit.
-        remaining_s = deadline - time.perf_counter() - _reserve_s(terms, time_limit_s)
+        remaining_s = deadline - time.perf_counter() - reserve_s
         if remaining_s > 0:
             milp = cm.milp if formulation == "count" else nm.milp
             with solver_stdout_to_log():  # stdout is the commands' output (--json)
@@ -247,11 +297,13 @@ def _solve_milp(
                     answer = place(current_nodes, cm.counts(outcome.x, terms))
                 else:
                     answer = nm.node_sets(outcome.x, terms)
-    if exact is None and answer is None:
-        # The solver gave nothing (not run, or no incumbent): the time left to the DP.
+    left_s = deadline - reserve_s - time.perf_counter()
+    if exact is None and answer is None and dp_cells(terms, cap) <= DP_CELLS_PER_S * left_s:
+        # The solver gave nothing (not run, or no incumbent): the time left to the DP,
+        # if it can end in it (its steps do not look at the clock: 20 trainers of n_max
+        # 1e6 on 1e6 nodes spent 3 s in one).
         try:
-            left_s = deadline - _reserve_s(terms, time_limit_s)
-            exact = exact_counts(problem, terms, left_s)
+            exact = exact_counts(problem, terms, deadline - reserve_s)
         except DeadlineError as e:
             log.info("no exact answer either: %s", e)
     if outcome is not None and outcome.status is SolveStatus.INFEASIBLE and exact is None:
@@ -321,7 +373,9 @@ def _solve_dp(
     """The DP's exact answer within the time limit; past it, the current map grown
     greedily with free nodes (status ``time_limit``), as when a MILP solver stops."""
     try:
-        counts, bound = exact_counts(problem, terms, deadline - _reserve_s(terms, time_limit_s))
+        counts, bound = exact_counts(
+            problem, terms, deadline - _reserve_s(terms, time_limit_s, capacity(problem))
+        )
         status = "optimal"
     except DeadlineError as e:
         counts = grow_greedily(
@@ -332,9 +386,11 @@ def _solve_dp(
     return mapper(problem)({t.id: t.current for t in terms}, counts), status, bound
 
 
-def _reserve_s(terms: list[TrainerTerms], time_limit_s: float) -> float:
-    """Time kept for what follows a solver (mapping, checks: about 0.1 ms per trainer)."""
-    return min(1e-4 * len(terms), 0.2 * time_limit_s)
+def _reserve_s(terms: list[TrainerTerms], time_limit_s: float, cap: int = 0) -> float:
+    """Time kept for what follows a solver (the greedy fallback, mapping, checks: about
+    0.1 ms per trainer, and RESERVE_S_PER_NODE per node given out)."""
+    given = min(cap, sum(t.n_max for t in terms))
+    return min(1e-4 * len(terms) + RESERVE_S_PER_NODE * given, 0.5 * time_limit_s)
 
 
 def exact_counts(

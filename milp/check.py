@@ -14,18 +14,25 @@ def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[s
         return _slot_violations(problem, nodes)
     out = []
     owner: dict[str, str] = {}
+    taken: set[str] = set()
     for t in problem.trainers:
         got = nodes.get(t.id, ())
-        for n in got:
-            if n not in problem.pool_set:
-                out.append(f"{t.id}: node {n!r} is not in the pool")
-            if n in owner:
-                out.append(f"node {n!r} given to both {owner[n]!r} and {t.id!r}")
-            owner[n] = t.id
+        mine = set(got)
+        # Set operations first (in C: a million nodes in ~0.1 s), names only on a fault.
+        if len(mine) < len(got) or not mine <= problem.pool_set or not mine.isdisjoint(taken):
+            for n in got:
+                if n not in problem.pool_set:
+                    out.append(f"{t.id}: node {n!r} is not in the pool")
+                if n in owner:
+                    out.append(f"node {n!r} given to both {owner[n]!r} and {t.id!r}")
+                owner[n] = t.id
+        else:
+            owner.update(dict.fromkeys(got, t.id))
+        taken |= mine
         if got and not t.n_min <= len(got) <= t.n_max:
             out.append(f"{t.id}: {len(got)} nodes outside {t.n_min}..{t.n_max}")
         current = set(problem.current_nodes(t))
-        kept, new = current & set(got), set(got) - current
+        kept, new = current & mine, mine - current
         if new and kept != current:
             out.append(f"{t.id}: migrates (adds {len(new)} nodes but drops {len(current - kept)})")
     return out

@@ -168,9 +168,15 @@ def fairness_transform(values: np.ndarray, p: float) -> np.ndarray:
     if p == 1.0:
         return values
     e = SPEEDUP_FLOOR
+    log_gain = np.log((values + e) / e)
     if p == 0.0:
-        return np.log((values + e) / e)
-    return ((values + e) ** p - e**p) / p
+        return log_gain
+    if abs(p) >= 1e-3:  # as ever (the figures of before, to the last bit)
+        return ((values + e) ** p - e**p) / p
+    # Near 0, ((s + e)^p - e^p) / p as e^p expm1(p log((s + e) / e)) / p: the same
+    # function, without the cancellation that made it 0 everywhere for p within ~1e-16
+    # of 0 (p = 1e-300 gave every trainer 0 nodes); as p -> 0 it tends to p = 0's log.
+    return e**p * np.expm1(p * log_gain) / p
 
 
 def _value_table(

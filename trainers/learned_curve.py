@@ -32,12 +32,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bftrainer.milp.problem import CURVE_VALUE_MAX
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 
 if TYPE_CHECKING:
     from bftrainer.trainers.metrics import MetricsRecord
 
 MEASURED, PRIOR = "measured", "prior"
+# A growth of this much or more is no cap at all (a setting's finite spelling of inf).
+NO_CAP = 1e9
 # A trainer on its prior is told of a new best rate per node when it rose by 1%.
 LEVEL_STEP = 1.01
 
@@ -88,7 +91,7 @@ def growth_cap(measured: Iterable[int], n_min: int, n_max: int, growth: float) -
     """The largest count worth giving before the trainer has run closer: ``growth`` x the
     largest count measured (``n_min`` with none), within [n_min, n_max]."""
     most = max(measured, default=0)
-    if math.isinf(growth):
+    if growth >= NO_CAP:
         return n_max
     return min(n_max, max(n_min, math.floor(growth * most)))
 
@@ -157,7 +160,10 @@ def learned_curve(
     last_n, last_v = points[-1]
     if last_n < n_max:
         points.append((float(n_max), last_v))
-    return LearnedCurve(tuple(points), frozenset(own))
+    # A belief the allocator can take: extrapolated past its limit on a curve's value
+    # (scaling from a rate near it), the curve is flat at the limit.
+    capped = tuple((n, min(v, CURVE_VALUE_MAX)) for n, v in points)
+    return LearnedCurve(capped, frozenset(own))
 
 
 def point_sources(nodes: Iterable[float], measured: Iterable[int]) -> list[str]:

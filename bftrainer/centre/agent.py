@@ -103,9 +103,14 @@ class AgentLink:
             reply = SyncReply.from_dict(body)
         except (TransportError, RequestRefused, ValueError) as exc:
             if self._reachable:
+                what = (
+                    "refused this agent's report"
+                    if isinstance(exc, RequestRefused)
+                    else "cannot be reached"
+                )
                 log.warning(
-                    "the allocator cannot be reached (%s): the trainers keep their nodes; "
-                    "trying again every %g s",
+                    "the allocator %s (%s): the trainers keep their nodes; trying again every %g s",
+                    what,
                     exc,
                     self.sync_every_s,
                 )

@@ -246,6 +246,9 @@ class Allocator(LiveService):
         self._agents: dict[int, AgentRecord] = {}
         self._generation: dict[int, int] = {}  # uid -> how often its agent's lease ran out
         self._restoring: dict[str, tuple[JobSpec, tuple[str, ...]]] = {}
+        # user -> the nodes its agent said its holders run on, while restoring: a
+        # trainer is restored only on nodes its own user's agent holds, and no other's.
+        self._restore_held: dict[str, frozenset[str]] = {}
         self._snapshot: dict[str, tuple[str, ...]] = {}
         self._pool_now: tuple[str, ...] = ()
 
@@ -286,16 +289,28 @@ class Allocator(LiveService):
         if pool is None:
             pool = self.pool.prime(now_s) or ()
         with self._lock:
-            free = set(pool)
+            free = set(pool) - self._contested_locked()
             trainers = []
             for job, nodes in self._restoring.values():
-                mine = tuple(n for n in nodes if n in free)
+                held = self._restore_held.get(job.user, frozenset())
+                mine = tuple(n for n in nodes if n in free and n in held)
+                if len(mine) < len(nodes):
+                    log.warning(
+                        "restore: %s's trainer %s reported %d node(s) its agent does not hold "
+                        "alone in the pool (not held, held by another user too, or gone): "
+                        "restored on %d",
+                        job.user,
+                        job.id,
+                        len(nodes) - len(mine),
+                        len(mine),
+                    )
                 free -= set(mine)
                 t = TrainerState(job, nodes=mine)
                 for metric, curve in self._curves_of(job.id).items():
                     t.reported_curves[metric] = curve
                 trainers.append(t)
             self._restoring.clear()
+            self._restore_held.clear()
             state = LoopState(now_s=now_s, pool=pool, trainers=trainers)
             self.loop = Loop(
                 [self.pool, self.inbox, self.leases],
@@ -355,6 +370,17 @@ class Allocator(LiveService):
             agents=AgentsReading(agents=agents, users=users, requests=self.server.outcomes()),
         )
 
+    def _contested_locked(self) -> set[str]:
+        """Nodes two users' agents both say they hold, at restore: given to neither's
+        trainer until a decision (an agent's word alone cannot take another's nodes)."""
+        seen: dict[str, str] = {}
+        contested = set()
+        for user, held in self._restore_held.items():
+            for n in held:
+                if seen.setdefault(n, user) != user:
+                    contested.add(n)
+        return contested
+
     def _curves_of(self, loop_id: str) -> dict[str, Curve]:
         for rec in self._agents.values():
             if loop_id in rec.curves:
@@ -398,6 +424,8 @@ class Allocator(LiveService):
                 log.info("agent of uid %d (%s) is now pid %d", peer.uid, peer.user, peer.pid)
                 rec.pid = peer.pid
             rec.last_s = now_s
+            if self.loop is None:
+                self._restore_held[rec.user] = frozenset(request.held or ())
             reported = {t.id: t for t in request.trainers}
             for t in request.trainers:
                 inputs += self._update_trainer(rec, t)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bftrainer.centre.transport import RequestRefused
+from bftrainer.milp.problem import ProblemError, TrainerSpec
 
 # Request kinds.
 HELLO = "hello"  # an agent (or a user's command) asks for the centre's settings
@@ -102,7 +103,7 @@ class TrainerReport:
             if metric not in ("throughput", "goodput"):
                 raise RequestRefused(f"{where}: unknown curve {str(metric)[:40]!r}")
             curves[metric] = _curve(points, f"{where}'s {metric} curve")
-        return cls(
+        report = cls(
             id=tid,
             model=_str(d, "model", where)[:200],
             submitted_s=_num(d, "submitted_s", where, 0.0),
@@ -115,6 +116,28 @@ class TrainerReport:
             samples_done=_num(d, "samples_done", where, 0.0),
             curves=curves,
         )
+        report.check_allocatable()
+        return report
+
+    def check_allocatable(self) -> None:
+        """Refuse what the allocator's model would refuse (the limits of ``allocate``'s
+        input, bftrainer.milp.problem): checked here, at the sync, so one user's bad
+        report is refused to that user and never reaches a decision that serves all."""
+        where = f"trainer {self.id}"
+        for metric, curve in {"throughput": None, **self.curves}.items():
+            try:
+                TrainerSpec(
+                    id=self.id,
+                    n_min=self.n_min,
+                    n_max=self.n_max,
+                    rescale_up_s=self.rescale_up_s,
+                    rescale_down_s=self.rescale_down_s,
+                    curve=curve or ((float(self.n_max), float(self.n_max)),),
+                    nodes=self.nodes,
+                )
+            except ProblemError as e:
+                reason = str(e).split(": ", 1)[-1].replace("curve", f"{metric} curve", 1)
+                raise RequestRefused(f"{where}: {reason}") from None
 
 
 @dataclass(frozen=True)

@@ -139,8 +139,10 @@ def read_message(sock: socket.socket, max_bytes: int, timeout_s: float | None) -
     data = _read_exactly(sock, size, allow_eof=False) or b""
     try:
         return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"not UTF-8 JSON ({type(e).__name__}: {e})") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's stack
+        raise ProtocolError("JSON nested too deep") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer of over 4,300 digits
+        raise ProtocolError(f"not UTF-8 JSON ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def _read_exactly(sock: socket.socket, n: int, *, allow_eof: bool) -> bytes | None:

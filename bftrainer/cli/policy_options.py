@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
-from bftrainer.cli.params import COUNT, Number
-from bftrainer.config import Config
+from bftrainer.cli.params import Number
+from bftrainer.config import MAX_TRAINERS, Config
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import FAIR_BY, FAIRNESS_P_RANGE, OBJECTIVES, T_FWD_MAX_S
 
@@ -97,7 +97,7 @@ def policy_options(func: F) -> F:
         click.option(
             "--max-parallel",
             "max_trainers",
-            type=COUNT,
+            type=Number(integer=True, min=1, max=MAX_TRAINERS),
             help=f"P_jmax: trainers at once (default {DEFAULT.max_trainers}).",
         ),
         click.option(

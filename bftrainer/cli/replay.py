@@ -27,7 +27,13 @@ from bftrainer.cli.params import (
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
 from bftrainer.cli.policy_options import T_FWD, policy_flags, policy_options
 from bftrainer.cli.trace import load_trace_or_log, parse_node_range, parse_time_option
-from bftrainer.config import ConfigError, load_config, with_overrides
+from bftrainer.config import (
+    ConfigError,
+    given_fields,
+    load_config,
+    refuse_unused,
+    with_overrides,
+)
 from bftrainer.idle_monitor.joblog import is_job_log
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
@@ -46,6 +52,9 @@ from bftrainer.replay.zoo import ZOO_SPS
 log = logging.getLogger(__name__)
 
 DEFAULT = ReplayConfig()
+# Settings that mean nothing without another: refused, not ignored.
+_LEARNED = ("curves", "learned", '--curves learned (curves = "learned")')
+NEEDS = {f"curves_{k}": _LEARNED for k in ("prior", "noise", "observe_s", "growth", "seed")}
 FLAG_NAMES = {
     **POLICY_FLAG_NAMES,
     "window_s": "--window-hours",
@@ -378,6 +387,9 @@ def replay_cmd(
         if config_path is not None:
             base = load_config(Path(config_path), base, REPLAY_TABLES)
         base = with_overrides(base, flags, FLAG_NAMES)
+        set_by = given_fields(Path(config_path), REPLAY_TABLES) if config_path else {}
+        set_by.update({f: FLAG_NAMES.get(f, f) for f, v in flags.items() if v is not None})
+        refuse_unused(base, set_by, NEEDS)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     _refuse_workload_with_jobs(jobs_path)

@@ -66,6 +66,7 @@ def report_cmd(
         assert state_dir is not None
         if out_dir is None:
             raise UsageError("--state-dir needs --out (the state directory is the daemon's)")
+        _refuse_inside(out_dir, resolve_state_dir(state_dir))
         lo, hi = (_time(o, t) for o, t in (("--start", start), ("--end", end)))
         try:
             runs = [load_store(resolve_state_dir(state_dir), lo, hi)]
@@ -79,6 +80,23 @@ def report_cmd(
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
     click.echo(out / PAGE)
+
+
+def _refuse_inside(out: Path, state_dir: Path) -> None:
+    """A read-only command never writes into the state directory (only the daemon
+    does): ``--out`` inside it, or holding it, is refused in one line. Links resolved,
+    so a link to the state directory counts as it."""
+    out_real, state_real = out.resolve(), state_dir.resolve()
+    if out_real == state_real or state_real in out_real.parents:
+        raise UsageError(
+            f"--out {out}: inside the state directory {state_dir}, which only the daemon "
+            "writes; choose a folder outside it"
+        )
+    if out_real in state_real.parents:
+        raise UsageError(
+            f"--out {out}: holds the state directory {state_dir}, which the report would "
+            "replace; choose a folder outside it"
+        )
 
 
 def _replay(path: Path) -> list[Frames]:

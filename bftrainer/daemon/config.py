@@ -111,6 +111,11 @@ def load_daemon_config(
     if path is not None:
         config = load_config(path, config, DAEMON_TABLES)
     config = with_overrides(config, overrides, names)
+    textfile = config.metrics_textfile
+    if textfile is not None:  # as --metrics-textfile: a file, not a folder
+        where = f"{path}: " if path is not None and not overrides.get("metrics_textfile") else ""
+        if Path(textfile).is_dir():
+            raise ConfigError(f"{where}metrics_textfile = {textfile!r}: is a folder, not a file")
     if config.policy not in LIVE_POLICIES:
         where = f"{path}: " if path is not None else ""
         raise ConfigError(

@@ -42,10 +42,12 @@ import numpy as np
 
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, CurveReport, Input, Polled, Progress, TimedSource, TrainerState
-from bftrainer.replay.simulator import SimulatedDriver
+from bftrainer.milp.problem import CURVE_VALUE_MAX
+from bftrainer.replay.simulator import SimulatedDriver, capped_cost
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (
     LEVEL_STEP,
+    NO_CAP,
     LearnedCurve,
     Measurements,
     learned_curve,
@@ -77,11 +79,12 @@ class LearningOptions:
         for name, lo, hi in (
             ("noise", 0.0, 2.0),
             ("observe_s", 1e-3, 1e6),
-            ("growth", 1.0, math.inf),
+            ("growth", 1.0, NO_CAP),  # finite, as every setting: NO_CAP is no cap
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi):
-                raise LearningError(f"{name} {v!r}: expected a number in [{lo:g}, {hi:g}]")
+                no_cap = f" ({NO_CAP:g}: no cap)" if name == "growth" else ""
+                raise LearningError(f"{name} {v!r}: expected a number in [{lo:g}, {hi:g}]{no_cap}")
         for name, lo in (("probe_base", 2), ("seed", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -165,6 +168,30 @@ class _Learner:
     stall_until_s: float = -math.inf  # a probe's step up: nothing processed
 
 
+# The least rate a learning trainer can measure (samples/s): a rate of 0 has no
+# logarithm (the geometric mean of measurements), and a subnormal one's inverse is
+# infinite (the scaling fit's seconds per sample).
+MIN_LEARNED_RATE_SPS = 1e-6
+
+
+def check_learnable(job: JobSpec) -> None:
+    """Refuse, in one line, a job whose trainer could not measure its rate at some node
+    count from 1 to n_max: the rate there is 0 or below ``MIN_LEARNED_RATE_SPS``. The
+    curve is linear between breakpoints, so its least rate over whole counts is at 1,
+    n_max or a whole count next to a breakpoint."""
+    counts = {1, job.n_max}
+    for n, _ in job.curve:
+        counts.update((math.floor(n), math.ceil(n)))
+    for n in sorted(c for c in counts if 1 <= c <= job.n_max):
+        rate = job.rate_sps(n)
+        if not rate >= MIN_LEARNED_RATE_SPS:
+            raise LearningError(
+                f"job {job.id!r}: its curve gives {rate:g} samples/s at {n} node(s); a "
+                f"trainer that learns its curve needs at least {MIN_LEARNED_RATE_SPS:g} at "
+                f"every count from 1 to n_max {job.n_max}"
+            )
+
+
 class LearningDriver(AgedDriver):
     """The plain replay's driver, with trainers that measure and report their curves."""
 
@@ -174,6 +201,8 @@ class LearningDriver(AgedDriver):
         if slots_per_node != 1:
             raise LearningError("learned curves run with whole nodes (slots_per_node 1)")
         super().__init__(slots_per_node)
+        for job in truth.values():
+            check_learnable(job)
         self.truth = dict(truth)
         self.options = options
         self.probe_cost_samples = 0.0
@@ -242,9 +271,11 @@ class LearningDriver(AgedDriver):
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         lr = self._learner(trainer)
         ran = lr.count if lr.probing and lr.count else old_count
-        cost = trainer.job.rescale_down_s * self.true_rate_sps(trainer, ran)
+        cost, share = capped_cost(
+            trainer, trainer.job.rescale_down_s * self.true_rate_sps(trainer, ran)
+        )
         trainer.preemption_cost_samples += cost
-        self.waste.stalled_node_s += trainer.job.rescale_down_s * old_count
+        self.waste.stalled_node_s += trainer.job.rescale_down_s * old_count * share
         self._cost(trainer, cost)
         self._stint(lr, len(trainer.nodes), (self._now_s or 0.0) + trainer.job.rescale_down_s)
         return cost
@@ -303,7 +334,7 @@ class LearningDriver(AgedDriver):
 
     def _prior_curve(self, job: JobSpec, level: float) -> tuple[tuple[float, float], ...]:
         if self.options.prior == "profile":  # the probe will measure: no cap before it
-            return ((float(job.n_max), job.n_max * level),)
+            return ((float(job.n_max), min(job.n_max * level, CURVE_VALUE_MAX)),)
         return learned_curve(
             {},
             job.n_min,
@@ -334,7 +365,11 @@ class LearningDriver(AgedDriver):
         count got its first."""
         if not lr.count or now_s < lr.since_s:
             return False
-        windows = int((now_s - lr.since_s) / self.options.observe_s + 1e-9)
+        # At trace times (~1.6e9 s) a window's end lies a few ulps off since + observe:
+        # the slack counts it as ended where next_wakeup_s woke the loop for it (without
+        # it, observe_s 0.001 woke the loop at an end it then did not count, for ever).
+        slack = 4 * math.ulp(now_s) / self.options.observe_s + 1e-9
+        windows = int((now_s - lr.since_s) / self.options.observe_s + slack)
         new = False
         true = self.true_rate_sps(t, lr.count)
         for _ in range(windows - lr.windows):

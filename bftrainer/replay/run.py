@@ -353,9 +353,12 @@ def _result(
     peak_pool = max([s.pool_nodes for s in m.steps] + list(m.pool_size_s) + [1])
     best = best_split_sps(curve, config.max_trainers, peak_pool + 1)
     achieved = m.processed_samples - m.rescale_cost_samples - m.preemption_cost_samples
-    baseline = baseline_samples(elapsed, m.resource_node_s, best)
-    u = utilization(achieved, baseline)
     limit = limit_samples(m.pool_size_s, best)
+    # A curve that grows faster than linearly makes P_best convex somewhere, and the
+    # pool's fluctuation then worth more than its N_eq dedicated nodes: the baseline is
+    # then the limit itself, so U_max is within [0, 1] by construction (docs/replay.md).
+    baseline = max(baseline_samples(elapsed, m.resource_node_s, best), limit)
+    u = utilization(achieved, baseline)
     u_max = utilization(limit, baseline)
     windows = []
     for k in sorted(m.windows):

@@ -39,6 +39,18 @@ class Waste:
         return self.stalled_node_s + self.lost_node_s + self.restart_node_s
 
 
+def capped_cost(trainer: TrainerState, cost: float) -> tuple[float, float]:
+    """A rescale's or preemption's cost in samples, and the share of it kept: never
+    more than the trainer's progress so far (docs/replay.md, "Costs"). A cost beyond
+    what its time on the nodes earned takes its progress to 0, never below: the paper
+    books R seconds at the old rate at once, which, R over the time the trainer held
+    the nodes, would book work it never did."""
+    room = max(0.0, trainer.progress_samples)
+    if cost <= room:
+        return cost, 1.0
+    return room, (room / cost if cost > 0 else 0.0)
+
+
 class SimulatedDriver:
     """The :class:`bftrainer.loop.TrainerDriver` of the plain replay."""
 
@@ -68,9 +80,10 @@ class SimulatedDriver:
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         # With slots, at the packed rate of what it had (the holding before is gone).
-        cost = trainer.job.rescale_down_s * self.true_rate_sps(trainer, old_count)
+        seconds = trainer.job.rescale_down_s
+        cost, share = capped_cost(trainer, seconds * self.true_rate_sps(trainer, old_count))
         trainer.preemption_cost_samples += cost
-        self.waste.stalled_node_s += self._nodes(trainer.job.rescale_down_s * old_count)
+        self.waste.stalled_node_s += self._nodes(seconds * old_count) * share
         return cost
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
@@ -78,9 +91,9 @@ class SimulatedDriver:
         if new == old:
             return 0.0
         seconds = trainer.job.rescale_up_s if new > old else trainer.job.rescale_down_s
-        cost = seconds * self._rate(trainer, trainer.nodes)
+        cost, share = capped_cost(trainer, seconds * self._rate(trainer, trainer.nodes))
         trainer.rescale_cost_samples += cost
-        self.waste.stalled_node_s += self._nodes(seconds * old)
+        self.waste.stalled_node_s += self._nodes(seconds * old) * share
         if old:
             trainer.rescales += 1
         return cost

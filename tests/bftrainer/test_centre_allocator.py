@@ -247,9 +247,11 @@ def test_a_silent_agent_loses_its_nodes_after_the_lease_never_before(tmp_path) -
 
 def test_a_restarted_allocator_keeps_what_the_agents_report(tmp_path) -> None:
     allocator, clock = make(tmp_path)
-    # Before the loop exists: the agents' first syncs after a restart.
-    assert sync(allocator, ALICE, report("t0001", nodes=NODES[:5])) == {}
-    assert sync(allocator, BOB, report("t0001", nodes=NODES[5:])) == {}
+    # Before the loop exists: the agents' first syncs after a restart (each says the
+    # nodes its holders run on, as the agent does: bftrainer.centre.agent).
+    for peer, mine in ((ALICE, NODES[:5]), (BOB, NODES[5:])):
+        request = SyncRequest((report("t0001", nodes=mine),), held=mine)
+        assert allocator.sync(peer, request).assignment == {}
     loop = allocator.start_loop()
     assert loop.trainers["alice/t0001"].nodes == NODES[:5]
     assert loop.trainers["bob/t0001"].nodes == NODES[5:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +47,14 @@ t_fwd_s = 300          # an integer is fine for seconds
 fairness_p = -1.0
 fair_share_speedup = true
 max_trainers = 4
-redecide_every_s = inf
+redecide_every_s = 1e9
 """,
     )
     c = load_config(path, Config())
     assert (c.policy, c.solver, c.t_fwd_s, c.max_trainers) == ("equal", "dp", 300.0, 4)
     assert isinstance(c.t_fwd_s, float)
     assert c.fairness_p == -1.0 and c.fair_share_speedup is True
-    assert math.isinf(c.redecide_every_s)
+    assert c.redecide_every_s == 1e9
     assert c.objective == "throughput"  # untouched keys keep their defaults
 
 
@@ -83,10 +82,10 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
         ("[policy]\npolicy = 'greedy'\n", "policy = 'greedy': expected one of milp, equal"),
         ("[policy]\nt_fwd_s = -5\n", "t_fwd_s = -5.0: expected a number > 0"),
         ("[policy]\nt_fwd_s = nan\n", "t_fwd_s = nan: expected a finite number"),
-        ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number > 0"),
+        ("[policy]\ntime_limit_s = 0\n", "time_limit_s = 0.0: expected a number >= 0.01"),
         ("[policy]\nt_fwd_s = '120'\n", "t_fwd_s = '120': expected \"auto\" or seconds"),
         ("[policy]\nmax_trainers = 2.5\n", "max_trainers = 2.5: expected a whole number"),
-        ("[policy]\nmax_trainers = 0\n", "max_trainers = 0: expected a number >= 1"),
+        ("[policy]\nmax_trainers = 0\n", "max_trainers = 0: expected a whole number from 1 to"),
         ("[policy]\nfairness_p = 2\n", "fairness_p = 2.0: expected a number in [-10, 1]"),
         ("[policy]\nfair_share_speedup = 1\n", "fair_share_speedup = 1: expected true or false"),
         ("[policy]\nredecide_every_s = -1\n", "redecide_every_s = -1.0: expected a number >= 0"),

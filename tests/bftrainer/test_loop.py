@@ -210,7 +210,7 @@ def test_a_services_loop_keeps_no_finished_trainer() -> None:
 def test_the_driver_learns_the_time_of_every_step_and_a_wakeup_is_not_an_event() -> None:
     report = CurveReport("x", "throughput", ((1.0, 2.0), (8.0, 16.0)))
     driver = ScriptedDriver(reports=[(25.0, report)])
-    config = Config(redecide_every_s=math.inf)  # a report never re-decides here
+    config = Config(redecide_every_s=1e9)  # a report never re-decides here
     loop, _, _, obs = make_loop([(0.0, Arrival(job("x")))], driver=driver, config=config)
     loop.run(until_s=100.0)
     assert [c[1] for c in driver.calls if c[0] == "advance"] == [0.0, 25.0, 100.0]
