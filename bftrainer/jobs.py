@@ -44,8 +44,8 @@ class JobSpec:
     @cached_property
     def _rates(self) -> list[float]:
         """``rate_sps`` at 0..n_max (at most ``RATE_TABLE_MAX``) nodes, built once: a
-        replay asks several times per trainer and event (np.interp per call was a tenth
-        of a year's replay at 100 trainers). The same interpolation, the same values."""
+        replay asks several times per trainer and event (np.interp per call was 6% of a
+        year-scale replay at 100 trainers). The same interpolation, the same values."""
         xs, ys = self.breakpoints
         return np.interp(np.arange(min(self.n_max, RATE_TABLE_MAX) + 1), xs, ys).tolist()
 

@@ -178,7 +178,7 @@ class Problem:
     def current_nodes(self, trainer: TrainerSpec) -> tuple[str, ...]:
         """The trainer's nodes still in the pool (nodes that left are dropped)."""
         if self.pool_set.issuperset(trainer.nodes):  # the usual case, without a loop
-            return trainer.nodes
+            return tuple(trainer.nodes)  # the same tuple, not a copy
         return tuple(n for n in trainer.nodes if n in self.pool_set)
 
     def group_of(self, trainer: TrainerSpec) -> str:
