@@ -12,6 +12,8 @@ def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[s
     """Every constraint an allocation breaks, in words; empty when it is feasible."""
     if problem.slots_per_node > 1:
         return _slot_violations(problem, nodes)
+    if _feasible(problem, nodes):
+        return []  # the usual case, in set operations; the loop below names what breaks
     out = []
     owner: dict[str, str] = {}
     taken: set[str] = set()
@@ -36,6 +38,25 @@ def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[s
         if new and kept != current:
             out.append(f"{t.id}: migrates (adds {len(new)} nodes but drops {len(current - kept)})")
     return out
+
+
+def _feasible(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> bool:
+    """True when ``violations`` (S = 1) would find nothing: every node in the pool and
+    given once, every count within limits, no trainer adding nodes while dropping some."""
+    given = [n for t in problem.trainers for n in nodes.get(t.id, ())]
+    if len(set(given)) != len(given) or not problem.pool_set.issuperset(given):
+        return False
+    for t in problem.trainers:
+        got = nodes.get(t.id, ())
+        if got and not t.n_min <= len(got) <= t.n_max:
+            return False
+        current = problem.current_nodes(t)
+        if current == got[: len(current)] or got == current[: len(got)]:
+            continue  # kept all and maybe added, or kept a part and added none
+        current_set, got_set = set(current), set(got)
+        if not got_set <= current_set and not current_set <= got_set:
+            return False
+    return True
 
 
 def _slot_violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[str]:

@@ -104,11 +104,11 @@ class TrainerTerms:
 
     def eq16_terms(self, t_fwd_s: float, values: np.ndarray) -> np.ndarray:
         """Eq. 16's term at every count for these values (slots)."""
-        n = np.arange(self.n_max + 1)
+        c = self.c  # slices, not masks: the same entries, a fifth of the time
         s = t_fwd_s * values
-        s[n > self.c] -= self.current_value * self.rescale_up_s
-        s[n < self.c] -= self.current_value * self.rescale_down_s
-        s[(n > 0) & (n < self.n_min)] = -np.inf
+        s[c + 1 :] -= self.current_value * self.rescale_up_s
+        s[:c] -= self.current_value * self.rescale_down_s
+        s[1 : self.n_min] = -np.inf
         if not self.runnable:
             s[1:] = -np.inf
         s.flags.writeable = False

@@ -29,6 +29,12 @@ CURVE_VALUE_MAX = 1e12
 NODES_MAX = 1_000_000
 # Counts tabulated over all admitted trainers (about 8 bytes each, a few tables each).
 TABLE_CELLS_MAX = 20_000_000
+# Curves already found valid, the very objects (a curve is immutable), by (id, name,
+# n_max): a replay builds every admitted trainer's spec at every event from the same
+# few curves, and checking each point was a tenth of its time. Identity, not equality:
+# 1 == 1.0 == True, and a bool is refused. Cleared when full (learned curves are many).
+_VALID_CURVES: dict[tuple[int, str, int], tuple[tuple[float, float], ...]] = {}
+_VALID_CURVES_MAX = 4096
 
 
 class ProblemError(ValueError):
@@ -171,6 +177,8 @@ class Problem:
 
     def current_nodes(self, trainer: TrainerSpec) -> tuple[str, ...]:
         """The trainer's nodes still in the pool (nodes that left are dropped)."""
+        if self.pool_set.issuperset(trainer.nodes):  # the usual case, without a loop
+            return tuple(trainer.nodes)  # the same tuple, not a copy
         return tuple(n for n in trainer.nodes if n in self.pool_set)
 
     def group_of(self, trainer: TrainerSpec) -> str:
@@ -202,6 +210,19 @@ def fair_admission(groups: Sequence[str], limit: int) -> list[int]:
 
 def _check_curve(curve: tuple[tuple[float, float], ...], where: str, name: str, n_max: int) -> None:
     """Breakpoints (count, value): counts increasing, value 0 at 0, reaching n_max."""
+    key = (id(curve), name, n_max)
+    if _VALID_CURVES.get(key) is curve:
+        return
+    _check_curve_points(curve, where, name, n_max)
+    if type(curve) is tuple and all(type(p) is tuple for p in curve):  # immutable
+        if len(_VALID_CURVES) >= _VALID_CURVES_MAX:
+            _VALID_CURVES.clear()
+        _VALID_CURVES[key] = curve
+
+
+def _check_curve_points(
+    curve: tuple[tuple[float, float], ...], where: str, name: str, n_max: int
+) -> None:
     if not curve:
         raise ProblemError(f"{where}: {name} is empty")
     previous = 0.0
@@ -224,6 +245,10 @@ def _check_curve(curve: tuple[tuple[float, float], ...], where: str, name: str, 
 
 def _check_holdings(trainers: tuple[TrainerSpec, ...], slots: int) -> None:
     """No trainer holds more slots of a node than it has, nor trainers together."""
+    if slots == 1:
+        held_once = [n for t in trainers for n in t.nodes]
+        if len(set(held_once)) == len(held_once):
+            return  # no node twice: nothing below can fail
     holder: dict[str, str] = {}
     held: dict[str, int] = {}
     for t in trainers:

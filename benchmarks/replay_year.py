@@ -1,0 +1,151 @@
+"""A year of a large machine, replayed: events per second and wall time (issue 39).
+
+Goal: the whole year of ALCF Theta (4,360 nodes, about 45,000 job starts and ends)
+replays with ``--solver dp`` in under 5 minutes at the default P_jmax (10) and in under
+10 minutes at 100 trainers at once, on this machine's 2 cores.
+
+Each run is the ``bftrainer replay`` command itself, timed from the outside (trace
+loading, the replay and its output files and plots: what a centre waits for), and the
+replay loop's own ``wall_s`` from its summary.json. Workloads:
+
+- ``paper``: the BFTrainer paper's 1,000 ShuffleNet trials (``hps-shufflenet-Jbnd-1000J``,
+  February 2021 dates; needs ``../shared/data``). The replay ends once all are done
+  (about two days of a 4,360-node machine), so it measures the busy start, not the year.
+- ``stream``: the built-in hpo workload (ShuffleNet trials, one every 36 s as in the
+  paper) with enough trials to arrive through the whole trace: the replay covers every
+  pool event, and more trainers wait than run (the loop's queue grows all year).
+
+    python benchmarks/replay_year.py [PATH] [--workloads paper,stream] [--trainers 10,100]
+                                     [--hours H] [--command CMD] [--label L] [--out FILE]
+
+PATH: a pool trace, or a scheduler's job log once ``bftrainer replay`` reads those.
+Default: the synthetic stand-in, ``bftrainer trace synth --nodes 4360 --hours 700
+--seed 0`` (45,956 pool events), written to benchmarks/results/ when absent.
+``--command`` times another ``bftrainer`` (e.g. a copy of the code before a change) in
+the same session: figures from one session only are comparable on shared cores.
+Figures, not a timed test: JSON on stdout and in benchmarks/results/replay_year.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+DEFAULT_TRACE = Path("benchmarks/results/year_standin.csv.gz")
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "bftrainer-traces"
+PAPER_JOBS = "hps-shufflenet-Jbnd-1000J.csv"
+STREAM_INTERVAL_S = 36.0
+GOAL_S = {10: 300.0, 100: 600.0}
+FIELDS = (
+    "hours",
+    "events",
+    "decisions",
+    "trainers_arrived",
+    "trainers_completed",
+    "utilization_efficiency",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
+    "wall_s",
+    "events_per_s",
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("path", nargs="?", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("BFTRAINER_SHARED_DATA", DEFAULT_DATA))
+    )
+    ap.add_argument("--workloads", default="paper,stream")
+    ap.add_argument("--trainers", default="10,100", help="P_jmax values (--max-parallel)")
+    ap.add_argument(
+        "--command",
+        default=f"{shlex.quote(sys.executable)} -m bftrainer",
+        help="the bftrainer command to time",
+    )
+    ap.add_argument("--hours", type=float, help="stream: replay only the trace's first H hours")
+    ap.add_argument("--label", default="", help="names this set of figures in the JSON")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/replay_year.json"))
+    args = ap.parse_args()
+    command = shlex.split(args.command)
+    if args.path == DEFAULT_TRACE and not DEFAULT_TRACE.exists():
+        DEFAULT_TRACE.parent.mkdir(parents=True, exist_ok=True)
+        synth = ["trace", "synth", "--nodes", "4360", "--hours", "700", "--seed", "0"]
+        subprocess.run([*command, *synth, "--out", str(DEFAULT_TRACE)], check=True)
+    stats = json.loads(
+        subprocess.run(
+            [*command, "trace", "stats", str(args.path), "--json"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    runs: dict[str, dict[str, object]] = {}
+    for workload in args.workloads.split(","):
+        options = workload_options(workload, args.data, stats, args.hours)
+        if options is None:
+            print(f"skipped {workload}: {args.data / PAPER_JOBS} is absent", flush=True)
+            continue
+        if args.hours and workload == "stream":  # the paper's set ends on its own
+            end = datetime.fromisoformat(str(stats["start"])) + timedelta(hours=args.hours)
+            options += ["--end", end.strftime("%Y-%m-%dT%H:%M:%S")]
+        for p in (int(x) for x in args.trainers.split(",")):
+            name = f"{workload}-P{p}"
+            runs[name] = run_once(command, args.path, options, p)
+            print(name, json.dumps(runs[name]), flush=True)
+    result = {
+        "label": args.label,
+        "path": str(args.path),
+        "command": args.command,
+        "trace": {k: stats.get(k) for k in ("nodes", "duration_h", "events", "eq_nodes")},
+        "hours": args.hours,
+        "goals_s": GOAL_S,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+def workload_options(
+    workload: str, data: Path, stats: dict[str, object], hours: float | None
+) -> list[str] | None:
+    """The replay's workload options; None when the paper's set is absent."""
+    if workload == "paper":
+        jobs = data / PAPER_JOBS
+        return ["--jobs", str(jobs)] if jobs.exists() else None
+    if workload == "stream":
+        hours = hours or float(stats["duration_h"])  # type: ignore[arg-type]
+        count = math.ceil(hours * 3600 / STREAM_INTERVAL_S) + 1
+        interval = f"{STREAM_INTERVAL_S:g}"
+        return ["--workload", "hpo", "--jobs-count", str(count), "--interval", interval]
+    raise SystemExit(f"--workloads: unknown workload {workload!r} (paper, stream)")
+
+
+def run_once(command: list[str], path: Path, options: list[str], p: int) -> dict[str, object]:
+    """One ``bftrainer replay`` (milp, dp), timed; its summary's figures."""
+    with tempfile.TemporaryDirectory(prefix="replay-year-") as tmp:
+        out = Path(tmp) / "out"
+        argv = [*command, "replay", str(path), *options, "--policy", "milp", "--solver", "dp"]
+        argv += ["--max-parallel", str(p), "--no-progress", "--out", str(out)]
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        command_s = time.perf_counter() - t0
+        summary = json.loads((out / "summary.json").read_text())
+    row: dict[str, object] = {k: summary.get(k) for k in FIELDS}
+    row["command_s"] = command_s
+    row["goal_s"] = GOAL_S.get(p)
+    return row
+
+
+if __name__ == "__main__":
+    main()
