@@ -10,8 +10,8 @@ The agent keeps what Pollux's goodput model needs and nothing framework-specific
 
 and on demand fits the step-time model, builds the goodput model (best configuration per
 node count, curve for the allocator), and produces the :class:`MetricsRecord` the
-trainer reports. The core is numpy; :class:`TorchGradientProbe` reads a torch model's
-gradients, and torch is imported only when a probe is made.
+trainer reports. The core is numpy; ``TorchGradientProbe`` (``probe.py``) reads a torch
+model's gradients, and torch is imported only when a probe is made.
 
 Typical loop (one replica per node; Horovod averages ``.grad`` before the step)::
 
@@ -419,9 +419,3 @@ class PolluxAgent:
             lr_rule=self.lr_rule.name,
             lr_factor=self.lr_factor,
         )
-
-
-# The probe lives in its own module; imported here, where users have found it.
-from bftrainer.trainers.probe import TorchGradientProbe  # noqa: E402
-
-__all__ = ["ConfigError", "PolluxAgent", "TorchGradientProbe", "TrainerConfig"]

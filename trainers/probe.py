@@ -14,12 +14,11 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from bftrainer.trainers.agent import ConfigError, PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import from_consecutive
 
 if TYPE_CHECKING:
     import torch
-
-    from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +65,6 @@ class TorchGradientProbe:
         budget: float = DEFAULT_PROBE_BUDGET,
     ) -> None:
         import torch
-
-        from bftrainer.trainers.agent import ConfigError
 
         if every is not None and every < 1:
             raise ConfigError(f"probe interval every must be >= 1, got {every}")

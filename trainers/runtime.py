@@ -51,7 +51,7 @@ import numpy as np
 
 from bftrainer import strict_json
 from bftrainer.trainers import channel
-from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
+from bftrainer.trainers.agent import PolluxAgent
 from bftrainer.trainers.checkpoint import (
     CheckpointWriter,
     save_checkpoint,
@@ -59,6 +59,7 @@ from bftrainer.trainers.checkpoint import (
 from bftrainer.trainers.comm import Comm, WorkerLeaving, make_comm
 from bftrainer.trainers.device import model_device
 from bftrainer.trainers.goodput import BatchLimitsError, NoFeasibleConfigError
+from bftrainer.trainers.probe import TorchGradientProbe
 from bftrainer.trainers.reducer import GradientReducer, LaggedFlags
 from bftrainer.trainers.retune_cadence import RetuneCadence
 from bftrainer.trainers.runtime_options import (

@@ -115,7 +115,7 @@ def _set_grads(model: object, flat: np.ndarray) -> None:
 
 def test_torch_probe_matches_the_numpy_estimator() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     model = torch.nn.Linear(6, 3).double()
     agent = PolluxAgent("j", LIMITS)
@@ -137,7 +137,7 @@ def test_torch_probe_matches_the_numpy_estimator() -> None:
 
 def test_torch_probe_measures_one_pair_every_k_steps() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     model = torch.nn.Linear(3, 2).double()
     agent = PolluxAgent("j", LIMITS)
@@ -167,7 +167,7 @@ def test_torch_probe_measures_one_pair_every_k_steps() -> None:
 
 def test_torch_probe_preconditions_with_adam_state() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).double()
