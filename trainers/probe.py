@@ -30,6 +30,21 @@ MAX_PROBE_EVERY = 128
 PENDING_LIMIT = 64
 
 
+def bias_corrections(beta2: float, steps: list[Any]) -> list[Any]:
+    """Adam's ``1 - beta2 ** step`` for each parameter's step count: floats from counts
+    on the host; 0-dim tensors computed on the device from counts kept there (capturable
+    or fused Adam), since reading each would wait for the device once per parameter."""
+    if steps and all(hasattr(s, "device") and s.device.type != "cpu" for s in steps):
+        import torch
+
+        with torch.no_grad():
+            out = torch._foreach_pow(beta2, steps)
+            torch._foreach_mul_(out, -1.0)
+            torch._foreach_add_(out, 1.0)
+        return list(out)
+    return [1.0 - beta2 ** float(s) for s in steps]
+
+
 class TorchGradientProbe:
     """Feeds an agent's noise estimator from a torch model's ``.grad`` after ``backward()``.
 
@@ -107,9 +122,9 @@ class TorchGradientProbe:
         if not self._adam:
             return grads
         assert self.optimizer is not None
-        second, grads, scale = [], [], []
+        second, grads, eps, bias = [], [], [], []
         for group in self.optimizer.param_groups:
-            beta2 = group["betas"][1]
+            steps = []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -118,22 +133,15 @@ class TorchGradientProbe:
                     return None
                 grads.append(p.grad)
                 second.append(state["exp_avg_sq"])
-                scale.append((beta2, group["eps"], state["step"]))
+                steps.append(state["step"])
+            eps += [group["eps"]] * len(steps)
+            bias += bias_corrections(group["betas"][1], steps)
         out = self._buffer("cur", grads)
         with torch.no_grad():
             torch._foreach_copy_(out, second)
-            steps = [s for _, _, s in scale]
-            if all(isinstance(s, torch.Tensor) and s.device.type != "cpu" for s in steps):
-                # capturable or fused Adam: its step counts live on the device; the bias
-                # correction is computed there (a read per parameter would sync each time)
-                bias = torch._foreach_pow([b for b, _, _ in scale], steps)
-                torch._foreach_mul_(bias, -1.0)
-                torch._foreach_add_(bias, 1.0)
-                torch._foreach_div_(out, bias)
-            else:
-                torch._foreach_div_(out, [1.0 - b ** float(s) for b, _, s in scale])
+            torch._foreach_div_(out, bias)
             torch._foreach_sqrt_(out)
-            torch._foreach_add_(out, [e for _, e, _ in scale])
+            torch._foreach_add_(out, eps)
             torch._foreach_reciprocal_(out)
             torch._foreach_mul_(out, grads)
         return out
