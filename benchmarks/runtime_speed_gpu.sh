@@ -86,8 +86,11 @@ MLP=(examples/train_mlp.py --device "$DEV" "${RUN_ARGS[@]}" --no-checkpoint)
 time_run torchrun_all "$PY" -m torch.distributed.run --standalone --nproc-per-node "$GPUS" \
   "${MLP[@]}" --trainer-dir "$DEST/torchrun_all"
 if [ "$HVD" = 1 ]; then
-  time_run horovod_all env BFTRAINER_BACKEND=horovod "$(dirname "$PY")/horovodrun" -np "$GPUS" \
-    -H "localhost:$GPUS" "$PY" "${MLP[@]}" --trainer-dir "$DEST/horovod_all"
+  # Elastic Horovod, as the runtime runs under it (hvd.elastic.run), on one fixed host
+  printf '#!/bin/sh\necho localhost:%s\n' "$GPUS" >"$DEST/discover.sh" && chmod +x "$DEST/discover.sh"
+  time_run horovod_all env BFTRAINER_BACKEND=horovod "$(dirname "$(command -v "$PY")")/horovodrun" -np "$GPUS" \
+    --min-np "$GPUS" --max-np "$GPUS" --host-discovery-script "$DEST/discover.sh" \
+    --network-interface lo "$PY" "${MLP[@]}" --trainer-dir "$DEST/horovod_all"
 fi
 time_run train_mlp "$PY" "${MLP[@]}" --trainer-dir "$DEST/mlp"
 time_run train_cnn "$PY" examples/train_cnn.py --device "$DEV" "${RUN_ARGS[@]}" --trainer-dir "$DEST/cnn"
