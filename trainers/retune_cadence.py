@@ -6,9 +6,11 @@ of a second on the host; the move itself rides on the step's flags, so it costs 
 collective and no checkpoint. A re-tune is due at each pass over the data (AdaptDL's
 cadence) or every ``RETUNE_EVERY_S`` for long epochs, whichever comes first, and only
 while re-tunes take at most ``RETUNE_SHARE`` of the time at the last one's cost. A
-decision to stay doubles the interval (up to ``MAX_BACKOFF``); a move resets it, since
-the new batch's step time is yet to be learnt. With limits that allow one batch, there
-is nothing to choose and no re-tune at all.
+decision to stay doubles the clock's interval (up to ``MAX_BACKOFF``); a move resets
+it, since the new batch's step time is yet to be learnt. Each new pass still brings a
+decision (within the share): the noise scale moves with training, and the replay's
+figures moved by 1-2% when the passes backed off too (docs/benchmarks.md). With limits
+that allow one batch, there is nothing to choose and no re-tune at all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from bftrainer.trainers.goodput import BatchLimits
 
 RETUNE_SHARE = 0.005  # the share of the time re-tunes may take, at the last one's cost
 RETUNE_EVERY_S = 60.0  # a re-tune at least this often (times the back-off) in long epochs
-MAX_BACKOFF = 8  # a run of decisions to stay stretches the interval to this many times
+MAX_BACKOFF = 8  # a run of decisions to stay stretches the clock's interval this much
 
 
 def one_batch(limits: BatchLimits) -> bool:
@@ -56,5 +58,5 @@ class RetuneCadence:
         """A decision taken from ``began`` to ``now``: to move, or to stay."""
         self.cost_s = now - began
         self.backoff = 1 if moved else min(MAX_BACKOFF, 2 * self.backoff)
-        self.next_epoch = epoch + self.backoff
+        self.next_epoch = epoch + 1
         self.last_t = now

@@ -21,19 +21,20 @@ def test_a_pass_over_the_data_or_the_clock_makes_a_retune_due() -> None:
     assert c.due(0, RETUNE_EVERY_S)  # a long pass: the clock
 
 
-def test_stays_back_off_and_a_move_resets_the_cadence() -> None:
+def test_stays_back_off_the_clock_and_a_move_resets_it() -> None:
     c = RetuneCadence(LIMITS, enabled=True)
     c.restart(epoch=0, now=0.0)
     c.record(moved=False, epoch=1, began=10.0, now=10.0)
-    assert not c.due(2, 11.0) and c.due(3, 11.0)  # two passes
-    c.record(moved=False, epoch=3, began=20.0, now=20.0)
-    assert not c.due(6, 21.0) and c.due(7, 21.0)  # four
-    assert not c.due(3, 20.0 + 4 * RETUNE_EVERY_S - 1) and c.due(3, 20.0 + 4 * RETUNE_EVERY_S)
+    assert not c.due(1, 10.0 + 2 * RETUNE_EVERY_S - 1)
+    assert c.due(1, 10.0 + 2 * RETUNE_EVERY_S)  # twice the interval
+    assert c.due(2, 11.0)  # each new pass all the same
+    c.record(moved=False, epoch=2, began=20.0, now=20.0)
+    assert not c.due(2, 20.0 + 4 * RETUNE_EVERY_S - 1) and c.due(2, 20.0 + 4 * RETUNE_EVERY_S)
     for _ in range(10):
-        c.record(moved=False, epoch=3, began=30.0, now=30.0)
+        c.record(moved=False, epoch=2, began=30.0, now=30.0)
     assert c.backoff == MAX_BACKOFF
-    c.record(moved=True, epoch=3, began=40.0, now=40.0)
-    assert c.due(4, 41.0)  # back to every pass
+    c.record(moved=True, epoch=2, began=40.0, now=40.0)
+    assert c.due(2, 40.0 + RETUNE_EVERY_S)  # back to every minute
 
 
 def test_a_costly_decision_waits_for_its_share_of_the_time() -> None:
