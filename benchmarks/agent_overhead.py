@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
-from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
+from bftrainer.trainers.agent import PolluxAgent
 from bftrainer.trainers.goodput import BatchLimits
+from bftrainer.trainers.probe import TorchGradientProbe
 
 GOAL_RATIO = 0.02
 BATCH = 64

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -75,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     scaler = torch.amp.GradScaler(device.type)
 
-    def fetch(ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(ids).to(device, non_blocking=True)
-        return x[idx], y[idx]
+    def fetch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[idx], y[idx]  # ids on the device (device_ids): nothing from the host
 
     def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, labels = batch
@@ -85,7 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             return nn.functional.cross_entropy(model(inputs), labels)
 
     runtime = ElasticRuntime(
-        args, model, optimizer, x, loss_fn, fetch=fetch, grad_scaler=scaler, script=__file__
+        args,
+        model,
+        optimizer,
+        x,
+        loss_fn,
+        fetch=fetch,
+        device_ids=True,
+        grad_scaler=scaler,
+        script=__file__,
     )
     runtime.run()
     return 0

@@ -25,7 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -97,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     steps = 0
 
-    def fetch(ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(ids).to(device, non_blocking=True)
-        return x[idx], y[idx]
+    def fetch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[idx], y[idx]  # ids on the device (device_ids): nothing from the host
 
     def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         nonlocal steps
@@ -132,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         x,
         loss_fn,
         fetch=fetch,
+        device_ids=True,
         on_commit=on_commit if args.ledger else None,
         script=__file__,
     )

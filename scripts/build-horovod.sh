@@ -13,7 +13,10 @@
 # Where torch is a CUDA build, nvcc runs and NCCL's header is found (NCCL_HOME, the CUDA
 # tree, /usr, or the nvidia-nccl wheel that CUDA torch brings), Horovod is built with
 # its GPU operations on NCCL (HOROVOD_GPU_OPERATIONS=NCCL): GPU gradients are then
-# reduced on the GPU. Otherwise it is built for the CPU (Gloo). The script says which.
+# reduced on the GPU. NCCL is linked as a shared library (HOROVOD_NCCL_LINK=SHARED): the
+# nvidia-nccl wheel has no static one, and the process then shares the libnccl.so.2 that
+# torch loaded. If that build fails, the CPU build follows, after a one-line warning
+# that names the cause. Otherwise it is built for the CPU (Gloo). The script says which.
 #
 # Settings (environment): BFTRAINER_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/bftrainer),
 # HOROVOD_VERSION (0.28.1). The cache key includes the Python and torch versions, so a
@@ -66,30 +69,61 @@ if "$PY" -c "import horovod.torch" 2>/dev/null && check_build; then
   exit 0
 fi
 
+# build_wheel FLAVOUR DEST: build Horovod's wheel into DEST (its log in $WORK/build.log).
+build_wheel() {
+  local flavour=$1 dest=$2 SRC="$WORK/horovod-$VERSION"
+  if [ ! -d "$SRC" ]; then
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
+    tar -xzf "$WORK"/horovod-"$VERSION".tar.gz -C "$WORK"
+    for f in "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"; do
+      grep -q 'CMAKE_CXX_STANDARD 14' "$f" || { log "$f: CMAKE_CXX_STANDARD 14 not found"; return 1; }
+      sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$f"
+    done
+  fi
+  (
+    # Debian's cmake 3.25 accepts gloo's old cmake_minimum_required; pip's cmake 4 needs this.
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+      HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)"
+    if [ "$flavour" = nccl ]; then
+      export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED
+      export HOROVOD_NCCL_INCLUDE="$NCCL/include" HOROVOD_NCCL_LIB="$NCCL/lib"
+      if [ ! -e "$NCCL/lib/libnccl.so" ] && [ -e "$NCCL/lib/libnccl.so.2" ]; then
+        # the wheel ships libnccl.so.2 only: give the linker the name it looks for
+        mkdir -p "$WORK/nccl-lib" && ln -sf "$NCCL/lib/libnccl.so.2" "$WORK/nccl-lib/libnccl.so"
+        export HOROVOD_NCCL_LIB="$WORK/nccl-lib"
+      fi
+    fi
+    rm -rf "$SRC/build"
+    "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist-$flavour" "$SRC"
+  ) >"$WORK/build.log" 2>&1 || return 1
+  mkdir -p "$dest"
+  mv "$WORK"/dist-"$flavour"/horovod-*.whl "$dest"/
+  log "cached $(ls "$dest")"
+}
+
 if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
   log "building Horovod $VERSION for $PYTAG, torch $TORCH: $WHAT (3-7 min on 2 cores)"
   WORK=$(mktemp -d)
   trap 'rm -rf "$WORK"' EXIT
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$VERSION" -d "$WORK"
-  tar -xzf "$WORK"/horovod-"$VERSION".tar.gz -C "$WORK"
-  SRC="$WORK/horovod-$VERSION"
-  for f in "$SRC/CMakeLists.txt" "$SRC/horovod/torch/CMakeLists.txt"; do
-    grep -q 'CMAKE_CXX_STANDARD 14' "$f" || { log "$f: CMAKE_CXX_STANDARD 14 not found"; exit 1; }
-    sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$f"
-  done
-  # Debian's cmake 3.25 accepts gloo's old cmake_minimum_required; pip's cmake 4 needs this.
-  export CMAKE_POLICY_VERSION_MINIMUM=3.5
-  export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)"
-  if [ "$FLAVOUR" = nccl ]; then
-    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$NCCL"
-  fi
   "$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" \
     wheel packaging setuptools cloudpickle psutil pyyaml cffi
-  "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/dist" "$SRC"
-  mkdir -p "$WHEELS"
-  mv "$WORK"/dist/horovod-*.whl "$WHEELS"/
-  log "cached $(ls "$WHEELS")"
+  if ! build_wheel "$FLAVOUR" "$WHEELS"; then
+    CAUSE=$(grep -iE 'error|fatal|not found' "$WORK/build.log" | tail -1 | cut -c1-200)
+    if [ "$FLAVOUR" != nccl ]; then
+      tail -30 "$WORK/build.log" >&2
+      log "build failed: ${CAUSE:-see the log above}"
+      exit 1
+    fi
+    log "warning: the NCCL (GPU) build failed (${CAUSE:-no error line in its log}); building for the CPU instead"
+    FLAVOUR=cpu
+    KEY="horovod-$VERSION-$PYTAG-torch$TORCH"
+    WHEELS="$CACHE/wheels/$KEY"
+    WHAT="PyTorch, Gloo; CPU only (the NCCL build failed)"
+    if ! ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1; then
+      build_wheel cpu "$WHEELS" || { tail -30 "$WORK/build.log" >&2; log "the CPU build failed too"; exit 1; }
+    fi
+  fi
 fi
 
 "$PY" -m pip install --quiet -c "$HERE/scripts/horovod-constraints.txt" "$WHEELS"/horovod-*.whl

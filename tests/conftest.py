@@ -53,6 +53,7 @@ TORCH_GROUPS = {
     "test_elastic_torchrun": "torch-b",
     "test_elastic_errors": "torch-b",
     "test_slots_pin": "torch-b",
+    "test_gpu_check": "torch-b",
 }
 
 

@@ -10,8 +10,8 @@ The agent keeps what Pollux's goodput model needs and nothing framework-specific
 
 and on demand fits the step-time model, builds the goodput model (best configuration per
 node count, curve for the allocator), and produces the :class:`MetricsRecord` the
-trainer reports. The core is numpy; :class:`TorchGradientProbe` reads a torch model's
-gradients, and torch is imported only when a probe is made.
+trainer reports. The core is numpy; ``TorchGradientProbe`` (``probe.py``) reads a torch
+model's gradients, and torch is imported only when a probe is made.
 
 Typical loop (one replica per node; Horovod averages ``.grad`` before the step)::
 
@@ -46,7 +46,6 @@ from bftrainer.trainers.gns import (
     GradientNoiseScale,
     Preconditioner,
     Vector,
-    from_consecutive,
     identity,
 )
 from bftrainer.trainers.goodput import (
@@ -61,17 +60,11 @@ from bftrainer.trainers.metrics import MetricsRecord
 from bftrainer.trainers.throughput import StepObservation, ThroughputModel, fit_throughput
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WARMUP_STEPS = 1
-# TorchGradientProbe: share of the step time its gradient reads may take, and the
-# longest interval between two measurements that this may stretch to.
-DEFAULT_PROBE_BUDGET = 0.005
-MAX_PROBE_EVERY = 128
-# Estimates the probe keeps on the device before it reads them all at once.
-PENDING_LIMIT = 64
 
 
 class ConfigError(ValueError):
@@ -426,165 +419,3 @@ class PolluxAgent:
             lr_rule=self.lr_rule.name,
             lr_factor=self.lr_factor,
         )
-
-
-class TorchGradientProbe:
-    """Feeds an agent's noise estimator from a torch model's ``.grad`` after ``backward()``.
-
-    It reads the gradient the optimizer is about to apply, which is the average over
-    the step's total batch M (all replicas after the all-reduce, all accumulation
-    micro-steps when the loss is divided by their number), and uses the differenced
-    estimator over whole steps, valid for any replicas and accumulation. At the start of a
-    cycle of ``every`` steps it keeps a copy of the (pre-conditioned) gradient, pairs it
-    with the next step's, and skips the rest of the cycle; the estimate is weighted as
-    ``every`` steps of data (``every=1``: every two consecutive steps form a pair).
-    Reading and copying the gradient costs about a few optimizer updates, which is a
-    large share of a small model's step; so by default ``every`` adapts after each
-    cycle to keep the probe's measured cost within ``budget`` of the agent's last step
-    time (up to ``MAX_PROBE_EVERY``). A large model gets ``every=1`` (as in Pollux).
-    The norms and products stay on the gradients' device, so a step never waits for
-    the GPU here; :meth:`flush` hands them to the agent in one read (call it before the
-    agent's PGNS is wanted: a report, a choice of batch size).
-
-    With an Adam or AdamW optimizer, P is Adam's ``1 / (sqrt(v_hat) + eps)`` from the
-    optimizer's state (steps before its first update are skipped). With several
-    replicas, the group estimator uses more of each step's information: call
-    :meth:`squared_norm` on the local gradient before the all-reduce and on the
-    averaged one after, all-reduce the local value, and pass both to
-    ``agent.observe_gradient_norms`` instead.
-    """
-
-    def __init__(
-        self,
-        agent: PolluxAgent,
-        model: Any,
-        optimizer: Any | None = None,
-        every: int | None = None,
-        budget: float = DEFAULT_PROBE_BUDGET,
-    ) -> None:
-        import torch
-
-        if every is not None and every < 1:
-            raise ConfigError(f"probe interval every must be >= 1, got {every}")
-        if not 0 < budget <= 1:
-            raise ConfigError(f"probe budget must be in (0, 1], got {budget!r}")
-        self._torch = torch
-        self.agent = agent
-        self.adaptive = every is None
-        self.every = 1 if every is None else every
-        self.budget = budget
-        self.params: list[torch.nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = optimizer
-        self._adam = optimizer is not None and isinstance(
-            optimizer, torch.optim.Adam | torch.optim.AdamW
-        )
-        self._skip = 0
-        self._cycle_cost_s = 0.0
-        self._cost_s: float | None = None  # smoothed cost of one measurement cycle
-        self._prev: torch.Tensor | None = None
-        self._prev_sqr: torch.Tensor | None = None
-        self._prev_config: TrainerConfig | None = None
-        # (|g1|^2, |g2|^2, g1.g2) on the device, batch size, weight in samples
-        self._pending: list[tuple[torch.Tensor, int, int]] = []
-
-    def _flat(self) -> torch.Tensor | None:
-        """The (pre-conditioned) gradient as one new flat tensor; None if not formed yet.
-
-        One ``cat`` per parameter group: per-tensor torch calls cost more than the
-        arithmetic for a small model, and the fresh tensor doubles as the kept copy.
-        """
-        torch = self._torch
-        with torch.no_grad():
-            if not self._adam:
-                grads = [p.grad.reshape(-1) for p in self.params if p.grad is not None]
-                return torch.cat(grads) if grads else None
-            assert self.optimizer is not None
-            parts = []
-            for group in self.optimizer.param_groups:
-                beta2, eps = group["betas"][1], group["eps"]
-                grads, second, steps = [], [], set()
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    state = self.optimizer.state.get(p)
-                    if not state or "exp_avg_sq" not in state:
-                        return None
-                    grads.append(p.grad.reshape(-1))
-                    second.append(state["exp_avg_sq"].reshape(-1))
-                    steps.add(float(state["step"]))
-                if not grads:
-                    continue
-                if len(steps) == 1:
-                    correction = 1.0 - beta2 ** steps.pop()
-                    v_hat = torch.cat(second).div_(correction)
-                else:  # parameters updated a different number of times: correct each
-                    v_hat = torch.cat(
-                        [
-                            v / (1.0 - beta2 ** float(self.optimizer.state[p]["step"]))
-                            for v, p in zip(
-                                second,
-                                [q for q in group["params"] if q.grad is not None],
-                                strict=True,
-                            )
-                        ]
-                    )
-                parts.append(torch.cat(grads).div_(v_hat.sqrt_().add_(eps)))
-            return torch.cat(parts) if len(parts) > 1 else (parts[0] if parts else None)
-
-    def squared_norm(self) -> float | None:
-        """|P g|^2 of the gradients now in ``.grad`` (None before Adam's first step)."""
-        flat = self._flat()
-        return None if flat is None else float(flat.dot(flat))
-
-    def after_backward(self) -> None:
-        """Call once per step after ``backward()`` and before ``zero_grad()``.
-
-        The products stay on the gradients' device: nothing here waits for the device.
-        The estimates reach the agent at :meth:`flush` (or when ``PENDING_LIMIT`` wait).
-        """
-        if self._prev is None and self._skip > 0:
-            self._skip -= 1
-            return
-        t0 = time.perf_counter()
-        flat = self._flat()
-        if flat is None:
-            self._prev = None
-            return
-        config = self.agent.config
-        sqr = flat.dot(flat)
-        closing = self._prev is not None
-        if self._prev is not None and self._prev_sqr is not None and self._prev_config == config:
-            b = config.batch_size  # .grad is averaged over the whole step
-            products = self._torch.stack((self._prev_sqr, sqr, flat.dot(self._prev)))
-            self._pending.append((products, b, self.every * b))
-        self._prev = None
-        if not closing or self.every == 1:  # open a pair; flat is a fresh tensor
-            self._prev = flat
-            self._prev_sqr = sqr
-            self._prev_config = config
-        self._cycle_cost_s += time.perf_counter() - t0
-        if closing:
-            self._end_cycle()
-        if len(self._pending) >= PENDING_LIMIT:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand the estimates kept on the device to the agent's noise estimator: one
-        read of the device for all of them (before the agent's PGNS is used)."""
-        if not self._pending:
-            return
-        values = self._torch.stack([p for p, _, _ in self._pending]).tolist()
-        for (prev_sqr, sqr, dot), (_, b, weight) in zip(values, self._pending, strict=True):
-            self.agent.gns.update(from_consecutive(prev_sqr, sqr, dot, b, b), weight)
-        self._pending = []
-
-    def _end_cycle(self) -> None:
-        """Choose the next interval from the measured cost and the mean step time."""
-        cost = self._cycle_cost_s
-        self._cost_s = cost if self._cost_s is None else 0.8 * self._cost_s + 0.2 * cost
-        step_s = self.agent.mean_step_time_s or self.agent.last_step_time_s
-        if self.adaptive and step_s:
-            wanted = math.ceil(self._cost_s / (self.budget * step_s))
-            self.every = max(1, min(MAX_PROBE_EVERY, wanted))
-        self._cycle_cost_s = 0.0
-        self._skip = max(self.every - 2, 0)

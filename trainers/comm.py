@@ -118,15 +118,33 @@ def sync_from_most_advanced(comm: Comm, state: ElasticState) -> None:
 
     New processes hold the checkpoint on disk (or nothing); survivors of a reset hold
     their live or last committed state. Picking the most advanced (lowest rank on ties)
-    does not depend on which process Horovod or torchrun made rank 0.
+    does not depend on which process Horovod or torchrun made rank 0. The root sends
+    its tensors from host memory: pickled from its GPU they would land on that GPU on
+    every rank (or fail where it is not visible); each rank's ``load_state_dict`` puts
+    them on its own device.
     """
     if comm.size == 1:
         return
     keys = comm.allgather_object(state.sync_key())
     root = max(range(len(keys)), key=lambda r: (keys[r], -r))
-    snap = comm.broadcast_object(state.snapshot() if comm.rank == root else None, root)
+    snap = comm.broadcast_object(to_cpu(state.snapshot()) if comm.rank == root else None, root)
     if comm.rank != root:
         state.load_snapshot(snap)
+
+
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it copied to host memory (containers rebuilt)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return type(obj)((k, to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple
+        return type(obj)(*(to_cpu(v) for v in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 class _Done:
@@ -279,6 +297,10 @@ class HorovodComm:
                 "scripts/build-horovod.sh (make horovod)"
             ) from e
         self._hvd = hvd
+        if device is not None and device.type == "cuda":
+            # Without it, hvd.synchronize waits for the GPU at every bucket: with it, the
+            # wait is queued on the stream, as NCCL's in torch.distributed is.
+            os.environ.setdefault("HOROVOD_ENABLE_ASYNC_COMPLETION", "1")
         hvd.init()
         self._state: Any = None
         # GPU tensors go to Horovod as they are where it was built with GPU operations

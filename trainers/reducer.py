@@ -2,15 +2,20 @@
 
 As PyTorch's DDP does (its C++ ``Reducer``): the trainable parameters, in reverse order
 (their gradients are formed roughly last layer first), are grouped into buckets of
-about ``bucket_bytes``; a hook on each parameter copies its gradient into its bucket as
-soon as ``backward()`` has accumulated it, and a full bucket starts its all-reduce at
-once, while the rest of the backward pass runs. Buckets start in the same order on
-every rank (a bucket waits for those before it), as a process group requires.
+about ``bucket_bytes``; each ``.grad`` is a view into its bucket (DDP's
+``gradient_as_bucket_view``), so ``backward()`` accumulates there and nothing is copied
+in or out; a hook on each parameter counts the gradients formed, and a full bucket
+starts its all-reduce at once, while the rest of the backward pass runs.
+:meth:`GradientReducer.zero_grad` zeroes the buckets (one kernel each) instead of the
+optimizer's per-parameter ``zero_grad``, which would drop the views. Buckets start in
+the same order on every rank (a bucket waits for those before it), as a process group requires.
 
 The last bucket is started by :meth:`GradientReducer.finish`, after ``backward()``
 returns (DDP's last bucket cannot start earlier either): it carries the step's flags,
 the numbers every rank must agree on (commit, stop, hosts updated, leaving, rank 0's
-learning-rate factor), so they cost no collective of their own. Everything stays on the
+learning-rate factor, its batch), so they cost no collective of their own. They are
+written into a persistent host buffer (pinned, two in turn, on a GPU), never a new
+tensor per step. Everything stays on the
 gradients' device: NCCL reduces GPU buckets, gloo CPU ones.
 
 Sums, not means: each rank's loss is already its share of the step's mean (the runtime
@@ -34,7 +39,17 @@ FLAG_DTYPES = ("torch.float32", "torch.float64")  # exact enough for the LR fact
 
 
 class _Bucket:
-    __slots__ = ("flags", "flat", "handle", "name", "params", "ready", "views", "waiting")
+    __slots__ = (
+        "flags",
+        "flat",
+        "grads",
+        "handle",
+        "name",
+        "params",
+        "ready",
+        "views",
+        "waiting",
+    )
 
     def __init__(self, name: str, params: list[Any], flags: int, torch: Any) -> None:
         self.name = name
@@ -44,6 +59,8 @@ class _Bucket:
         self.flat = torch.zeros(sum(sizes) + flags, dtype=dtype, device=device)
         self.params = params
         self.views = list(self.flat[: sum(sizes)].split(sizes)) if params else []
+        # What each .grad becomes: its slice of the bucket, shaped as the parameter.
+        self.grads = [v.view_as(p) for v, p in zip(self.views, params, strict=True)]
         self.waiting = len(params)
         self.ready = [False] * len(params)
         self.handle: Any = None
@@ -95,6 +112,18 @@ class GradientReducer:
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         self._armed = False
         self._next = 0  # the first bucket not started yet
+        self._params = list(params)
+        self._views = False  # every .grad is its bucket view (after the first finish)
+        last = self.buckets[-1].flat
+        self._flags_at = last[-flags:]
+        self._cuda = last.device.type == "cuda"
+        if self._cuda:  # two pinned buffers in turn: the one written was read 2 steps ago
+            self._host = [torch.zeros(flags, dtype=last.dtype, pin_memory=True) for _ in "ab"]
+            self._copied = [torch.cuda.Event() for _ in "ab"]
+            self._turn = 0
+        else:  # the bucket itself, written through numpy
+            self._host = [self._flags_at]
+        self._host_np = [h.numpy() for h in self._host]
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
 
     @property
@@ -106,6 +135,16 @@ class GradientReducer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+    def zero_grad(self) -> None:
+        """Zero the gradients for the next step: the buckets, once the ``.grad`` are their
+        views; before that (the first step), as the optimizer's ``zero_grad`` does."""
+        if self._views:
+            for b in self.buckets:
+                b.flat.zero_()
+        else:
+            for p in self._params:
+                p.grad = None
 
     def arm(self) -> None:
         """The next ``backward()`` is the step's last: start buckets as they fill."""
@@ -122,7 +161,10 @@ class GradientReducer:
         bucket, i = self._where[id(p)]
         if bucket.ready[i]:
             return
-        bucket.views[i].copy_(p.grad.reshape(-1))
+        grad = bucket.grads[i]
+        if p.grad is not grad:  # formed anew (the first step, or .grad was dropped)
+            grad.copy_(p.grad)
+            p.grad = grad
         bucket.ready[i] = True
         bucket.waiting -= 1
         if bucket.waiting == 0:
@@ -139,41 +181,43 @@ class GradientReducer:
 
     def finish(self, flags: tuple[float, ...]) -> torch.Tensor:
         """Start what is left (gradients not formed here count as zeros), the flags in
-        the last bucket; wait; write the sums back to ``.grad``. Returns the summed flags."""
-        torch = self._torch
+        the last bucket; wait (the sums are then in the ``.grad`` views). Returns the
+        summed flags, on the device."""
         if not self._armed:
             self.arm()  # this rank had no sample in the step: it sends zeros
         self._armed = False
         for bucket in self.buckets[self._next :]:
             self._fill(bucket)
-        last = self.buckets[-1]
-        # From pageable memory: CUDA stages the few bytes at once and the host goes on
-        # (a blocking copy would wait for the whole stream).
-        flags_host = torch.tensor(flags, dtype=last.flat.dtype)
-        last.flat[-self.nflags :].copy_(flags_host, non_blocking=True)
+        if self._cuda:
+            turn = self._turn
+            self._copied[turn].synchronize()  # its copy two steps ago: long done
+            self._host_np[turn][:] = flags
+            self._flags_at.copy_(self._host[turn], non_blocking=True)
+            self._copied[turn].record()
+            self._turn = 1 - turn
+        else:
+            self._host_np[0][:] = flags
         for bucket in self.buckets[self._next :]:
             self._start(bucket)
         self._next = len(self.buckets)
-        for bucket in self.buckets:
+        for bucket in self.buckets:  # the sums are in the .grad views when these return
             bucket.handle.wait()
             bucket.handle = None
-            for p, view in zip(bucket.params, bucket.views, strict=True):
-                summed = view.view_as(p)
-                if p.grad is None:
-                    p.grad = summed.clone()
-                else:
-                    p.grad.copy_(summed)
-        return last.flat[-self.nflags :]
+        self._views = True
+        return self._flags_at
 
     @staticmethod
     def _fill(bucket: _Bucket) -> None:
         for i, p in enumerate(bucket.params):
             if bucket.ready[i]:
                 continue
+            grad = bucket.grads[i]
             if p.grad is None:
-                bucket.views[i].zero_()
-            else:  # formed in an earlier micro-step, or no hook fired (no sample now)
-                bucket.views[i].copy_(p.grad.reshape(-1))
+                grad.zero_()
+                p.grad = grad
+            elif p.grad is not grad:  # formed in an earlier micro-step, no hook since
+                grad.copy_(p.grad)
+                p.grad = grad
             bucket.ready[i] = True
         bucket.waiting = 0
 

@@ -5,19 +5,19 @@ what elasticity needs (see docs/trainers.md):
 
 * elastic state: model, optimizer, step, the sampler's ``(epoch, position)``, samples
   done, the Pollux agent's state; committed every ``--commit-every-steps`` steps or
-  ``--commit-every-s`` seconds (to ``checkpoint.pt`` by rank 0; in memory as well under
-  Horovod), restored after a worker failure, resumed from disk after zero hosts or a
-  restart;
+  ``--commit-every-s`` seconds, and before a stop, a reset or the end of the work (to
+  ``checkpoint.pt`` by rank 0, written on a thread of its own unless ``on_commit`` needs
+  it durable first; in memory as well under Horovod), restored after a worker failure,
+  resumed from disk after zero hosts or a restart;
 * at every reset (and at the start): the agent's ``best_config(nodes)`` (the base
   batch before the first fit) gives the local batch and accumulation steps, the
   learning rate follows ``--lr-rule``, and the step plan restarts at the sampler's
   position, so no sample is skipped or repeated within an epoch;
-* between resets, at each commit, Pollux's re-tuning: rank 0 asks its agent for the
-  best configuration at the current size and all ranks move there together when it
-  promises ``--switch-gain`` more goodput (``goodput.retune_choice``, the replay's
-  rule too). A commit is also due at each pass over the data (AdaptDL's cadence), so a
-  fast trainer re-tunes within its first epochs, not only every ``--commit-every-s``;
-  but only while commits stay under ``COMMIT_SHARE`` of the time;
+* between resets, Pollux's re-tuning, apart from checkpoints: at each pass over the
+  data (AdaptDL's cadence; ``retune_cadence.py`` says when, and at what cost), rank 0
+  asks its agent for the best configuration at the current size and, when it promises
+  ``--switch-gain`` more goodput (``goodput.retune_choice``, the replay's rule too),
+  sends it on the next step's flags: all ranks move there together at the same step;
 * reporting through the trainer directory (:mod:`bftrainer.trainers.channel`);
 * work: ``--work-samples`` / ``--work-epochs`` met exactly; rank 0 writes
   ``result.json`` and prints it as one JSON line.
@@ -26,7 +26,7 @@ The model's device is the runtime's (:attr:`ElasticRuntime.device`): gradients a
 summed there, in buckets that start while ``backward()`` runs
 (:mod:`bftrainer.trainers.reducer`); one process sums nothing and copies nothing.
 Decisions that must agree across ranks but depend on a clock or a signal (commit now,
-stop now, hosts changed, a rank leaving, rank 0's learning-rate factor) ride on the
+stop now, hosts changed, a rank leaving, rank 0's learning-rate factor and batch) ride on the
 gradient all-reduce as extra numbers, so the runtime adds no collective to a step; they
 are read on the host one step later (every rank acts on the same step), so no step
 waits for the device.
@@ -38,7 +38,6 @@ Its options are in ``runtime_options.py``; the records it keeps of a run (progre
 from __future__ import annotations
 
 import argparse
-import copy
 import logging
 import math
 import signal
@@ -52,18 +51,25 @@ import numpy as np
 
 from bftrainer import strict_json
 from bftrainer.trainers import channel
-from bftrainer.trainers.agent import PolluxAgent, TorchGradientProbe
-from bftrainer.trainers.checkpoint import load_checkpoint, save_checkpoint
+from bftrainer.trainers.agent import PolluxAgent
+from bftrainer.trainers.checkpoint import (
+    CheckpointWriter,
+    save_checkpoint,
+)
 from bftrainer.trainers.comm import Comm, WorkerLeaving, make_comm
 from bftrainer.trainers.device import model_device
 from bftrainer.trainers.goodput import BatchLimitsError, NoFeasibleConfigError
+from bftrainer.trainers.probe import TorchGradientProbe
 from bftrainer.trainers.reducer import GradientReducer, LaggedFlags
+from bftrainer.trainers.retune_cadence import RetuneCadence
 from bftrainer.trainers.runtime_options import (
     RuntimeConfigError,
     RuntimeOptions,
     add_runtime_args,
+    base_config,
     parse_runtime_args,
 )
+from bftrainer.trainers.runtime_snapshot import RuntimeSnapshots
 from bftrainer.trainers.runtime_state import (
     CommitInfo,
     ReplicaDivergenceError,
@@ -86,31 +92,27 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 1
 STOP_CHECK_EVERY_S = 0.5  # how often rank 0 looks for the supervisor's stop request
-# The step's flags: commit, stop, hosts updated, leaving (summed), rank 0's LR factor.
-NUM_FLAGS = 5
+# The step's flags: commit, stop, hosts updated, leaving (summed), rank 0's LR factor,
+# and rank 0's move (local batch, accumulation + 1; zeros: none).
+NUM_FLAGS = 7
 # The step-time model is refitted when a configuration was timed that the last fit did
 # not see, else at most this often: a fit over several configurations takes about
 # 0.2 s here, which the training loop pays (Pollux refits on its scheduling interval).
 REFIT_EVERY_S = 60.0
-# A commit at an epoch's end (for the re-tuning) only when the commits since the last
-# one would take at most this share of the time, at the last commit's cost: a small
-# model's short epochs each get one, a large checkpoint waits for --commit-every-s.
-COMMIT_SHARE = 0.05
 
 
-class ElasticRuntime:
+class ElasticRuntime(RuntimeSnapshots):
     """Runs the user's model, optimizer, data set and loss elastically.
 
-    ``loss_fn(model, batch)`` returns the mean loss over ``batch`` (what ``fetch(ids)``
-    returns; by default ``dataset[i]`` collated). ``on_commit`` (rank 0) sees each
-    commit's sample ids, at the cost of one gather per commit. ``grad_scaler`` (a
-    ``torch.amp.GradScaler``, for mixed precision): the runtime scales the loss before
-    ``backward()``, unscales the summed gradients before the noise probe reads them
-    (the noise scale is of true gradients), and steps through the scaler.
-    ``evaluate(model)`` (rank 0, at each commit and at the end): a value to
-    :meth:`report`, for a search's pruner.
+    ``loss_fn(model, batch)``: the mean loss over ``batch`` (``fetch(ids)``; by default
+    ``dataset[i]`` collated). ``device_ids``: ``fetch`` gets the ids on the device, the
+    epoch's order copied there once (data on the device needs no host work per step).
+    ``on_commit`` (rank 0) sees each commit's sample ids (one gather per commit).
+    ``grad_scaler`` (``torch.amp.GradScaler``): the loss is scaled before ``backward()``,
+    the summed gradients unscaled before the noise probe reads them, the step taken
+    through the scaler. ``evaluate(model)`` (rank 0, each commit and the end): a value
+    to :meth:`report`, for a search's pruner.
     """
 
     def __init__(
@@ -127,6 +129,7 @@ class ElasticRuntime:
         script: str | None = None,
         grad_scaler: Any | None = None,
         evaluate: Callable[[Any], float] | None = None,
+        device_ids: bool = False,
     ) -> None:
         import torch
 
@@ -149,6 +152,8 @@ class ElasticRuntime:
         else:
             self.work_samples = (opts.work_epochs or 1) * self.num_samples
         self.fetch = fetch or default_fetch(dataset)
+        self.device_ids = device_ids
+        self._order: tuple[int, Any] = (-1, None)  # (epoch, its order on the device)
         self.on_commit = on_commit
         self.evaluate = evaluate
         self._reported_samples = -1  # the samples of the last report (one per commit)
@@ -173,8 +178,15 @@ class ElasticRuntime:
         self._leaving = False
         self._lr_factor_set: float | None = None  # the factor the optimizer's LR has now
         self._last_fit_t = -math.inf
-        self._commit_cost_s = 0.0  # rank 0's last commit, checkpoint included
-        self._committed_epoch = 0  # the sampler's epoch at the last commit
+        self._cadence = RetuneCadence(self.limits, opts.retune)
+        # This process's time in commits and in re-tunes (decisions and moves), for the
+        # cost model's figures (benchmarks/runtime_speed.py).
+        self.overhead_s = {"commit": 0.0, "retune": 0.0}
+        self._move_out: tuple[int, int] | None = None  # rank 0's move for the next flags
+        # on_commit announces a commit as done: it must be on disk by then. Otherwise
+        # a thread writes it, and the step goes on.
+        self._writer = CheckpointWriter() if on_commit is None else None
+        self._reuse_snapshot: dict[str, Any] | None = None  # the commit's, for Horovod
         self._channel_writer: channel.ChannelWriter | None = None
         self.trainer_dir.mkdir(parents=True, exist_ok=True)
         self._checkpoint = self.trainer_dir / channel.CHECKPOINT
@@ -192,82 +204,7 @@ class ElasticRuntime:
             self._channel_writer = channel.ChannelWriter(self.trainer_dir)
         return self._channel_writer
 
-    # -- state -------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        """Everything a rollback or a new process needs (deep copies)."""
-        p = self.progress
-        return {
-            "version": CHECKPOINT_VERSION,
-            "trainer_id": self.trainer_id,
-            "model": copy.deepcopy(self.model.state_dict()),
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "sampler": self.sampler.state_dict(),
-            "agent": copy.deepcopy(self.agent.state()),
-            "scaler": None if self.grad_scaler is None else self.grad_scaler.state_dict(),
-            "progress": p.to_dict(),
-        }
-
-    def load_snapshot(self, snap: dict[str, Any]) -> None:
-        self.model.load_state_dict(snap["model"])
-        self.optimizer.load_state_dict(snap["optimizer"])
-        self._lr_factor_set = None  # the loaded groups carry the LR of the snapshot
-        self.sampler.load_state_dict(snap["sampler"])
-        self.agent.restore(copy.deepcopy(snap["agent"]))
-        if self.grad_scaler is not None and snap.get("scaler"):
-            self.grad_scaler.load_state_dict(snap["scaler"])
-        self.progress = RunProgress.from_dict(snap["progress"])
-        self._pending = []
-
-    def sync_key(self) -> int:
-        return self.progress.step
-
-    def rollback(self, saved: dict[str, Any]) -> None:
-        """Load ``saved``, or the checkpoint on disk when that is newer.
-
-        A peer can die after rank 0 wrote a commit's checkpoint but before every rank
-        kept it in memory: the commit is durable, so the survivors resume from it
-        rather than from the commit before (costing at most the steps since it).
-        """
-        disk = load_checkpoint(self._checkpoint)
-        if (
-            disk is not None
-            and disk.get("trainer_id") == self.trainer_id
-            and int(disk["progress"]["step"]) > int(saved["progress"]["step"])
-        ):
-            logger.info(
-                "rollback to the checkpoint's step %d, newer than the in-memory commit's %d",
-                disk["progress"]["step"],
-                saved["progress"]["step"],
-            )
-            saved = disk
-        self.load_snapshot(saved)
-
-    def _load_from_disk(self) -> None:
-        snap = load_checkpoint(self._checkpoint)
-        if snap is None:
-            return
-        if snap.get("trainer_id") != self.trainer_id:
-            raise RuntimeConfigError(
-                f"{self._checkpoint}: checkpoint of trainer {snap.get('trainer_id')!r}, "
-                f"not {self.trainer_id!r}"
-            )
-        self.load_snapshot(snap)
-        logger.info("resumed from %s at step %d", self._checkpoint, self.progress.step)
-
     # -- configuration at a reset --------------------------------------------------
-    def _base_config(self, replicas: int) -> tuple[int, int]:
-        """(local batch, accumulation) reaching M0 with the fewest micro-steps."""
-        lim = self.limits
-        per_replica = math.ceil(lim.base_batch_size / replicas)
-        accum = math.ceil(per_replica / lim.max_local_bsz) - 1
-        local = max(lim.min_local_bsz, math.ceil(per_replica / (accum + 1)))
-        if accum > lim.max_accum_steps or replicas * local * (accum + 1) > lim.max_batch_size:
-            raise RuntimeConfigError(
-                f"no batch fits {replicas} replica(s) with the limits {lim}: raise "
-                "--max-batch, --max-local-batch or --max-accum-steps"
-            )
-        return local, accum
-
     def _reset(self) -> None:
         """At the start and after every reset: agent's configuration, LR, step plan.
 
@@ -292,7 +229,10 @@ class ElasticRuntime:
         if choice is not None:
             local, accum, source = choice.local_bsz, choice.accum_steps, "agent"
         else:
-            local, accum = self._base_config(replicas)
+            try:
+                local, accum = base_config(self.limits, replicas)
+            except ValueError as e:
+                raise RuntimeConfigError(str(e)) from None
             source = "base"
         if replicas > 1:
             mine = (nodes, local, accum, source, self.agent.state()) if comm.rank == 0 else None
@@ -301,8 +241,10 @@ class ElasticRuntime:
                 self.agent.restore(agent_state)
                 self.agent.replicas_per_node = max(1, replicas // nodes)
         self.progress.resets += 1
-        self._last_commit_t = self._last_report_t = self._last_stop_check_t = time.perf_counter()
-        self._committed_epoch = self.sampler.epoch  # resumed: the pass it resumed in
+        now = time.perf_counter()
+        self._last_commit_t = self._last_report_t = self._last_stop_check_t = now
+        self._cadence.restart(self.sampler.epoch, now)
+        self._move_out = None
         self._configure(nodes, local, accum, source)
 
     def _configure(self, nodes: int, local: int, accum: int, source: str) -> None:
@@ -340,7 +282,7 @@ class ElasticRuntime:
         )
 
     def retune_decision(self) -> tuple[int, int] | None:
-        """Rank 0, at a commit: the (local batch, accumulation) to move to at this size,
+        """Rank 0, when a re-tune is due: the (local batch, accumulation) to move to at this size,
         or None to stay. Pollux's rule on the agent's model (``goodput.retune_choice``);
         a subclass may decide otherwise (the tests draw random moves): the runtime moves
         every rank there together all the same."""
@@ -353,6 +295,26 @@ class ElasticRuntime:
             logger.warning("agent: no re-tuning: %s", e)
             return None
         return None if best is None else (best.local_bsz, best.accum_steps)
+
+    def _retune(self) -> tuple[int, int] | None:
+        """Rank 0: the decision, timed and fed to the cadence; None to stay."""
+        began = time.perf_counter()
+        move = self.retune_decision()
+        cfg = self.agent.config
+        if move is not None and move == (cfg.local_bsz, cfg.accum_steps):
+            move = None
+        now = time.perf_counter()
+        self._cadence.record(move is not None, self.sampler.epoch, began, now)
+        self.overhead_s["retune"] += now - began
+        return move
+
+    def _move(self, move: tuple[int, int]) -> None:
+        """Every rank, at the same step: run ``move`` from the next step."""
+        began = time.perf_counter()
+        self.progress.retunes += 1
+        self._configure(self.agent.config.nodes, move[0], move[1], "retune")
+        self._report()
+        self.overhead_s["retune"] += time.perf_counter() - began
 
     def _refit_due(self) -> bool:
         """Refit now: a new configuration was timed, or the last fit is old."""
@@ -415,11 +377,17 @@ class ElasticRuntime:
         model, optimizer, loss_fn, fetch = self.model, self.optimizer, self.loss_fn, self.fetch
         after_backward, observe_step = self.probe.after_backward, agent.observe_step
         scaler = self.grad_scaler
+        # Several processes: the .grad are views into the reducer's buckets, zeroed there.
+        zero_grad = optimizer.zero_grad if reducer is None else reducer.zero_grad
+        cadence = self._cadence
+        awaiting = False
         while p.samples_done < work:
             t0 = clock()
             plan = sampler.plan(cfg.local_bsz, replicas, cfg.accum_steps, work - p.samples_done)
-            optimizer.zero_grad()
-            micro = sampler.micro_batches(plan, rank)
+            zero_grad()
+            bounds = sampler.micro_bounds(plan, rank)
+            order = self._order_of(plan.epoch)
+            micro = [order[a:b] for a, b in bounds]
             last = len(micro) - 1
             for j, ids in enumerate(micro):
                 if reducer is not None and j == last:
@@ -433,16 +401,10 @@ class ElasticRuntime:
             # Decisions that depend on a clock, a file or a signal, as flags that ride
             # on the gradient all-reduce: every rank then acts on the same step.
             commit_due = stop = hosts_updated = leaving = 0.0
+            move: tuple[int, int] | None = None
             if rank == 0:
-                since_s = now - self._last_commit_t
-                if since_s >= opts.commit_every_s:
+                if now - self._last_commit_t >= opts.commit_every_s:
                     commit_due = 1.0
-                elif (
-                    opts.retune
-                    and sampler.epoch > self._committed_epoch
-                    and self._commit_cost_s <= COMMIT_SHARE * since_s
-                ):
-                    commit_due = 1.0  # a new pass over the data: time to re-tune
                 if now - self._last_stop_check_t >= STOP_CHECK_EVERY_S:
                     self._last_stop_check_t = now
                     if self._stop_file.exists():
@@ -458,18 +420,25 @@ class ElasticRuntime:
                 # Only rank 0's LR factor counts: the ranks' noise estimates differ, and
                 # different learning rates would make their models drift apart.
                 lr_mine = agent.lr_factor if rank == 0 else 0.0
-                summed = reducer.finish((commit_due, stop, hosts_updated, leaving, lr_mine))
+                local_out, accum_out = self._move_out or (0, -1)
+                self._move_out = None
+                awaiting = local_out > 0  # no new decision before this one is agreed
+                summed = reducer.finish(
+                    (commit_due, stop, hosts_updated, leaving, lr_mine, local_out, accum_out + 1)
+                )
                 # Act on the previous step's agreed flags (their copy to the host ran
                 # meanwhile); a commit asked for before the last commit is stale.
                 agreed = lagged.exchange(summed, (p.step, leaving_here))
                 commit_due = stop = hosts_updated = leaving = 0.0
                 leaving_here = False
                 if agreed is not None:
-                    (commit_due, stop, hosts_updated, leaving, lr_factor), tag = agreed
+                    (commit_due, stop, hosts_updated, leaving, lr_factor, m, s1), tag = agreed
                     sent_step, leaving_here = tag
                     if sent_step < p.committed_step:
                         commit_due = 0.0
                     self._set_lr(lr_factor)
+                    if m > 0:
+                        move = (round(m), round(s1) - 1)
             if scaler is None:
                 after_backward()
                 optimizer.step()
@@ -482,7 +451,8 @@ class ElasticRuntime:
             p.step += 1
             p.samples_done += plan.count
             if track_ids:
-                mine = [int(i) for ids in micro for i in ids]
+                host = sampler.order(plan.epoch)
+                mine = [int(i) for a, b in bounds for i in host[a:b]]
                 self._pending.append((plan.epoch, mine))
             observe_step(clock() - t0)
             if replicas == 1:
@@ -490,19 +460,33 @@ class ElasticRuntime:
             if rank == 0 and now - self._last_report_t >= opts.report_every_s:
                 self._report()
             done = p.samples_done >= work
+            # A reset or a stop follows those flags: no re-tuning just before it.
+            changing = done or stop or hosts_updated or leaving
+            if not changing:
+                if move is not None:  # rank 0's, agreed on: every rank moves now
+                    self._move(move)
+                    cfg = agent.config
+                # Rank 0 decides outside the step's timing; its move rides on the next
+                # step's flags (one process: it is taken at once).
+                if (
+                    rank == 0
+                    and not awaiting
+                    and self._move_out is None
+                    and cadence.due(sampler.epoch, clock())
+                ):
+                    decided = self._retune()
+                    if decided is not None and replicas == 1:
+                        self._move(decided)
+                        cfg = agent.config
+                    else:
+                        self._move_out = decided
             if (
-                done
-                or stop
-                or hosts_updated
-                or leaving
+                changing
                 or commit_due
                 or (every_steps is not None and p.step - p.committed_step >= every_steps)
             ):
-                # A reset or a stop follows those flags: no re-tuning just before it.
-                changing = done or stop or hosts_updated or leaving
                 # Horovod: HostsUpdatedInterrupt, except on a rank leaving here
-                self._commit(retune=not changing, leaving=bool(leaving_here and not done))
-                cfg = agent.config
+                self._commit(leaving=bool(leaving_here and not done), durable=bool(changing))
             if leaving_here and not done:
                 logger.info("SIGTERM: leaving at step %d (committed)", p.step)
                 comm.leave()
@@ -515,17 +499,27 @@ class ElasticRuntime:
                 return None
         return self._finish()
 
+    def _order_of(self, epoch: int) -> Any:
+        """The epoch's order, on the device when ``fetch`` wants the ids there."""
+        if not self.device_ids:
+            return self.sampler.order(epoch)
+        if self._order[0] != epoch:
+            host = self.sampler.order(epoch)
+            self._order = (epoch, self.torch.from_numpy(host).to(self.device))
+        return self._order[1]
+
     def _report(self) -> None:
         self._last_report_t = time.perf_counter()
         writer = self._writer_of_rank0
-        if writer is not None:
+        if writer is not None:  # the probe's flush reads the device: rank 0 alone
             self.probe.flush()
             record = self.agent.metrics(refit=self._refit_due())
             writer.metrics(record, self.progress.samples_done, self.sampler.epoch)
 
-    def _commit(self, retune: bool = False, leaving: bool = False) -> None:
-        """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy;
-        then (``retune``) move to a better batch if rank 0's agent finds one. A rank
+    def _commit(self, leaving: bool = False, durable: bool = False) -> None:
+        """Make the state durable: ids to ``on_commit``, checkpoint, in-memory copy.
+        The checkpoint is written by a thread unless ``on_commit`` or ``durable`` (a
+        stop, a reset or the end of the work follows) needs it on disk now. A rank
         ``leaving`` at this commit keeps no in-memory copy: a host change that arrives
         with its leave is the others' to act on (raised here, it made the leaver reset
         with them and leave a step later than the commit they resumed from)."""
@@ -546,26 +540,31 @@ class ElasticRuntime:
             info.ids = list(self._pending)
         self._pending = []
         p.committed_step = p.step
-        move = None
+        writes = comm.rank == 0 and self.opts.checkpoint
+        snap = self.snapshot() if writes or comm.backend == "horovod" else None
+        if comm.rank == 0 and self.on_commit is not None:
+            self.on_commit(info)
+        if writes and snap is not None:
+            if self._writer is None:
+                save_checkpoint(snap, self._checkpoint)
+            else:
+                self._writer.submit(snap, self._checkpoint)
+                if durable:
+                    self._writer.wait()
         if comm.rank == 0:
-            if self.on_commit is not None:
-                self.on_commit(info)
-            save_checkpoint(self.snapshot(), self._checkpoint)
             self._evaluate()
-            if retune:
-                move = self.retune_decision()
-        # Nobody keeps a commit that rank 0 may not have written (it could die first);
-        # the same message carries rank 0's re-tuning, so all ranks move together.
-        move = comm.broadcast_object(move)
-        self._last_commit_t = time.perf_counter()
-        self._commit_cost_s = self._last_commit_t - began
-        self._committed_epoch = self.sampler.epoch
-        if move is not None:
-            p.retunes += 1
-            self._configure(self.agent.config.nodes, move[0], move[1], "retune")
-            self._report()
+        if self._writer is None and comm.size > 1:
+            # on_commit's promise: nobody keeps a commit that rank 0 may not have
+            # written (it could die first).
+            comm.broadcast_object(None)
         if not leaving:
-            comm.commit()
+            self._reuse_snapshot = snap
+            try:
+                comm.commit()
+            finally:
+                self._reuse_snapshot = None
+        self._last_commit_t = time.perf_counter()
+        self.overhead_s["commit"] += self._last_commit_t - began
 
     def report(self, value: float) -> None:
         """The trainer's metric, keyed by samples trained (not seconds: a resized trial
@@ -581,6 +580,7 @@ class ElasticRuntime:
             self.report(self.evaluate(self.model))
 
     def _finish(self) -> dict[str, Any]:
+        self._wait_for_disk()
         p = self.progress
         result = {
             "trainer_id": self.trainer_id,

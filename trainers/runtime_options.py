@@ -7,6 +7,7 @@ holds them with their defaults in one place.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class RuntimeOptions:
     lr_rule: str = "adascale"
     switch_gain: float = DEFAULT_SWITCH_GAIN
     retune: bool = True
+    checkpoint: bool = True  # False: commits stay in memory (a restart starts afresh)
     data_seed: int = 0
     trainer_dir: str | None = None
     trainer_id: str | None = None
@@ -54,6 +56,20 @@ class RuntimeOptions:
             min_local_bsz=self.min_local_batch,
             max_accum_steps=self.max_accum_steps,
         )
+
+
+def base_config(lim: BatchLimits, replicas: int) -> tuple[int, int]:
+    """(local batch, accumulation) reaching M0 with the fewest micro-steps (what a trainer
+    runs before its agent has a model); ValueError naming the limits when none fits."""
+    per_replica = math.ceil(lim.base_batch_size / replicas)
+    accum = math.ceil(per_replica / lim.max_local_bsz) - 1
+    local = max(lim.min_local_bsz, math.ceil(per_replica / (accum + 1)))
+    if accum > lim.max_accum_steps or replicas * local * (accum + 1) > lim.max_batch_size:
+        raise ValueError(
+            f"no batch fits {replicas} replica(s) with the limits {lim}: raise "
+            "--max-batch, --max-local-batch or --max-accum-steps"
+        )
+    return local, accum
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +100,12 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         dest="retune",
         action="store_false",
         help="choose the batch at resets only, never between them",
+    )
+    g.add_argument(
+        "--no-checkpoint",
+        dest="checkpoint",
+        action="store_false",
+        help="write no checkpoint.pt (benchmarks; a restart then starts from scratch)",
     )
     g.add_argument("--data-seed", type=int, default=d.data_seed, help="sampler order seed")
     g.add_argument(

@@ -100,15 +100,22 @@ class ElasticSampler:
     def micro_batches(self, plan: StepPlan, rank: int) -> list[NDArray[np.int64]]:
         """The ids ``rank`` processes in ``plan``, one array per micro-step (some may be
         empty when the step is truncated)."""
+        order = self.order(plan.epoch)
+        return [order[a:b] for a, b in self.micro_bounds(plan, rank)]
+
+    @staticmethod
+    def micro_bounds(plan: StepPlan, rank: int) -> list[tuple[int, int]]:
+        """Where :meth:`micro_batches` lie in the epoch's order, as ``[a, b)`` ranges: the
+        same slices of a copy of the order on the device need no ids from the host."""
         if not 0 <= rank < plan.replicas:
             raise SamplerError(f"rank {rank} is not in 0..{plan.replicas - 1}")
-        ids = self.order(plan.epoch)[plan.start : plan.start + plan.count]
+        start = plan.start
         if plan.replicas == 1 and plan.accum_steps == 0:
-            return [ids]  # the common single-process step, without the splits
+            return [(start, start + plan.count)]  # the common single-process step
         b = split_evenly(plan.count, plan.replicas)
-        mine = ids[b[rank] : b[rank + 1]]
-        m = split_evenly(len(mine), plan.accum_steps + 1)
-        return [mine[m[i] : m[i + 1]] for i in range(plan.accum_steps + 1)]
+        first, mine = start + b[rank], b[rank + 1] - b[rank]
+        m = split_evenly(mine, plan.accum_steps + 1)
+        return [(first + m[i], first + m[i + 1]) for i in range(plan.accum_steps + 1)]
 
     def advance(self, plan: StepPlan) -> None:
         """Mark ``plan``'s samples consumed; the epoch ends when its last sample is."""

@@ -70,6 +70,7 @@ from bftrainer.trainers.goodput import (
     GoodputModel,
     retune_choice,
 )
+from bftrainer.trainers.retune_cadence import RetuneCadence
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,13 @@ class PolluxSimDriver:
                 smoothing=self.options.gns_smoothing,
                 clock=lambda: self._now_s if self._now_s is not None else 0.0,
             )
-            tr = SimTrainer(spec=spec, app=app, rng=np.random.default_rng(seed), agent=agent)
+            tr = SimTrainer(
+                spec=spec,
+                app=app,
+                rng=np.random.default_rng(seed),
+                agent=agent,
+                cadence=RetuneCadence(app.limits, enabled=self.options.batch_adapt),
+            )
             self._trainers[trainer.id] = tr
         return tr
 
@@ -314,7 +321,11 @@ class PolluxSimDriver:
         )
         tr.model_error_sum += abs(predicted / true_s - 1)
         tr.model_error_n += 1
-        if self.options.batch_adapt:
+        segment = tr.app.segment(tr.progress)
+        if self.options.batch_adapt and tr.cadence.due(segment, now_s + TIME_EPS_S):
+            # The live runtime's cadence, and what a decision costs there.
+            tr.retune_decisions += 1
+            tr.retune_cost_samples += self._charge(tr, self.options.retune_cost_s)
             cfg = tr.config
             if self.options.slots_per_node > 1:
                 best = best_at(gm, cfg.nodes, cfg.replicas)
@@ -333,6 +344,8 @@ class PolluxSimDriver:
             )
             if move is not None:
                 tr.run(TrainerConfig(move.nodes, move.replicas, move.local_bsz, move.accum_steps))
+            cost_s = self.options.retune_cost_s
+            tr.cadence.record(move is not None, segment, now_s - cost_s, now_s)
         reports = [
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),
@@ -357,6 +370,7 @@ class PolluxSimDriver:
         now = self._now_s if self._now_s is not None else 0.0
         # A live agent refits once it has timed some steps of the new configuration.
         tr.next_check_s = now + self.options.refit_interval_s
+        tr.cadence.restart(tr.app.segment(tr.progress), now)
         if not self.options.batch_adapt:
             tr.run(tr.app.config(nodes, tr.spec.local_bsz))
             return
@@ -378,6 +392,7 @@ class PolluxSimDriver:
             return
         now = self._now_s if self._now_s is not None else 0.0
         tr.next_check_s = now + self.options.refit_interval_s
+        tr.cadence.restart(tr.app.segment(tr.progress), now)
         tr.placement = tuple(sorted(Counter(holding).values()))
         m, k = len(tr.placement), len(holding)
         gm = self._goodput_model(tr, now) if self.options.batch_adapt else None
@@ -409,6 +424,8 @@ class PolluxSimDriver:
                 "configs_run": len(tr.configs),
                 "refits": tr.refits,
                 "reports": tr.reports,
+                "retune_decisions": tr.retune_decisions,
+                "retune_cost_samples": tr.retune_cost_samples,
                 "fallback_share": ratio(tr.fallback_s, tr.run_s),
                 "model_error": ratio(tr.model_error_sum, tr.model_error_n),
                 "pgns": tr.agent.pgns,
@@ -433,6 +450,7 @@ class PolluxSimDriver:
             ),
             "refits": sum(tr.refits for tr in self._trainers.values()),
             "reports": sum(tr.reports for tr in self._trainers.values()),
+            "retune_decisions": sum(tr.retune_decisions for tr in self._trainers.values()),
             "fallback_time_share": ratio(
                 sum(tr.fallback_s for tr in self._trainers.values()), run_s
             ),

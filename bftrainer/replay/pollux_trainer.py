@@ -16,6 +16,7 @@ import numpy as np
 from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.goodput import DEFAULT_SWITCH_GAIN
+from bftrainer.trainers.retune_cadence import RetuneCadence
 
 DONE_RTOL = 1e-9
 START_BATCHES = ("user", "pollux")
@@ -38,7 +39,12 @@ class PolluxSimOptions:
     0.999, lags a fast-growing noise scale several-fold (docs/goodput-replay.md).
     ``switch_gain``: between rescales, an adapting trainer moves to its model's best
     batch only when that promises this much more goodput than what it runs: the live
-    runtime's rule and default (``goodput.retune_choice``).
+    runtime's rule and default (``goodput.retune_choice``), at the live runtime's
+    cadence (``trainers/retune_cadence.py``: each pass over the data, here each segment
+    of the profile, or every minute times its back-off), each decision charged
+    ``retune_cost_s`` of training at the configuration it runs: what a decision costs the
+    live runtime beyond the step-time refit, which the replay does not charge at reports
+    either (a flush of the noise probe and a search on rank 0's host; docs/trainers.md).
     """
 
     batch_adapt: bool = True
@@ -48,6 +54,7 @@ class PolluxSimOptions:
     noise: float = 0.05
     report_interval_s: float = 60.0
     refit_interval_s: float = 60.0
+    retune_cost_s: float = 0.02
     series_bin_s: float = 3600.0
     seed: int = 0
     # S > 1: a trainer's nodes name a node once per slot (one replica each); its step
@@ -65,6 +72,8 @@ class PolluxSimOptions:
             raise PolluxSimError(f"gns_smoothing is {self.gns_smoothing!r}, expected 0 <= x < 1")
         if not (math.isfinite(self.switch_gain) and self.switch_gain >= 0):
             raise PolluxSimError(f"switch_gain is {self.switch_gain!r}, expected a number >= 0")
+        if not (math.isfinite(self.retune_cost_s) and self.retune_cost_s >= 0):
+            raise PolluxSimError(f"retune_cost_s is {self.retune_cost_s!r}, expected >= 0")
         for name in ("report_interval_s", "series_bin_s", "refit_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -83,6 +92,7 @@ class SimTrainer:
     app: SimApp
     rng: np.random.Generator
     agent: PolluxAgent
+    cadence: RetuneCadence
     config: TrainerConfig | None = None
     placement: tuple[int, ...] | None = None  # slots: replicas per node, ascending
     progress: float = 0.0  # true statistical progress, base-batch steps
@@ -90,6 +100,8 @@ class SimTrainer:
     last_fit_s: float = -math.inf
     refits: int = 0
     reports: int = 0
+    retune_decisions: int = 0
+    retune_cost_samples: float = 0.0
     samples: float = 0.0
     statistical_samples: float = 0.0
     run_s: float = 0.0

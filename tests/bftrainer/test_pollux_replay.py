@@ -277,6 +277,26 @@ def test_batch_adaptation_explores_then_settles_on_the_truly_best_batch(tmp_path
     assert float(tr.agent.model.step_time_s(1, 1, 20)) == pytest.approx(2.0, rel=1e-2)
 
 
+def test_the_simulated_trainer_retunes_on_the_live_cadence_and_pays_for_it(
+    tmp_path: Path,
+) -> None:
+    """The live runtime's cadence (trainers/retune_cadence.py), imported: in one long
+    epoch a decision every minute at first, twice as far apart after each decision to
+    stay, far fewer than the reports; each one charged ``retune_cost_s`` of training."""
+    data = write_toy(tmp_path, epoch=5000)
+    spec, job = toy_job(data, 10)
+    options = PolluxSimOptions(batch_adapt=True, noise=0.0, retune_cost_s=0.5)
+    _, driver = run(data, pool_trace(1, end_s=4000.0), [(spec, job)], options)
+    row = driver.report().trainers["j"]
+    assert 3 <= row["retune_decisions"] < row["reports"] / 2, row
+    # 10 samples/s at either local batch of the toy (1 s per 10, 2 s per 20)
+    assert row["retune_cost_samples"] == pytest.approx(row["retune_decisions"] * 0.5 * 10)
+    assert driver.report().summary["retune_decisions"] == row["retune_decisions"]
+    fixed = PolluxSimOptions(batch_adapt=False, noise=0.0)
+    _, driver = run(data, pool_trace(1, end_s=4000.0), [toy_job(data, 10)], fixed)
+    assert driver.report().trainers["j"]["retune_decisions"] == 0
+
+
 @pytest.mark.parametrize(("start", "local_bsz"), [("user", 20), ("pollux", 10)])
 def test_an_adapting_trainer_starts_at_the_users_batch_or_pollux_rule(
     tmp_path: Path, start: str, local_bsz: int

@@ -115,7 +115,7 @@ def _set_grads(model: object, flat: np.ndarray) -> None:
 
 def test_torch_probe_matches_the_numpy_estimator() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     model = torch.nn.Linear(6, 3).double()
     agent = PolluxAgent("j", LIMITS)
@@ -137,7 +137,7 @@ def test_torch_probe_matches_the_numpy_estimator() -> None:
 
 def test_torch_probe_measures_one_pair_every_k_steps() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     model = torch.nn.Linear(3, 2).double()
     agent = PolluxAgent("j", LIMITS)
@@ -167,7 +167,7 @@ def test_torch_probe_measures_one_pair_every_k_steps() -> None:
 
 def test_torch_probe_preconditions_with_adam_state() -> None:
     torch = pytest.importorskip("torch")
-    from bftrainer.trainers.agent import TorchGradientProbe
+    from bftrainer.trainers.probe import TorchGradientProbe
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2).double()
@@ -285,3 +285,32 @@ def test_fractional_counts_use_up_the_warm_up_and_then_are_timed() -> None:
     agent.observe_steps(0.5, 2.0)
     [obs] = agent.observations()
     assert obs.step_time_s == pytest.approx(2.0) and agent.steps == pytest.approx(1.5)
+
+
+def test_torch_probe_with_capturable_adam_matches_the_plain_one() -> None:
+    """Capturable Adam keeps its step counts on the device: the probe computes the bias
+    correction there (no read per parameter) and gets what it gets from plain Adam."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("capturable Adam needs a GPU")
+    from bftrainer.trainers.probe import TorchGradientProbe
+
+    seen = []
+    for capturable in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2).cuda()
+        opt = torch.optim.Adam(model.parameters(), capturable=capturable)
+        agent = PolluxAgent("j", LIMITS)
+        agent.set_config(1, 8)
+        probe = TorchGradientProbe(agent, model, opt, every=1)
+        x, y = torch.randn(8, 4, device="cuda"), torch.randn(8, 2, device="cuda")
+        for _ in range(6):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            probe.after_backward()
+            opt.step()
+        probe.flush()
+        seen.append((agent.gns.samples, agent.gns.grad_sqr, agent.gns.grad_var))
+    assert seen[0][0] == seen[1][0] > 0
+    assert seen[1][1] == pytest.approx(seen[0][1], rel=1e-4)
+    assert seen[1][2] == pytest.approx(seen[0][2], rel=1e-4)

@@ -37,7 +37,7 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
 
 
-def _worker(rank: int, port: int, device: str, out: Path) -> None:
+def _worker(rank: int, port: int, device: str, zero: str, out: Path) -> None:
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
     torch.set_num_threads(1)
@@ -60,8 +60,11 @@ def _worker(rank: int, port: int, device: str, out: Path) -> None:
     previous = None
     for i, step in enumerate(steps):
         total = sum(len(ids) for micro in step.values() for ids in micro)
-        for p in params:
-            p.grad = None
+        if zero == "reducer":  # the runtime's way: .grad stay views into the buckets
+            reducer.zero_grad()
+        else:  # dropped as an optimizer's zero_grad does: formed anew, then copied in
+            for p in params:
+                p.grad = None
         micro = step[rank]
         for j, ids in enumerate(micro):
             if j == len(micro) - 1:
@@ -70,6 +73,9 @@ def _worker(rank: int, port: int, device: str, out: Path) -> None:
                 (_loss(model, x[ids], y[ids]) / total).backward()
         summed = reducer.finish((float(rank + 1), float(i), 0.5 if rank == 0 else 0.0))
         got = [p.grad.detach().cpu().clone() for p in params]
+        in_buckets = all(
+            p.grad is b.grads[k] for b in reducer.buckets for k, p in enumerate(b.params)
+        )
         agreed = lagged.exchange(summed, i)
         # The reference: the whole step's mean loss, in this process alone.
         reference = _model(device)
@@ -82,6 +88,7 @@ def _worker(rank: int, port: int, device: str, out: Path) -> None:
                     torch.allclose(a, b, atol=1e-6) for a, b in zip(got, want, strict=True)
                 ),
                 "flags": summed.cpu().tolist(),
+                "in_buckets": in_buckets,
                 "agreed": agreed,
                 "previous": previous,
             }
@@ -93,9 +100,10 @@ def _worker(rank: int, port: int, device: str, out: Path) -> None:
         torch.save(results, out)
 
 
+@pytest.mark.parametrize("zero", ["reducer", "none"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_buckets_sum_the_step_exactly_and_carry_the_flags(
-    tmp_path: Path, device: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, device: str, zero: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Spawned workers get this process's sys.path and import this module by name.
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
@@ -103,12 +111,14 @@ def test_buckets_sum_the_step_exactly_and_carry_the_flags(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "results.pt"
-    mp.start_processes(_worker, args=(port, device, out), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(port, device, zero, out), nprocs=2, start_method="spawn")
     results = torch.load(out)
     assert len(results) == 3
     for i, r in enumerate(results):
         assert r["match"], f"step {i}: summed gradients differ from the step's gradient"
         assert r["flags"] == [3.0, 2.0 * i, 0.5]
+        # The sums are in .grad without a copy: each is a view into its bucket.
+        assert r["in_buckets"], f"step {i}: a .grad is not its bucket's view"
         # The flags of a step are read at the next one, exactly as they were summed.
         assert r["agreed"] == r["previous"]
     assert results[0]["agreed"] is None
