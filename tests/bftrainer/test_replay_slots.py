@@ -145,5 +145,5 @@ def test_slots_per_node_is_a_replay_setting_of_the_configuration_file(tmp_path: 
     bad.write_text("[policy]\nslots_per_node = 6\n")  # the daemon's table: not yet
     with pytest.raises(ConfigError, match="slots_per_node"):
         load_config(bad, ReplayConfig(), REPLAY_TABLES)
-    with pytest.raises(ConfigError, match=r"slots_per_node = 0: expected a whole number from 1 to 1024"):
+    with pytest.raises(ConfigError, match=r"slots_per_node = 0: expected a whole number from 1 to"):
         ReplayConfig(slots_per_node=0)
