@@ -157,5 +157,5 @@ def _assert_agree(recorded: Trace, from_log: Trace, ids: list[str]) -> None:
         matched += len(g)
         # The mix made every node busy at least once (a job that ends at the log's very
         # end never ends in it: the log has nothing after it).
-        assert any(not idle for _, idle in g) and any(not idle for _, idle in r), node
+        assert any(not idle for _, idle in g_all) and any(not idle for _, idle in r_all), node
     assert matched >= len(recorded.nodes)
