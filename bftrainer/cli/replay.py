@@ -34,7 +34,6 @@ from bftrainer.config import (
     refuse_unused,
     with_overrides,
 )
-from bftrainer.idle_monitor.joblog import is_job_log
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
 from bftrainer.replay.executors import run_all, run_on_slurm
@@ -540,8 +539,7 @@ def _load(
     start_s = parse_time_option("--start", start)
     end_s = parse_time_option("--end", end)
     if path is not None:
-        from_log = log_options.format is not None or is_job_log(path)
-        return load_trace_or_log(Path(path), log_options, node_slice, start_s, end_s), from_log
+        return load_trace_or_log(Path(path), log_options, node_slice, start_s, end_s)
     if log_options.given or log_options.nodes is not None:
         raise UsageError(f"{log_options.given or '--machine-nodes'} needs a job LOG to replay")
     try:

@@ -112,7 +112,7 @@ def stats(
         except OutputDirError as exc:
             raise UsageError(f"--plots {exc}") from None
     began = time.perf_counter()
-    loaded = load_trace_or_log(trace_path, options_from(log_kwargs), nodes, start_s, end_s)
+    loaded, _ = load_trace_or_log(trace_path, options_from(log_kwargs), nodes, start_s, end_s)
     if loaded.end_s <= loaded.start_s:
         raise UsageError(f"{trace_path}: the trace (as sliced) spans no time: no statistics")
     load_s = time.perf_counter() - began
@@ -136,20 +136,21 @@ def load_trace_or_log(
     nodes: slice | None,
     start_s: float | None,
     end_s: float | None,
-) -> Trace:
-    """A pool trace, or the pool of a job log (its summary line on stderr), sliced."""
+) -> tuple[Trace, bool]:
+    """A pool trace, or the pool of a job log (its summary line on stderr), sliced; and
+    whether it came from a job log (told by content once, here)."""
     try:
         if not is_job_log(path) and options.format is None:
             if options.given or options.nodes is not None:
                 flag = options.given or "--machine-nodes"
                 raise UsageError(f"{flag} applies to a job log; {path} is a pool trace")
-            return load_trace(path, nodes=nodes, start_s=start_s, end_s=end_s)
+            return load_trace(path, nodes=nodes, start_s=start_s, end_s=end_s), False
         pool = read_log_pool(path, options)
         click.echo(pool.summary_line, err=True)
         whole = pool.pool.trace()
         if nodes is None and start_s is None and end_s is None:
-            return whole
-        return whole.slice(nodes=nodes, start_s=start_s, end_s=end_s)
+            return whole, True
+        return whole.slice(nodes=nodes, start_s=start_s, end_s=end_s), True
     except (TraceFormatError, TraceRangeError) as exc:
         raise UsageError(str(exc)) from None
 
