@@ -247,7 +247,7 @@ def build_pool(
     flips = list(_sweep(_Sweep(machine.names, strict), jobs, start, log_end, figures))
     if len(flips) < 2 and log_end <= start:
         raise JobLogError(f"{log.path}: the log spans no time")
-    _add_idle_times(flips)
+    _add_idle_times(flips, len(machine.names))
     if any(r.requested_s for r in records):
         _add_windows(flips, records, len(machine.names))
     return PoolFlips(machine, start, log_end, flips, str(log.path)), figures
@@ -344,15 +344,8 @@ def _sweep(
     figures.over_node_s += over * (log_end - last_s)
 
 
-def _add_idle_times(flips: list[Flip]) -> None:
+def _add_idle_times(flips: list[Flip], size: int) -> None:
     """Each join's idle time, from the node's next leave (a backward pass)."""
-    if not flips:
-        return
-    size = max(
-        [int(f.joined.max()) + 1 for f in flips if f.joined.size]
-        + [int(f.left.max()) + 1 for f in flips if f.left.size]
-        + [0]
-    )
     next_leave = np.full(size, np.nan)
     for f in reversed(flips):
         f.idle_s = next_leave[f.joined] - f.time_s
