@@ -15,8 +15,11 @@ import pytest
 from bftrainer.cli import COMMANDS, SUMMARIES
 from bftrainer.state import Store, ensure_state_dir
 
-# Top-level packages that cost a second or more to import on 2 loaded cores.
+# Top-level packages that cost a second or more to import on 2 loaded cores; and
+# ``email``, which only reading the installed metadata (``__version__``) brings: ~40 ms
+# of CPU, a quarter of ``status``'s (benchmarks/cli_startup.py).
 HEAVY = ("scipy", "torch", "pandas", "matplotlib", "highspy", "pulp", "pyarrow", "horovod")
+METADATA = "email"
 
 
 def imported_by(*args: str) -> set[str]:
@@ -49,8 +52,21 @@ def test_status_and_help_import_no_solver_frame_or_torch(
     with Store.open(state):
         pass
     extra = ("--state-dir", str(state)) if args[0] == "status" else ()
-    heavy = imported_by(*args, *extra) & set(HEAVY)
+    heavy = imported_by(*args, *extra) & {*HEAVY, METADATA}
     assert not heavy, f"bftrainer {' '.join(args)} imported {sorted(heavy)}"
+
+
+def test_the_version_is_read_when_asked() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    from importlib.metadata import version
+
+    assert done.stdout == f"bftrainer, version {version('bftrainer')}\n"
 
 
 def test_the_help_lists_each_command_with_its_own_first_sentence() -> None:

@@ -11,7 +11,7 @@ from types import FrameType
 
 import click
 
-from bftrainer import __version__, strict_json
+from bftrainer import strict_json
 from bftrainer.trainers import lifeline
 
 
@@ -98,8 +98,26 @@ class LazyGroup(click.Group):
         return command
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """click's ``version_option``, reading the version only when asked (see
+    ``bftrainer.__getattr__``): the same flag, help and output."""
+    if not value or ctx.resilient_parsing:
+        return
+    from bftrainer import __version__
+
+    click.echo(f"bftrainer, version {__version__}")
+    ctx.exit()
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="bftrainer")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 @click.option(
     "-v",
     "--verbose",
