@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bftrainer.common.names import MAX_SLOTS
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import (
     DEFAULT_MAX_TRAINERS,
@@ -41,7 +42,6 @@ from bftrainer.milp.problem import (
     OBJECTIVES,
     T_FWD_MAX_S,
 )
-from bftrainer.names import MAX_SLOTS
 
 # The most trainers admitted at once (--max-parallel, max_trainers): exact as a float.
 MAX_TRAINERS = 2**53

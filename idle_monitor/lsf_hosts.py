@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from bftrainer.common.names import BadNameError, check_host
 from bftrainer.idle_monitor.source import OutputParseError
-from bftrainer.names import BadNameError, check_host
 
 BHOSTS_COLUMNS = ("HOST_NAME", "STATUS", "JL/U", "MAX", "NJOBS", "RUN", "SSUSP", "USUSP", "RSV")
 _UNIT_S = {"day": 86400.0, "hour": 3600.0, "minute": 60.0, "second": 1.0}
@@ -73,7 +73,7 @@ def parse_bhosts(text: str, known_hosts: Iterable[str] = ()) -> list[HostState]:
         if name.endswith("*"):
             name = _resolve_truncated(name, known, line_no, line)
         try:
-            check_host(name)  # it reaches ssh's command line (bftrainer.names)
+            check_host(name)  # it reaches ssh's command line (bftrainer.common.names)
         except BadNameError as exc:
             raise OutputParseError(f"host name: {exc}", line_no, line) from None
         max_slots = None if f[3] == "-" else _count(f[3], "MAX", line_no, line)

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bftrainer.common.names import BadNameError, check_host
 from bftrainer.idle_monitor.source import OutputParseError, merge_claims
-from bftrainer.names import BadNameError, check_host
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from bftrainer.names import check_host
+from bftrainer.common.names import check_host
 
 if TYPE_CHECKING:
     import paramiko

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TypeVar
 
+from bftrainer.common.names import BadNameError, check_host
 from bftrainer.idle_monitor.runner import CommandRunner
 from bftrainer.idle_monitor.source import (
     Claims,
@@ -35,7 +36,6 @@ from bftrainer.idle_monitor.source import (
     Scheduler,
     merge_claims,
 )
-from bftrainer.names import BadNameError, check_host
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def classify_state(state: str) -> str:
 
 
 def _check_node(name: str, line_no: int | None, line: str | None) -> None:
-    """A node name that can reach a command line (bftrainer.names), or the line refused."""
+    """A node name that can reach a command line (bftrainer.common.names), or the line refused."""
     try:
         check_host(name)
     except BadNameError as exc:

@@ -1,4 +1,5 @@
-"""The shape of the code: no import circle among the project's modules.
+"""The shape of the code: no import circle among the project's modules, and the rooms
+(folders) import each other only along the edges that ``ROOM_EDGES`` lists.
 
 A circle means neither module can be read, tested or changed without the other, and its
 import order decides whether it works at all. The walk reads the source (nothing is
@@ -26,6 +27,72 @@ FOLDERS = {
     "trainers": "bftrainer.trainers",
 }
 MAX_MODULE_LINES = 600
+
+# Room -> the rooms its modules may import. A room is a package folder under bftrainer/
+# (bftrainer.cli, ...), a top-level folder (milp/ is bftrainer.milp, ...), or
+# "bftrainer" for the modules loose in bftrainer/ (issue 43 gives them rooms). What
+# runs on compute nodes and in the pool's readers (trainers/, idle_monitor/) imports
+# of bftrainer/ only the leaf package bftrainer.common, which imports nothing of ours.
+# A new edge is a design decision: add it here, in the change that needs it.
+ROOM_EDGES: dict[str, set[str]] = {
+    "bftrainer": {
+        "bftrainer.centre",
+        "bftrainer.cli",
+        "bftrainer.common",
+        "bftrainer.idle_monitor",
+        "bftrainer.loop",
+        "bftrainer.milp",
+        "bftrainer.replay",
+        "bftrainer.state",
+        "bftrainer.trainers",
+    },
+    "bftrainer.centre": {
+        "bftrainer",
+        "bftrainer.idle_monitor",
+        "bftrainer.loop",
+        "bftrainer.milp",
+        "bftrainer.state",
+    },
+    "bftrainer.cli": {
+        "bftrainer",
+        "bftrainer.centre",
+        "bftrainer.common",
+        "bftrainer.daemon",
+        "bftrainer.holders",
+        "bftrainer.hpo",
+        "bftrainer.idle_monitor",
+        "bftrainer.milp",
+        "bftrainer.replay",
+        "bftrainer.report",
+        "bftrainer.state",
+        "bftrainer.trainers",
+    },
+    "bftrainer.common": set(),
+    "bftrainer.daemon": {
+        "bftrainer",
+        "bftrainer.holders",
+        "bftrainer.idle_monitor",
+        "bftrainer.loop",
+        "bftrainer.state",
+        "bftrainer.trainers",
+    },
+    "bftrainer.holders": {"bftrainer.common", "bftrainer.idle_monitor"},
+    "bftrainer.hpo": {"bftrainer.state", "bftrainer.trainers"},
+    "bftrainer.idle_monitor": {"bftrainer.common"},
+    "bftrainer.loop": {"bftrainer", "bftrainer.idle_monitor", "bftrainer.milp"},
+    "bftrainer.milp": set(),
+    "bftrainer.replay": {
+        "bftrainer",
+        "bftrainer.common",
+        "bftrainer.idle_monitor",
+        "bftrainer.loop",
+        "bftrainer.milp",
+        "bftrainer.trainers",
+    },
+    "bftrainer.report": {"bftrainer", "bftrainer.trainers"},
+    "bftrainer.state": set(),
+    "bftrainer.trainers": {"bftrainer.common", "bftrainer.milp"},
+}
 
 
 def project_modules() -> dict[str, Path]:
@@ -185,6 +252,52 @@ def test_no_import_circle_among_the_projects_modules() -> None:
         for knot in knots(graph)
     ]
     assert not found, "import circles:\n" + "\n".join(found)
+
+
+def room_of(module: str, modules: dict[str, Path]) -> str:
+    """The room a module lives in: its package folder one level under the namespace, or
+    "bftrainer" for a module loose in bftrainer/ (and for bftrainer itself)."""
+    parts = module.split(".")
+    folder = ".".join(parts[:2])
+    if len(parts) >= 2 and folder in modules and modules[folder].name == "__init__.py":
+        return folder
+    return parts[0]
+
+
+def room_edges() -> dict[str, set[str]]:
+    """Room -> the other rooms its modules import, as the source stands."""
+    modules = project_modules()
+    edges: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        here = room_of(module, modules)
+        edges.setdefault(here, set())
+        edges[here].update(room_of(t, modules) for t in targets)
+        edges[here].discard(here)
+    return edges
+
+
+def test_rooms_import_each_other_only_along_the_listed_edges() -> None:
+    found = room_edges()
+    new = [
+        f"{a} -> {b}" for a in sorted(found) for b in sorted(found[a] - ROOM_EDGES.get(a, set()))
+    ]
+    assert not new, "imports between rooms that ROOM_EDGES does not list:\n" + "\n".join(new)
+    # The list stays true: an edge that no import uses any more is taken out of it.
+    gone = [
+        f"{a} -> {b}"
+        for a in sorted(ROOM_EDGES)
+        for b in sorted(ROOM_EDGES[a] - found.get(a, set()))
+    ]
+    assert not gone, "ROOM_EDGES lists edges no import uses:\n" + "\n".join(gone)
+
+
+def test_the_room_walk_tells_a_package_from_a_loose_module() -> None:
+    modules = dict.fromkeys(["p", "p.q", "p.q.m", "p.r"], Path("x.py"))
+    modules["p.q"] = Path("p/q/__init__.py")
+    assert room_of("p.q.m", modules) == "p.q"
+    assert room_of("p.q", modules) == "p.q"
+    assert room_of("p.r", modules) == "p"
+    assert room_of("p", modules) == "p"
 
 
 def test_no_module_is_over_600_lines() -> None:

@@ -1,4 +1,4 @@
-"""One validator for host names, trainer ids and counts (bftrainer/names.py), at every
+"""One validator for host names, trainer ids and counts (bftrainer/common/names.py), at every
 place they enter: hosts files and `bftrainer run` (run as a user runs it), --trainer-id,
 pool --ssh, submit's counts, the scheduler's node names. Each refusal is one line."""
 
@@ -11,11 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.idle_monitor.lsf import parse_bhosts
-from bftrainer.idle_monitor.runner import SshTarget
-from bftrainer.idle_monitor.slurm import parse_sinfo_kinds
-from bftrainer.idle_monitor.source import OutputParseError
-from bftrainer.names import (
+from bftrainer.common.names import (
     MAX_SLOTS,
     BadNameError,
     check_host,
@@ -23,6 +19,10 @@ from bftrainer.names import (
     check_trainer_id,
     trainer_id_from,
 )
+from bftrainer.idle_monitor.lsf import parse_bhosts
+from bftrainer.idle_monitor.runner import SshTarget
+from bftrainer.idle_monitor.slurm import parse_sinfo_kinds
+from bftrainer.idle_monitor.source import OutputParseError
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import LaunchError, LaunchSpec
 

@@ -18,7 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bftrainer.names import BadNameError, NotRegularFileError, check_host, check_slots, read_text
+from bftrainer.common.names import (
+    BadNameError,
+    NotRegularFileError,
+    check_host,
+    check_slots,
+    read_text,
+)
 from bftrainer.trainers.checkpoint import write_atomic
 
 if TYPE_CHECKING:  # numpy comes with it: `bftrainer status` reads this module, not them

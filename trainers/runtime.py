@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.trainers import channel
 from bftrainer.trainers.agent import PolluxAgent
 from bftrainer.trainers.checkpoint import (

@@ -11,7 +11,7 @@ from types import FrameType
 
 import click
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.trainers import lifeline
 
 

@@ -7,9 +7,9 @@ from typing import Any, TextIO
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import InputTextFile, Number
+from bftrainer.common import strict_json
 from bftrainer.milp import (
     DEFAULT_TIME_LIMIT_S,
     FORMULATIONS,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import InputFile
+from bftrainer.common import strict_json
 from bftrainer.trainers.throughput import (
     FitError,
     ObservationFileError,

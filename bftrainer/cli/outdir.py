@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 
 MARKER = ".bftrainer-output.json"
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from bftrainer.names import MAX_NODES, MAX_SLOTS
+from bftrainer.common.names import MAX_NODES, MAX_SLOTS
 
 
 class Number(click.ParamType):

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import SECONDS, InputFile, Number
+from bftrainer.common import strict_json
 from bftrainer.idle_monitor.runner import CommandRunner, LocalRunner, RetryPolicy, SshRunner
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig, Reading, Scheduler
 

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import NODES, SECONDS, InputFile
-from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
-from bftrainer.names import (
+from bftrainer.common import strict_json
+from bftrainer.common.names import (
     BadNameError,
     NotRegularFileError,
     check_trainer_id,
@@ -37,6 +36,7 @@ from bftrainer.names import (
     read_bytes,
     trainer_id_from,
 )
+from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files

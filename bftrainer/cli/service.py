@@ -26,11 +26,11 @@ from typing import Any
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, Number
-from bftrainer.names import BadNameError, NotRegularFileError, check_trainer_id, open_regular
+from bftrainer.common import strict_json
+from bftrainer.common.names import BadNameError, NotRegularFileError, check_trainer_id, open_regular
 from bftrainer.state import (
     BACKENDS,
     DEFAULT_RESCALE_S,

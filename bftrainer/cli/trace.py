@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli import UsageError
 from bftrainer.cli.joblog_options import LogOptions, log_options, options_from, read_log_pool
 from bftrainer.cli.outdir import OutputDirError, check_can_create
 from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, SYNTHETIC_NODES, InputFile
 from bftrainer.cli.trace_record import record
+from bftrainer.common import strict_json
 from bftrainer.idle_monitor.joblog import is_job_log, write_log_trace
 from bftrainer.idle_monitor.synthetic import (
     DEFAULT_NODES,

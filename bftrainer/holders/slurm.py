@@ -7,7 +7,7 @@ docs/holders.md):
   says "Slurm accounting storage is disabled", so status comes from ``squeue -t all``,
   which lists ended jobs for ``MinJobAge`` seconds (300 by default, 30 on the test
   cluster); a holder no longer listed has ended.
-- ``squeue``'s job lines are read by :mod:`bftrainer.squeue`, the one parser the
+- ``squeue``'s job lines are read by :mod:`bftrainer.common.squeue`, the one parser the
   trainers' supervisors use too (its docstring has the format's facts).
 - A preempted holder shows ``PREEMPTED`` (``GraceTime=0``, the recommended setting) or,
   with a grace time it exits within, ``COMPLETED``; ``PreemptTime`` tells a preemption
@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bftrainer.common.squeue import FORMAT, TIME_ENV, has_value, parse_squeue_jobs
 from bftrainer.holders.base import (
     DEFAULT_JOB_NAME,
     WINDOW_SLACK_S,
@@ -35,7 +36,6 @@ from bftrainer.holders.base import (
 )
 from bftrainer.idle_monitor.runner import CommandError, CommandResult, CommandRunner
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
-from bftrainer.squeue import FORMAT, TIME_ENV, has_value, parse_squeue_jobs
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def classify(state: str, preempted: bool, reason: str) -> tuple[str, str, bool]:
 
 
 def parse_squeue_holders(text: str) -> dict[str, HolderStatus]:
-    """Job id -> status from ``squeue -h -O`` :data:`bftrainer.squeue.FORMAT` (times as
+    """Job id -> status from ``squeue -h -O`` :data:`bftrainer.common.squeue.FORMAT` (times as
     epoch seconds)."""
     out: dict[str, HolderStatus] = {}
     for job in parse_squeue_jobs(text):

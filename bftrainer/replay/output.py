@@ -10,7 +10,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import Step
 from bftrainer.replay.run import ReplayResult, t_fwd_label

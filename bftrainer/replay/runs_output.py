@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.replay.output import write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
 from bftrainer.replay.pollux_output import write_pollux_outputs

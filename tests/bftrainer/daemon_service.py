@@ -17,8 +17,8 @@ from typing import Any
 
 import click
 
-from bftrainer import strict_json
 from bftrainer.cli.service import open_store, status_json
+from bftrainer.common import strict_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import Launcher, LaunchError

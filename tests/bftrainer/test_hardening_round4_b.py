@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bftrainer.common.names import NotRegularFileError, read_bytes
 from bftrainer.holders.slurm import parse_squeue_holders
 from bftrainer.idle_monitor.slurm import (
     HostlistError,
@@ -25,7 +26,6 @@ from bftrainer.idle_monitor.slurm import (
     parse_running,
     parse_squeue_start,
 )
-from bftrainer.names import NotRegularFileError, read_bytes
 from bftrainer.slots import SlotBook, SlotError
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
 from bftrainer.trainers.channel import ChannelError, parse_hosts, read_exit, read_hosts

@@ -1,4 +1,4 @@
-"""The one squeue parser (bftrainer/squeue.py) that the daemon's holders and the
+"""The one squeue parser (bftrainer/common/squeue.py) that the daemon's holders and the
 trainers' host watch both read squeue with: the fields each needs, a bad line named.
 
 Lines as captured on the local Slurm 22.05.8 (tests/bftrainer/test_holders.py's SQUEUE);
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bftrainer.squeue import FORMAT, TIME_ENV, SqueueJob, has_value, parse_squeue_jobs
+from bftrainer.common.squeue import FORMAT, TIME_ENV, SqueueJob, has_value, parse_squeue_jobs
 from tests.bftrainer.test_holders import SQUEUE
 
 

@@ -1,12 +1,12 @@
 """A supervisor's host watch reads its holders' squeue lines with the daemon's parser
-(bftrainer/squeue.py) and keeps only the hosts whose holder may still be ours.
+(bftrainer/common/squeue.py) and keeps only the hosts whose holder may still be ours.
 
 Lines as captured on the local Slurm 22.05.8 (tests/bftrainer/test_holders.py's SQUEUE);
 the watch on a real Slurm is exercised by the daemon's end-to-end tests."""
 
 from __future__ import annotations
 
-from bftrainer.squeue import parse_squeue_jobs
+from bftrainer.common.squeue import parse_squeue_jobs
 from bftrainer.trainers.launch.hostwatch import jobs_gone
 from tests.bftrainer.test_holders import SQUEUE
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bftrainer.names import BadNameError, check_trainer_id
+from bftrainer.common.names import BadNameError, check_trainer_id
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch import remote
 

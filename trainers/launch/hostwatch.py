@@ -8,7 +8,7 @@ Elastic Horovod's host discovery does, and goes on with the hosts that remain.
 
 In ``slurm`` mode (``exec.json``) a host is usable while it has a holder job and that
 job runs and was not preempted (``PreemptTime`` is set the moment Slurm preempts, before
-any signal is sent); ``squeue``'s reply is read by :mod:`bftrainer.squeue`, the parser
+any signal is sent); ``squeue``'s reply is read by :mod:`bftrainer.common.squeue`, the parser
 the daemon reads its holders with. In the other modes every host the driver gave is
 used. The watch also renews the holder leases of its hosts (``exec.json``'s ``leases``;
 see ``scripts/slurm/hold-nodes.sbatch``), so a node stays held while a trainer runs on
@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
-from bftrainer import squeue
+from bftrainer.common import squeue
 from bftrainer.trainers import channel
 
 logger = logging.getLogger("bftrainer.supervisor")

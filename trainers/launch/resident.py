@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from subprocess import Popen
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.trainers.launch import remote
 
 logger = logging.getLogger("bftrainer.supervisor")

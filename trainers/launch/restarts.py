@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.trainers import channel
 
 MAX_RESTARTS = 3

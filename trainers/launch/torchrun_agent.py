@@ -46,7 +46,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.run import main as torchrun_main
 
 import bftrainer.trainers.runtime  # noqa: F401  (for the workers)
-from bftrainer import strict_json
+from bftrainer.common import strict_json
 from bftrainer.trainers import lifeline
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.worker import name_process
