@@ -5,7 +5,8 @@ trainer reports by appending JSON lines to ``metrics.jsonl`` and writing ``resul
 once; its driver (the daemon or ``bftrainer run``) writes ``hosts`` and ``exec.json``;
 the supervisor writes ``exit.json``. Whole-file writes are atomic (tmp + fsync +
 rename); appends are flushed and fsynced, and a reader skips a torn last line and
-resumes from a byte offset. See /work/contract.md and docs/trainers.md.
+resumes from a byte offset. docs/trainers.md, "The trainer directory (the reporting
+channel)", lists every file and who writes it.
 """
 
 from __future__ import annotations

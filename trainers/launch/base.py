@@ -4,8 +4,8 @@ One :class:`Launcher` for every backend: it writes the trainer directory's ``spe
 and ``hosts`` and spawns the detached supervisor
 (``python -m bftrainer.trainers.launch.supervisor TRAINER_DIR``), which owns the backend
 (Horovod or torchrun) and survives its caller. Everything after the start goes through
-files in the trainer directory (see /work/contract.md), so a restarted daemon
-:meth:`attach`-es to a running trainer from ``supervisor.pid``.
+files in the trainer directory (docs/trainers.md, "The trainer directory"), so a
+restarted daemon :meth:`attach`-es to a running trainer from ``supervisor.pid``.
 """
 
 from __future__ import annotations
