@@ -36,6 +36,15 @@ def make_sampler(name: str, seed: int | None) -> Any:
     return optuna.samplers.TPESampler(seed=seed)
 
 
+def resumed_sampler(study: Any, name: str, seed: int | None) -> Any:
+    """The sampler for a study that may already hold trials: a seeded sampler started
+    again would draw its sequence from the start and propose the first trials'
+    parameters once more (TPE's first trials are random), so a restarted campaign seeds
+    it past the trials the study has."""
+    asked = len(study.get_trials(deepcopy=False))
+    return make_sampler(name, None if seed is None else seed + asked)
+
+
 def make_pruner(name: str, min_resource: int | None, reduction_factor: int) -> Any:
     """``asha``: Optuna's successive halving, which is asynchronous (ASHA); resources are
     samples seen (the reports' key)."""
@@ -156,6 +165,7 @@ def hpo_cmd(
             pruner=make_pruner(pruner, min_resource, reduction_factor),
             load_if_exists=True,
         )
+        study.sampler = resumed_sampler(study, sampler, seed)
         spec = TrialSpec(script, args, backend, min_nodes, max_nodes, work_samples)
         try:
             campaign = Campaign(study, space, spec, store, n_trials, max_parallel)

@@ -238,11 +238,18 @@ class Campaign:
     # -- following a trial -------------------------------------------------------------
     def _follow(self, ft: FrozenTrial, rows: Mapping[str, TrainerRow]) -> None:
         row = rows.get(token(self.study, ft.number))
-        if row is None:
-            if set(ft.params) != set(self.space):
-                self._fail(ft, "asked, but its parameters were not all recorded")
+        if row is None:  # asked but never queued: the campaign was killed between
+            foreign = sorted(set(ft.params) - set(self.space))
+            if foreign:
+                self._fail(ft, f"its parameters {foreign} are not in this campaign's space")
                 return
-            self._submit(ft)  # asked but never queued (the campaign was killed between)
+            trial = optuna.trial.Trial(self.study, ft._trial_id)
+            missing = [name for name in self.space if name not in ft.params]
+            for name in missing:  # killed mid-ask: the sampler draws what was not recorded
+                trial._suggest(name, self.space[name])
+            if missing:
+                log.info("trial %d: parameters %s drawn after a restart", ft.number, missing)
+            self._submit(self.study._storage.get_trial(ft._trial_id), trial)
             return
         if ATTR_TRAINER not in ft.user_attrs:
             optuna.trial.Trial(self.study, ft._trial_id).set_user_attr(ATTR_TRAINER, row.id)

@@ -154,16 +154,17 @@ def test_a_failed_trainer_fails_its_trial_with_the_cause(tmp_path: Path, store: 
     assert t.user_attrs[ATTR_END] == "trainer t0001 failed: ValueError: bad x"
 
 
-@pytest.mark.parametrize("cut", ["after-ask", "after-submit", "after-prune-mark"])
+@pytest.mark.parametrize("cut", ["mid-ask", "after-ask", "after-submit", "after-prune-mark"])
 def test_a_campaign_killed_between_its_writes_loses_and_doubles_nothing(
     tmp_path: Path, store: Store, cut: str
 ) -> None:
     daemon = ScriptedDaemon(store, tmp_path / "trainers", nodes=2)
     s = study(tmp_path)
     spec = TrialSpec(tmp_path / "trial.py")
-    # The kill: the trial asked (and, after-submit, its trainer queued), nothing more.
-    trial = s.ask(SPACE)
-    if cut != "after-ask":
+    # The kill: the trial asked (mid-ask: before its parameters were recorded; after-
+    # submit: its trainer queued too), nothing more.
+    trial = s.ask() if cut == "mid-ask" else s.ask(SPACE)
+    if cut not in ("mid-ask", "after-ask"):
         store.submit(spec.script, ["--x", repr(trial.params["x"]), "--trial", "s#0"])
     if cut == "after-prune-mark":  # the pruner said prune; the cancel was not yet asked
         trial.set_user_attr(ATTR_TRAINER, "t0001")
@@ -173,6 +174,7 @@ def test_a_campaign_killed_between_its_writes_loses_and_doubles_nothing(
     run(again, daemon)
     check_ends(s, store)
     assert len(s.trials) == 6
+    assert set(s.trials[0].params) == set(SPACE)
     if cut == "after-prune-mark":
         assert s.trials[0].state == TrialState.PRUNED
         assert store.trainer("t0001").state == "cancelled"

@@ -35,3 +35,36 @@ def test_bad_input_is_one_line_and_queues_nothing(
     assert len(result.output.strip().splitlines()) == 1, result.output
     with Store.open(state) as store:
         assert store.trainers() == []
+
+
+@pytest.mark.parametrize("name", ["tpe", "random"])
+def test_a_restarted_campaign_does_not_propose_the_first_trials_again(
+    tmp_path: Path, name: str
+) -> None:
+    """`bftrainer hpo --seed S` killed and started again: the seeded sampler goes on past
+    the trials the study holds (a fresh one repeated the first four trials' parameters
+    in the e2e run of 2026-11-29)."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+
+    from bftrainer.cli.hpo import make_sampler, resumed_sampler
+
+    space = {"lr": FloatDistribution(1e-3, 1.0, log=True)}
+    storage = f"sqlite:///{tmp_path / 'hpo.db'}"
+
+    def opened() -> optuna.Study:
+        study = optuna.create_study(
+            storage=storage, study_name="s", sampler=make_sampler(name, 7), load_if_exists=True
+        )
+        study.sampler = resumed_sampler(study, name, 7)
+        return study
+
+    first = [opened().ask(space).params["lr"] for _ in range(1)]
+    study = opened()
+    first += [study.ask(space).params["lr"] for _ in range(3)]
+    again = opened()
+    later = [again.ask(space).params["lr"] for _ in range(4)]
+    assert not set(first) & set(later), (first, later)
+    # The cause, which the resumed seed undoes: the same seed draws the same sequence.
+    fresh = optuna.create_study(sampler=make_sampler(name, 7))
+    assert fresh.ask(space).params["lr"] == first[0]
