@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -128,7 +129,7 @@ class TrainerEvaluator(Evaluator):
             while not self._may_start():
                 await asyncio.sleep(self.poll_s)
             trainer_id = self._submit(job.args)
-        elif trainer_id in self._stopped_marks():  # stopped by the search that was killed
+        elif trainer_id in self.stopped_marks():  # stopped by the search that was killed
             seen.stopped = True
             if not self.store.trainer(trainer_id).finished:
                 self.store.request_cancel(trainer_id)  # again: harmless if it was asked
@@ -155,9 +156,9 @@ class TrainerEvaluator(Evaluator):
     def _marks_key(self) -> str:
         return f"hpo-stopped:{self.name}"
 
-    def _stopped_marks(self) -> list[str]:
-        """The trainers this search's stopper stopped (in the daemon's store)."""
-        return list(self.store.get_setting(self._marks_key, []))
+    def stopped_marks(self) -> dict[str, float]:
+        """The trainers this search's stopper stopped, with when (the daemon's store)."""
+        return dict(self.store.get_setting(self._marks_key, {}))
 
     def _may_start(self) -> bool:
         if self.max_parallel is not None and len(self._unfinished()) >= self.max_parallel:
@@ -200,7 +201,8 @@ class TrainerEvaluator(Evaluator):
                 seen.stopped = True
                 # The mark first, then the cancel: a restart tells a trainer cancelled
                 # for the stopper (pruned) from one cancelled by hand (failed).
-                self.store.set_setting(self._marks_key, [*self._stopped_marks(), row.id])
+                marks = {**self.stopped_marks(), row.id: time.time()}
+                self.store.set_setting(self._marks_key, marks)
                 self.store.request_cancel(row.id)
                 log.info("trainer %s stopped early at %d samples", row.id, samples)
 
