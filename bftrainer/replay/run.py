@@ -398,7 +398,9 @@ def _result(
         **{
             k: v
             for k, v in asdict(config).items()
-            if k not in ("window_s", "t_fwd_s") and not k.startswith(("windows_", "curves"))
+            # search_promise: in a search's fields (SearchSource.summary), only there
+            if k not in ("window_s", "t_fwd_s", "search_promise")
+            and not k.startswith(("windows_", "curves"))
         },
         **_window_fields(config),
         "t_fwd": config.t_fwd_s,
