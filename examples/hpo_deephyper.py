@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         search = CBO(
             problem,
-            random_state=args.seed,
+            # Seeded past what it reloads: the same seed again would propose the first
+            # configurations once more (as Optuna's did: bftrainer.cli.hpo.resumed_sampler).
+            random_state=args.seed + told,
             log_dir=str(log_dir),
             stopper=stopper,
             checkpoint_restart=True,  # a second run goes on from results.csv
