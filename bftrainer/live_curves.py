@@ -4,9 +4,13 @@
 (``bftrainer.trainers.learned_curve``, docs/allocator.md "Curves nobody gives"): a
 trainer's measured points, Pollux's optimistic prior elsewhere (capped at 2x the largest
 count run), and for a trainer with nothing measured yet perfect scaling up to its n_min
-at the best rate per node any trainer has measured (1 sample/s before any has). Only
-the source of the points differs: the replay draws them from a job's profile, the
-daemon reads them from the trainers' metrics records (the rate at each count it ran).
+at the best rate per node any trainer has measured (1 sample/s before any has). The
+prior is ``peers`` by default, as the replay's (``--prior peers``): what the trainers of
+the same model (``JobSpec.model``, the script's name: a search's trials) measured stands
+at the counts a trainer has not run, and the optimistic rule where no peer has measured
+either. Only the source of the points differs: the replay draws them from a job's
+profile, the daemon reads them from the trainers' metrics records (the rate at each
+count it ran).
 
 The live driver feeds :meth:`LiveCurves.measured` from each record; the daemon's
 submission queue gives each arriving trainer :meth:`LiveCurves.prior_job` and passes on
@@ -27,7 +31,12 @@ from bftrainer.jobs import JobSpec
 from bftrainer.loop import Curve, CurveReport
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
-from bftrainer.trainers.learned_curve import LEVEL_STEP, learned_curve, measured_rate_sps
+from bftrainer.trainers.learned_curve import (
+    LEVEL_STEP,
+    Measurements,
+    learned_curve,
+    measured_rate_sps,
+)
 from bftrainer.trainers.metrics import MetricsRecord
 
 log = logging.getLogger(__name__)
@@ -35,6 +44,7 @@ log = logging.getLogger(__name__)
 # The store's setting that keeps the best rate per node across daemon restarts (the
 # trainers that set it may have finished: their records are not read again).
 LEVEL_SETTING = "best_per_node_sps"
+PRIORS = ("peers", "optimistic")  # the replay's --prior, less ``profile`` (a probe)
 
 
 @dataclass
@@ -43,12 +53,16 @@ class LiveCurves:
 
     store: Store | None = None
     growth: float = float(EXPLORATION_GROWTH)
+    prior: str = "peers"
     best_per_node_sps: float = 0.0
     _rates: dict[str, dict[int, float]] = field(default_factory=dict)
+    _peers: dict[str, Measurements] = field(default_factory=dict)  # every rate, by model
     _priors: dict[str, tuple[JobSpec, float]] = field(default_factory=dict)
     _stated_level: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.prior not in PRIORS:
+            raise ValueError(f"prior {self.prior!r}: expected one of {', '.join(PRIORS)}")
         if self.store is not None:
             stored = self.store.get_setting(LEVEL_SETTING, 0.0)
             if isinstance(stored, int | float) and stored > 0:
@@ -77,6 +91,7 @@ class LiveCurves:
             return None
         rates = self._rates.setdefault(job.id, {})
         rates[record.nodes] = rate
+        self._peers.setdefault(job.model, Measurements()).add(record.nodes, rate)
         self._priors.pop(job.id, None)
         best = rate / record.nodes
         if best > self.best_per_node_sps:
@@ -108,8 +123,14 @@ class LiveCurves:
         self._priors.pop(trainer_id, None)
 
     def _curve(self, job: JobSpec, rates: dict[int, float]) -> Curve:
+        peers = self._peers.get(job.model) if self.prior == "peers" else None
         return learned_curve(
-            rates, job.n_min, job.n_max, unmeasured_sps=self.level, growth=self.growth
+            rates,
+            job.n_min,
+            job.n_max,
+            unmeasured_sps=self.level,
+            growth=self.growth,
+            prior_points=peers.means() if peers is not None else None,
         ).points
 
 

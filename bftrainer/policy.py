@@ -30,6 +30,9 @@ class MilpPolicy:
 
     config: Config
     name: str = "milp"
+    # Promise (issue 40): each trainer's weight on its objective term (TrainerSpec.weight),
+    # from whoever knows it (a replayed search: its trials' rungs); None: all 1.
+    weights: Callable[[str], float] | None = None
 
     def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
         c = self.config
@@ -49,6 +52,7 @@ class MilpPolicy:
                     user=t.job.user,
                     account=t.job.account,
                     spread_curve=t.reported_curves.get(spread_metric(metric)),
+                    weight=1.0 if self.weights is None else self.weights(t.id),
                 )
                 for t in trainers
             ),

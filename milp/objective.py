@@ -239,6 +239,8 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
         if not runnable:
             n_max = 0
         full_n, full_v = _value_table(problem, t, share, group)
+        if t.weight != 1.0:  # promise: w_j O_j (TrainerSpec.weight)
+            full_v = full_v * t.weight
         bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
         current = problem.current_nodes(t)
         terms.append(
@@ -350,7 +352,8 @@ def _slot_values(
         at_share = t.value_at(min(max(share, t.n_min), t.n_max)) / norm
         norm = norm * at_share if at_share > 0 else norm
     packed, spread = packed / norm, spread / norm
-    return _fair(packed, problem, group), _fair(spread, problem, group)
+    w = t.weight  # promise: w_j O_j (TrainerSpec.weight)
+    return _fair(packed, problem, group) * w, _fair(spread, problem, group) * w
 
 
 def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:

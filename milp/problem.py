@@ -66,9 +66,13 @@ class TrainerSpec:
     user: str = ""
     account: str = ""
     spread_curve: tuple[tuple[float, float], ...] | None = None
+    # Promise (issue 40): a weight on the trainer's term of the objective, w_j O_j (a
+    # search's trial that passed more rungs counts more); 1 is the paper's model.
+    weight: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"trainer {self.id!r}"
+        _check_number(self.weight, f"{where}: weight", minimum=0.0, maximum=1e6, open_min=True)
         for name in ("user", "account"):
             if not isinstance(getattr(self, name), str):
                 raise ProblemError(f"{where}: {name} is {getattr(self, name)!r}, expected a name")

@@ -4,7 +4,9 @@
 allows, prunes losing trials through the study's pruner and tells the study each end;
 ``space.py`` turns ``--param`` specs into distributions and a trial's parameters into the
 script's options. ``bftrainer hpo`` (bftrainer/cli/hpo.py) is the shell's way in;
-docs/hpo.md the lifecycle. Importing this package imports Optuna (the ``hpo`` extra).
+docs/hpo.md the lifecycle. Importing this package imports Optuna (the ``hpo`` extra);
+``bftrainer.hpo.evaluator`` (DeepHyper's ``Evaluator`` on trainers) is imported apart, as
+it imports DeepHyper.
 """
 
 from bftrainer.hpo.campaign import (

@@ -29,7 +29,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.policy import POLICIES as POLICY_REGISTRY
-from bftrainer.policy import ScavengerPolicy, make_policy
+from bftrainer.policy import MilpPolicy, ScavengerPolicy, make_policy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
 from bftrainer.replay.learning import (
     CURVES,
@@ -86,6 +86,8 @@ class ReplayConfig(Config):
     search_pruner: str = "asha"
     search_trials: int = 100
     search_seed: int = 0
+    # Promise: milp weighs a trial's objective term by search_promise ** (rungs passed).
+    search_promise: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -113,6 +115,9 @@ class ReplayConfig(Config):
         n = self.search_trials
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"search_trials = {n!r}: expected a whole number >= 1")
+        p = self.search_promise
+        if isinstance(p, bool) or not isinstance(p, int | float) or not (1 <= p <= 100):
+            raise ConfigError(f"search_promise = {p!r}: expected a number from 1 to 100")
         w = self.window_s
         if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
             raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")
@@ -168,6 +173,7 @@ REPLAY_TABLES: dict[str, dict[str, str]] = {
         "search_pruner": "search_pruner",
         "search_trials": "search_trials",
         "search_seed": "search_seed",
+        "search_promise": "search_promise",
     },
 }
 
@@ -281,7 +287,10 @@ def replay(
             config.search_trials,
             seed=config.search_seed,
             max_parallel=config.max_trainers,
+            promise=config.search_promise,
         )
+        if isinstance(policy, MilpPolicy) and config.search_promise != 1:
+            policy = replace(policy, weights=arrivals.weight)
         jobs = [replace(jobs[0], submit_s=start_s)]
     events = events_with_windows(trace, config.window_knowledge)
     pool = TimedSource((e.time_s, PoolChange(e)) for e in events)
@@ -389,7 +398,9 @@ def _result(
         **{
             k: v
             for k, v in asdict(config).items()
-            if k not in ("window_s", "t_fwd_s") and not k.startswith(("windows_", "curves"))
+            # search_promise: in a search's fields (SearchSource.summary), only there
+            if k not in ("window_s", "t_fwd_s", "search_promise")
+            and not k.startswith(("windows_", "curves"))
         },
         **_window_fields(config),
         "t_fwd": config.t_fwd_s,

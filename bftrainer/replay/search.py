@@ -81,6 +81,7 @@ class _Trial:
     state: TrainerState | None = None
     reported: int = 0  # reports made (the k-th at k x report_every samples)
     ended: bool = False  # told to the study
+    rungs: int = 0  # the pruner's rungs it has passed: its promise
 
 
 @dataclass
@@ -94,6 +95,7 @@ class SearchSource:
     n_trials: int
     seed: int = 0
     max_parallel: int = 10
+    promise: float = 1.0  # a trial's weight is promise ** (rungs passed): ``weight``
     family: CurveFamily = field(init=False)
     target: float = field(init=False)
     time_to_target_s: float | None = None
@@ -156,11 +158,19 @@ class SearchSource:
         next_s = math.inf if self.exhausted else now_s + POLL_S
         return Polled(tuple(inputs), next_s)
 
+    def weight(self, trainer_id: str) -> float:
+        """A trial's promise as milp's weight on its objective term (``MilpPolicy``):
+        ``promise`` to the power of the rungs it has passed, so a trial the pruner let
+        on gets nodes before the new ones (1 for any other trainer)."""
+        tr = self._trials.get(trainer_id)
+        return 1.0 if tr is None else float(self.promise**tr.rungs)
+
     def summary(self, node_s: dict[str, float]) -> dict[str, object]:
         run = [t for t in self._trials.values() if t.state is not None]
         return {
             "search": self.search,
             "pruner": self.pruner,
+            "search_promise": self.promise,
             "n_trials": self.n_trials,
             "target_loss": self.target,
             "time_to_target_s": self.time_to_target_s,
@@ -220,7 +230,14 @@ class SearchSource:
                 self._tell(tr, None, "PRUNED")
                 self.pruned += 1
                 return True
+            tr.rungs = self._rungs(tr)
         return False
+
+    def _rungs(self, tr: _Trial) -> int:
+        """The rungs Optuna's successive halving recorded for the trial (hyperband's
+        brackets run it too): ``completed_rung_K`` system attributes (none: 0)."""
+        attrs = self.study._storage.get_trial_system_attrs(tr.trial._trial_id)
+        return sum(1 for key in attrs if "completed_rung_" in key)
 
     def _ask(self, now_s: float) -> list[Input]:
         out: list[Input] = []

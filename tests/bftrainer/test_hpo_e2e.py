@@ -1,12 +1,14 @@
-"""A real Optuna study on the real 8-node Slurm through the daemon: `bftrainer hpo` runs
-16 trials of examples/hpo_digits.py (an MLP on scikit-learn's digits) as torchrun
-trainers, ASHA prunes the losers on their reported validation loss, and the daemon and
-the campaign are both killed -9 mid-study and started again.
+"""A real Optuna study and a real DeepHyper search on the real 8-node Slurm through one
+daemon, at once: `bftrainer hpo` and examples/hpo_deephyper.py each run 16 trials of
+examples/hpo_digits.py (an MLP on scikit-learn's digits) as torchrun trainers, ASHA
+(Optuna's pruner, DeepHyper's stopper) ends the losers on their reported validation loss,
+and the daemon and both searches are killed -9 mid-search and started again.
 
-What a user relies on, asserted here: every trial ends, none is left RUNNING; each
-trial's state is its trainer's end (done: COMPLETE with its last report, cancelled:
-PRUNED); at least a third are pruned, and a pruned trial's nodes leave it within a few
-polls; the kills lose no trial and double none (one trainer per trial).
+What a user relies on, asserted for each search: every trial ends, none is left
+running; each trial's state is its trainer's end (done: complete with its last report,
+cancelled: pruned); at least a third are pruned, and a pruned trial's nodes leave it
+within a few polls; the kills lose no trial and double none (one trainer per trial).
+The two share the cluster and the daemon: one test's time for both.
 """
 
 from __future__ import annotations
@@ -15,17 +17,20 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
+import pandas as pd
 import pytest
 from optuna.trial import TrialState
 
 from bftrainer.hpo import ATTR_PRUNED, ATTR_TRAINER, TRIAL_OPTION
-from bftrainer.state import Store
+from bftrainer.state import AllocationRow, Store, TrainerRow
+from bftrainer.trainers import channel
 from tests.bftrainer.daemon_service import BFTRAINER, Service, service_in
 from tests.conftest import REPO, SlurmCluster, wait_until
 
@@ -47,16 +52,27 @@ HPO = [
 ]
 
 
+# The same trials as a DeepHyper search (CBO, DeepHyper's successive halving on the same
+# rungs: a budget unit is a report, 1,280 samples), on the other 4 nodes.
+DH = [
+    *(sys.executable, str(REPO / "examples" / "hpo_deephyper.py"), "--name", "dh"),
+    *("--max-evals", str(TRIALS), "--work-samples", str(WORK), "--max-parallel", "4"),
+    *("--max-nodes", "1", "--poll-interval", "1", "--seed", "0"),
+    *("--step-delay-s", "0.03", "--device", "cpu"),  # the trial script's own
+]
+
+
 @pytest.fixture
 def service(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Service]:
     with service_in(slurm, tmp_path) as s:
         yield s
 
 
-def campaign(service: Service, n: int) -> subprocess.Popen[bytes]:
-    log = (service.log_dir / f"hpo-{n}.log").open("ab")
+def campaign(service: Service, n: int, kind: str = "hpo") -> subprocess.Popen[bytes]:
+    log = (service.log_dir / f"{kind}-{n}.log").open("ab")
+    command = [*BFTRAINER, "-v", *HPO] if kind == "hpo" else DH
     proc = subprocess.Popen(
-        [*BFTRAINER, "-v", *HPO, "--state-dir", str(service.state_dir)],
+        [*command, "--state-dir", str(service.state_dir)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=service.env,
@@ -71,6 +87,12 @@ def study(service: Service) -> optuna.Study:
     return optuna.load_study(study_name="e2e", storage=storage)
 
 
+def told(service: Service) -> int:
+    """DeepHyper's results written so far (its results.csv)."""
+    path = service.state_dir / "deephyper-dh" / "results.csv"
+    return len(pd.read_csv(path)) if path.exists() else 0
+
+
 def ended(service: Service) -> int:
     if not (service.state_dir / "hpo.db").exists():
         return 0
@@ -80,33 +102,38 @@ def ended(service: Service) -> int:
         return 0
 
 
-def test_a_study_prunes_its_losers_and_survives_kill9s(service: Service) -> None:
+def test_a_study_and_a_search_prune_their_losers_and_survive_kill9s(service: Service) -> None:
     service.start("milp")
-    first = campaign(service, 1)
-    second: subprocess.Popen[bytes] | None = None
+    first = [campaign(service, 1), campaign(service, 1, "dh")]
+    second: list[subprocess.Popen[bytes]] = []
     try:
-        wait_until(lambda: ended(service) >= 5, 300, "5 trials ended")
-        # Mid-study: trials running, others queued or not yet asked. Kill both, -9.
+        wait_until(lambda: ended(service) >= 5 and told(service) >= 3, 300, "trials ended")
+        # Mid-search: trials running, others queued or not yet asked. Kill all, -9.
         service.kill9()
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=10)
+        for proc in first:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
         time.sleep(2)
         service.start("milp")
-        second = campaign(service, 2)
-        second.wait(timeout=600)
+        second = [campaign(service, 2), campaign(service, 2, "dh")]
+        for proc in second:
+            proc.wait(timeout=600)
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.poll() is None:
+        for proc in (*first, *second):
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        for log in sorted(service.log_dir.glob("hpo-*.log")):
+        for log in sorted(service.log_dir.glob("*-[12].log")):
             print(f"==== {log.name}\n{log.read_text()[-4000:]}")
-    assert second is not None and second.returncode == 0
+    assert [proc.returncode for proc in second] == [0, 0]
     out = (service.log_dir / "hpo-2.log").read_text().strip().splitlines()[-1]
     summary = json.loads(out)
     trials = study(service).trials
     with Store.open(service.state_dir) as store:
-        rows = store.trainers()
-        history = {r.id: store.allocation_history(r.id) for r in rows}
+        every = store.trainers()
+        history = {r.id: store.allocation_history(r.id) for r in every}
+        marks = store.get_setting("hpo-stopped:dh", {})
+    rows = [r for r in every if r.args[r.args.index(TRIAL_OPTION) + 1].startswith("e2e#")]
+    check_deephyper(service, [r for r in every if r not in rows], history, marks)
     # One trainer per trial, no more: the kills lost none and doubled none.
     names = Counter(r.args[r.args.index(TRIAL_OPTION) + 1] for r in rows)
     assert sorted(names) == sorted(f"e2e#{n}" for n in range(TRIALS)), names
@@ -126,8 +153,6 @@ def test_a_study_prunes_its_losers_and_survives_kill9s(service: Service) -> None
         if t.state == TrialState.COMPLETE:
             assert max(t.intermediate_values) == WORK
             assert t.value == t.intermediate_values[WORK]
-    # A pruned trial's nodes: taken from it soon after the decision (the daemon polls
-    # every second; a decision may land while the daemon was down: not counted).
     freed_s = []
     for t in trials:
         mark = t.user_attrs.get(ATTR_PRUNED)
@@ -137,5 +162,53 @@ def test_a_study_prunes_its_losers_and_survives_kill9s(service: Service) -> None
         after = [a.time_s for a in history[row.id] if not a.nodes and a.time_s >= mark["time_s"]]
         if after:
             freed_s.append(after[0] - mark["time_s"])
+    check_freed(freed_s)
+
+
+def check_freed(freed_s: list[float]) -> None:
+    """A pruned trial's nodes: taken from it soon after the decision (the daemon polls
+    every second; a decision may land while the daemon was down: not counted)."""
     print(f"pruned trial -> nodes freed (s): {sorted(round(s, 2) for s in freed_s)}")
     assert freed_s and sorted(freed_s)[len(freed_s) // 2] < 5.0, freed_s
+
+
+def check_deephyper(
+    service: Service,
+    rows: list[TrainerRow],
+    history: dict[str, list[AllocationRow]],
+    marks: dict[str, float],
+) -> None:
+    """The DeepHyper search's checks: the Optuna study's, on its results.csv."""
+    out = (service.log_dir / "dh-2.log").read_text().strip().splitlines()[-1]
+    summary = json.loads(out)
+    results = pd.read_csv(service.state_dir / "deephyper-dh" / "results.csv")
+    # One trainer per trial and one result per trainer: the kills lost none, doubled none.
+    names = Counter(r.args[r.args.index(TRIAL_OPTION) + 1] for r in rows)
+    assert set(names.values()) == {1}, names
+    assert sorted(results["m:trainer"]) == sorted(r.id for r in rows)
+    assert len(results) >= TRIALS
+    by_id = {r.id: r for r in rows}
+    assert all(r.finished for r in rows)  # none left running
+    for _, res in results.iterrows():
+        row = by_id[res["m:trainer"]]
+        assert res["m:trainer_end"] == row.state, (res, row.state, row.reason)
+        assert bool(res["m:pruned"]) == (row.state == "cancelled"), (res, row.state)
+        assert row.state in ("done", "cancelled"), (row.id, row.state, row.reason)
+        # Its value is its trainer's last report (DeepHyper maximises: minus the loss);
+        # a stopped one's, the last before it was stopped (it may report on its way out).
+        reports, _ = channel.read_reports(Path(str(row.trainer_dir)))
+        values = [-r["value"] for r in reports]
+        if row.state == "done":
+            assert reports[-1]["samples_done"] == WORK
+            assert float(res["objective"]) == values[-1]
+        else:
+            assert float(res["objective"]) in values
+    pruned = int((results["m:trainer_end"] == "cancelled").sum())
+    assert pruned * 3 >= len(results), results[["m:trainer", "m:trainer_end"]]
+    assert summary["pruned"] == pruned and summary["complete"] == len(results) - pruned
+    freed_s = []
+    for tid, mark_s in marks.items():
+        after = [a.time_s for a in history[tid] if not a.nodes and a.time_s >= mark_s]
+        if after and by_id[tid].state == "cancelled":
+            freed_s.append(after[0] - mark_s)
+    check_freed(freed_s)

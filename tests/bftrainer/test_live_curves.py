@@ -89,7 +89,9 @@ def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path:
     state = ensure_state_dir(tmp_path / "state")
     with Store.open(state) as store:
         ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
-        curves = LiveCurves(store)
+        # The level alone (the trainers share a model: peers would add what ran measured;
+        # test_a_trial_plans_on_what_its_peers_measured).
+        curves = LiveCurves(store, prior="optimistic")
         queue = SubmissionQueue(store, curves=curves)
         first = queue.poll(0.0).inputs
         assert [type(i) for i in first] == [Arrival]
@@ -108,7 +110,7 @@ def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path:
     # A new daemon on the same store gives a new trainer the same level at once.
     with Store.open(state) as store:
         late = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
-        again = LiveCurves(store)
+        again = LiveCurves(store, prior="optimistic")
         arrived = SubmissionQueue(store, curves=again).poll(0.0).inputs
         jobs = {i.job.id: i.job for i in arrived if isinstance(i, Arrival)}
         assert jobs[late].curve == ((1.0, level), (8.0, level))
@@ -163,3 +165,34 @@ def test_status_shows_the_daemons_curve_for_a_trainer_with_a_minimum(tmp_path: P
     assert [(p["nodes"], p["throughput_sps"]) for p in shown["curve"]] == [
         (int(n), pytest.approx(v)) for n, v in daemon
     ]
+
+
+def test_a_trial_plans_on_what_its_peers_measured(tmp_path: Path) -> None:
+    """Trials of one search share a model (the script): a new one is valued at the rates
+    its peers measured, at the counts they ran (the replay's ``--prior peers``, the
+    default); another model's trainer, or the ``optimistic`` prior, has none of them."""
+    other = tmp_path / "other.py"
+    other.write_text("")
+    with Store.open(ensure_state_dir(tmp_path / "state")) as store:
+        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        new = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        stranger = store.submit(str(other), max_nodes=8, backend="torchrun")
+        records = records_of_a_trainer_run_at([1, 2])
+        peers, optimistic = LiveCurves(store), LiveCurves(prior="optimistic")
+        for curves in (peers, optimistic):
+            for rec in records:
+                curves.measured(job_of(store.trainer(ran)), MetricsRecord.from_dict(rec))
+        rates = rates_of(records)
+        growth = LearningOptions().growth
+        fresh = peers.prior_job(job_of(store.trainer(new))).curve
+        # As if it had measured what its peer did (geometric means: equal to round-off).
+        same = learned_curve(rates, 1, 8, unmeasured_sps=1.0, growth=growth).points
+        assert [n for n, _ in fresh] == [n for n, _ in same]
+        assert [v for _, v in fresh] == pytest.approx([v for _, v in same], rel=1e-12)
+        level = peers.best_per_node_sps
+        nothing = learned_curve({}, 1, 8, unmeasured_sps=level, growth=growth).points
+        assert peers.prior_job(job_of(store.trainer(stranger))).curve == nothing
+        assert optimistic.prior_job(job_of(store.trainer(new))).curve == nothing
+        assert fresh != nothing
+    with pytest.raises(ValueError, match="prior 'profile'"):
+        LiveCurves(prior="profile")

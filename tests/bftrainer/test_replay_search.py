@@ -19,7 +19,7 @@ from bftrainer.replay.workload import hpo_workload
 FIELDS = ("time_to_target_s", "trials_run", "trials_pruned", "trials_completed")
 
 
-def search(policy: str, pruner: str, trials: int = 30) -> dict[str, Any]:
+def search(policy: str, pruner: str, trials: int = 30, promise: float = 1.0) -> dict[str, Any]:
     trace = synthetic_trace(SyntheticConfig(nodes=64, duration_s=24 * 3600, seed=1))
     (job,) = hpo_workload(1, trace.start_s)
     # Short trials (30 min on 2 nodes): the trace's ~7 idle nodes run them all in hours.
@@ -31,6 +31,7 @@ def search(policy: str, pruner: str, trials: int = 30) -> dict[str, Any]:
         search="tpe",
         search_pruner=pruner,
         search_trials=trials,
+        search_promise=promise,
         **extra,
     )
     return replay(trace, jobs, config).summary
@@ -67,6 +68,16 @@ def test_a_search_replay_is_seeded() -> None:
     a, b = search("milp", "asha", 12), search("milp", "asha", 12)
     assert {k: a[k] for k in FIELDS} == {k: b[k] for k in FIELDS}
     assert a["best_loss"] == b["best_loss"]
+
+
+def test_promise_reaches_milp_and_one_is_the_plain_model() -> None:
+    """search_promise w: milp weighs a trial that passed k rungs by w**k. The same seed
+    with and without it: other allocations (the weights reach the policy), the same
+    target; the summary says which ran."""
+    plain, promised = search("milp", "asha", 12), search("milp", "asha", 12, promise=4.0)
+    assert plain["search_promise"] == 1.0 and promised["search_promise"] == 4.0
+    assert plain["target_loss"] == promised["target_loss"]
+    assert plain["node_hours_per_trial"] != promised["node_hours_per_trial"]
 
 
 @pytest.mark.parametrize(

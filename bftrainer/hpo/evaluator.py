@@ -1,0 +1,255 @@
+"""A DeepHyper ``Evaluator`` whose workers are bftrainer trainers.
+
+DeepHyper's searches (CBO, random, ...) call an evaluator's ``execute(job)`` once per
+configuration (its contract: deephyper/evaluator/_evaluator.py). Here ``execute`` waits
+until the daemon's pool has room (:func:`~bftrainer.hpo.campaign.room`, as an Optuna
+campaign does), submits the configuration as a trainer of ``spec`` (its parameters as
+options, ``--trial NAME#K``), passes each ``runtime.report`` to the search's early
+stopper (``RunningJob.record`` then ``stopped``, as a DeepHyper run-function does) and
+cancels the trainer when the stopper says stop. The job's output is its trainer's end:
+``done`` and a stopped trainer that ended ``cancelled`` give the last reported value,
+anything else a failure (DeepHyper's ``"F_..."`` objective). So a search runs unchanged:
+
+    search = CBO(problem, TrainerEvaluator(spec, store, "digits"), stopper=stopper)
+    search.search(max_evals=24)
+
+``num_workers`` follows the pool: the trials that run plus those its room fits now,
+within ``max_parallel``. A restarted search (``checkpoint_restart=True``) adopts the
+trainers that a killed one started and never told: they run on and are told once
+(docs/hpo.md, "DeepHyper").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from deephyper.evaluator import Evaluator, Job, JobStatus
+
+from bftrainer.hpo.campaign import TRIAL_OPTION, CampaignError, TrialSpec, room, trainers_by_trial
+from bftrainer.hpo.space import as_args
+from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
+from bftrainer.trainers import channel
+
+log = logging.getLogger(__name__)
+
+META_TRAINER = "trainer"  # the job's metadata (results.csv's m:trainer): its trainer's id
+META_END = "trainer_end"  # done, cancelled or failed
+META_PRUNED = "pruned"  # True: the stopper ended it (its trainer was cancelled for it)
+
+
+@dataclass
+class _Followed:
+    """What ``execute`` has read of one trainer: reports by samples, and the last value."""
+
+    seen: set[int] = field(default_factory=set)
+    offset: int = 0
+    last: float | None = None
+    stopped: bool = False
+
+
+class TrainerEvaluator(Evaluator):
+    """DeepHyper's evaluator on the daemon of ``store``: each configuration is a trainer
+    of ``spec``, named ``NAME#K`` (``name``). DeepHyper maximises: with ``maximize``
+    False (a loss, as the examples report) the objective is minus the reported value.
+    A report at ``samples_done`` is the stopper's budget ``samples_done /
+    budget_samples``; a stopper's ``max_steps`` counts the same units."""
+
+    def __init__(
+        self,
+        spec: TrialSpec,
+        store: Store,
+        name: str,
+        *,
+        maximize: bool = False,
+        budget_samples: float = 1.0,
+        max_parallel: int | None = None,
+        poll_s: float = 5.0,
+        callbacks: list[Any] | None = None,
+    ) -> None:
+        if not name or "#" in name:
+            raise CampaignError(f"search name {name!r}: give a name without '#'")
+        if not (math.isfinite(budget_samples) and budget_samples > 0):
+            raise CampaignError(f"budget_samples {budget_samples!r}: must be > 0")
+        if max_parallel is not None and max_parallel < 1:
+            raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
+        if not 1 <= spec.min_nodes <= spec.max_nodes:
+            raise CampaignError(
+                f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max"
+            )
+        script = Path(spec.script).expanduser().absolute()
+        if not script.is_file():
+            raise CampaignError(f"trial script {script}: no such file")
+        self.spec, self.store, self.name = replace(spec, script=script), store, name
+        self.sign = 1.0 if maximize else -1.0
+        self.budget_samples, self.max_parallel, self.poll_s = budget_samples, max_parallel, poll_s
+        self._adopt: dict[str, str] = {}  # DeepHyper job id -> the trainer it adopts
+        self._adopted = False
+        super().__init__(run_function=None, callbacks=callbacks)
+
+    # -- what DeepHyper asks ---------------------------------------------------------
+    @property
+    def num_workers(self) -> int:
+        """The trials that run plus those the pool's room fits now (at least 1)."""
+        fit = len(self._unfinished()) + max(0, room(self.store)) // self.spec.min_nodes
+        if self.max_parallel is not None:
+            fit = min(fit, self.max_parallel)
+        return max(1, fit)
+
+    @num_workers.setter
+    def num_workers(self, value: int | None) -> None:
+        """DeepHyper's base class sets it; the pool decides instead."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, "num_workers": self.num_workers, "name": self.name}
+
+    def submit(self, args_list: list[dict[str, Any]]) -> None:
+        """The search's configurations; before the first, those of trainers a killed
+        search started and never told (their results are not in the search's history)."""
+        if not self._adopted:
+            self._adopted = True
+            orphans = self._orphans()
+            if orphans:
+                log.info("adopting %d trial(s) of a search that was stopped", len(orphans))
+                super().submit([params for params, _ in orphans])
+                for job, (_, row) in zip(self.jobs[-len(orphans) :], orphans, strict=True):
+                    self._adopt[job.id] = row.id
+        super().submit(args_list)
+
+    async def execute(self, job: Job) -> Job:
+        seen = _Followed()
+        trainer_id = self._adopt.pop(job.id, None)
+        if trainer_id is None:
+            while not self._may_start():
+                await asyncio.sleep(self.poll_s)
+            trainer_id = self._submit(job.args)
+        elif trainer_id in self.stopped_marks():  # stopped by the search that was killed
+            seen.stopped = True
+            if not self.store.trainer(trainer_id).finished:
+                self.store.request_cancel(trainer_id)  # again: harmless if it was asked
+        job.status = JobStatus.RUNNING
+        running = job.create_running_job(self._stopper)
+        while True:
+            # The row is read before the reports: an ended trainer has written them all.
+            row = self.store.trainer(trainer_id)
+            self._follow(row, running, seen)
+            if row.finished:
+                break
+            await asyncio.sleep(self.poll_s)
+        return self._update_job_when_done(job, self._output(row, seen))
+
+    # -- inside ------------------------------------------------------------------------
+    def _trainers(self) -> dict[str, TrainerRow]:
+        prefix = f"{self.name}#"
+        return {k: r for k, r in trainers_by_trial(self.store).items() if k.startswith(prefix)}
+
+    def _unfinished(self) -> list[TrainerRow]:
+        return [r for r in self._trainers().values() if not r.finished]
+
+    @property
+    def _marks_key(self) -> str:
+        return f"hpo-stopped:{self.name}"
+
+    def stopped_marks(self) -> dict[str, float]:
+        """The trainers this search's stopper stopped, with when (the daemon's store)."""
+        return dict(self.store.get_setting(self._marks_key, {}))
+
+    def _may_start(self) -> bool:
+        if self.max_parallel is not None and len(self._unfinished()) >= self.max_parallel:
+            return False
+        return room(self.store) >= self.spec.min_nodes
+
+    def _submit(self, params: Mapping[str, Any]) -> str:
+        """Queue the configuration's trainer: one commit, so a kill leaves it or not."""
+        spec = self.spec
+        name = f"{self.name}#{len(self._trainers())}"
+        up_s, down_s = DEFAULT_RESCALE_S[spec.backend]
+        trainer_id = self.store.submit(
+            spec.script,
+            [*spec.args, *as_args(_plain(params)), TRIAL_OPTION, name],
+            backend=spec.backend,
+            min_nodes=spec.min_nodes,
+            max_nodes=spec.max_nodes,
+            work_samples=spec.work_samples,
+            rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
+            rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
+        )
+        log.info("%s -> trainer %s: %s", name, trainer_id, dict(params))
+        return trainer_id
+
+    def _follow(self, row: TrainerRow, running: Any, seen: _Followed) -> None:
+        """Each new report to the stopper; cancel the trainer when it says stop before
+        the trainer's work is done."""
+        if row.trainer_dir is None:
+            return
+        reports, seen.offset = channel.read_reports(Path(row.trainer_dir), seen.offset)
+        for r in reports:
+            samples = int(r["samples_done"])
+            if samples in seen.seen:
+                continue
+            seen.seen.add(samples)
+            seen.last = self.sign * float(r["value"])
+            running.record(samples / self.budget_samples, seen.last)
+            at_end = self.spec.work_samples is not None and samples >= self.spec.work_samples
+            if running.stopped() and not (seen.stopped or row.finished or at_end):
+                seen.stopped = True
+                # The mark first, then the cancel: a restart tells a trainer cancelled
+                # for the stopper (pruned) from one cancelled by hand (failed).
+                marks = {**self.stopped_marks(), row.id: time.time()}
+                self.store.set_setting(self._marks_key, marks)
+                self.store.request_cancel(row.id)
+                log.info("trainer %s stopped early at %d samples", row.id, samples)
+
+    def _output(self, row: TrainerRow, seen: _Followed) -> dict[str, Any]:
+        pruned = row.state == "cancelled" and seen.stopped
+        meta = {META_TRAINER: row.id, META_END: row.state, META_PRUNED: pruned}
+        if row.state == "done" or pruned:
+            if seen.last is None:
+                return {"objective": "F_no_report", "metadata": meta}
+            return {"objective": seen.last, "metadata": meta}
+        return {"objective": f"F_{row.state}", "metadata": meta}
+
+    def _orphans(self) -> list[tuple[dict[str, Any], TrainerRow]]:
+        """Trainers of this search that no job of the search's history names."""
+        told = {str(j.metadata.get(META_TRAINER)) for j in self._history()}
+        told |= set(self._adopt.values())
+        out = []
+        for row in sorted(self._trainers().values(), key=lambda r: r.submitted_s):
+            if row.id not in told:
+                out.append((params_of(row.args, len(self.spec.args)), row))
+        return out
+
+    def _history(self) -> Sequence[Job]:
+        search = getattr(self, "search", None)
+        history = getattr(search, "history", None)
+        return list(getattr(history, "jobs", []))
+
+
+def params_of(args: Sequence[str], skip: int) -> dict[str, Any]:
+    """A trainer's parameters from its arguments (``as_args``'s ``--NAME VALUE`` after the
+    spec's own ``skip`` arguments, up to ``--trial``): ints, floats, else strings."""
+    out: dict[str, Any] = {}
+    rest = list(args[skip:])
+    while len(rest) >= 2 and rest[0] != TRIAL_OPTION:
+        name, text = rest[0].removeprefix("--"), rest[1]
+        rest = rest[2:]
+        value: Any = text
+        for kind in (int, float):
+            try:
+                value = kind(text)
+                break
+            except ValueError:
+                continue
+        out[name] = value
+    return out
+
+
+def _plain(params: Mapping[str, Any]) -> dict[str, Any]:
+    """numpy scalars as Python's (``repr`` of a numpy float is not a number)."""
+    return {k: v.item() if hasattr(v, "item") else v for k, v in params.items()}

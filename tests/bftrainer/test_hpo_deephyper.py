@@ -1,0 +1,209 @@
+"""A real DeepHyper search through ``TrainerEvaluator`` on a real store, with the
+daemon's part played by the scripted daemon of test_hpo_campaign.py in a thread. What
+users rely on: the search runs unchanged (DeepHyper's own search, stopper and
+results); each job's result is its trainer's end (done: the last report; stopped
+early: its trainer cancelled, the last report; failed: a failure); DeepHyper's
+successive halving stops losers; a search killed -9 and started again with
+``checkpoint_restart`` neither loses nor doubles a trial. The real thing on Slurm:
+test_hpo_e2e.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from deephyper.hpo import CBO, HpProblem, RandomSearch
+from deephyper.stopper import SuccessiveHalvingStopper
+
+from bftrainer.hpo import CampaignError, TrialSpec
+from bftrainer.hpo.evaluator import TrainerEvaluator, params_of
+from bftrainer.state import Store
+from tests.bftrainer.test_hpo_campaign import STEPS, ScriptedDaemon
+from tests.conftest import REPO, wait_until
+
+WORK = STEPS[-1]
+
+
+class DaemonThread:
+    """The scripted daemon stepping every ``every_s`` on its own connection."""
+
+    def __init__(self, state: Path, root: Path, nodes: int, every_s: float = 0.05) -> None:
+        self.store = Store.open(state)
+        self.daemon = ScriptedDaemon(self.store, root, nodes)
+        self.every_s, self.stop = every_s, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.most_unfinished = 0  # trainers queued or running at once, seen at each step
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self.daemon.step()
+            unfinished = sum(1 for r in self.store.trainers() if not r.finished)
+            self.most_unfinished = max(self.most_unfinished, unfinished)
+
+    def __enter__(self) -> DaemonThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.store.close()
+
+
+def problem() -> HpProblem:
+    p = HpProblem()
+    p.add_hyperparameter((0.0, 1.0), "x")
+    return p
+
+
+def evaluator(state: Path, script: Path) -> TrainerEvaluator:
+    spec = TrialSpec(script, min_nodes=1, max_nodes=1, work_samples=WORK)
+    return TrainerEvaluator(
+        spec, Store.open(state), "dh", budget_samples=STEPS[0], poll_s=0.01, max_parallel=3
+    )
+
+
+def stopper() -> SuccessiveHalvingStopper:
+    # Budgets 1..4 (a report every 100 samples); rungs at 1 and 3, the top third goes on.
+    return SuccessiveHalvingStopper(max_steps=len(STEPS), min_steps=1, reduction_factor=3)
+
+
+def run_search(state: str, script: str, log_dir: str, max_evals: str, restart: str) -> None:
+    """One search to the end (the subprocess of the kill test); CBO, as DeepHyper's
+    restart from its results.csv (``checkpoint_restart``) is CBO's."""
+    search = CBO(
+        problem(),
+        stopper=stopper(),
+        log_dir=log_dir,
+        random_state=int(max_evals),
+        checkpoint_restart=restart == "1",
+        n_initial_points=20,  # random points: the surrogate's fits are not what is tested
+    )
+    search.search(evaluator(Path(state), Path(script)), max_evals=int(max_evals))
+
+
+def check_ends(results: pd.DataFrame, store: Store) -> None:
+    """One result per trainer and one trainer per result, each result its trainer's end."""
+    rows = {r.id: r for r in store.trainers()}
+    assert sorted(results["m:trainer"]) == sorted(rows), (list(results["m:trainer"]), rows)
+    names = Counter(r.args[r.args.index("--trial") + 1] for r in rows.values())
+    assert set(names.values()) == {1}, names  # one trainer per trial name
+    for _, r in results.iterrows():
+        row = rows[r["m:trainer"]]
+        assert r["m:trainer_end"] == row.state
+        x = float(row.args[row.args.index("--x") + 1])
+        assert r["p:x"] == pytest.approx(x)
+        if row.state == "done":
+            assert not r["m:pruned"]
+            assert float(r["objective"]) == pytest.approx(-((x - 0.3) ** 2 + 1 / WORK))
+        elif row.state == "cancelled":
+            assert r["m:pruned"], "cancelled only by the stopper here"
+            assert float(r["objective"]) < -((x - 0.3) ** 2 + 1 / WORK)  # before the end
+        else:
+            assert str(r["objective"]).startswith("F_")
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "trial.py").write_text("")
+    Store.open(tmp_path / "state").close()
+    yield tmp_path / "state"
+
+
+def test_a_search_stops_its_losers_and_each_result_is_its_trainers_end(
+    tmp_path: Path, state: Path
+) -> None:
+    with DaemonThread(state, tmp_path / "trainers", nodes=3) as daemon:
+        daemon.daemon.fail.add("t0002")
+        ev = evaluator(state, tmp_path / "trial.py")
+        search = RandomSearch(
+            problem(), stopper=stopper(), log_dir=str(tmp_path / "dh"), random_state=1
+        )
+        results = search.search(ev, max_evals=12)
+    with Store.open(state) as store:
+        check_ends(results, store)
+        ends = Counter(r.state for r in store.trainers())
+    assert ends["cancelled"] >= 4 and ends["done"] >= 1 and ends["failed"] == 1, ends
+    assert len(results) >= 12
+    # The pool had 3 nodes: never more than 3 trainers at once (each asked when room).
+    assert 1 <= daemon.most_unfinished <= 3
+
+
+def test_num_workers_follow_the_pool(tmp_path: Path, state: Path) -> None:
+    ev = evaluator(state, tmp_path / "trial.py")
+    ev.max_parallel = None
+    with Store.open(state) as store:
+        store.set_setting("pool", {"nodes": {f"n{i}": {} for i in range(5)}})
+        assert ev.num_workers == 5
+        store.submit(tmp_path / "trial.py", ["--x", "0.5", "--trial", "dh#0"])
+        store.submit(tmp_path / "trial.py", ["--x", "0.5", "--trial", "other#0"])
+        assert ev.num_workers == 4  # its own trial counts, another search's takes room
+        store.set_setting("pool", {"nodes": {}})
+        assert ev.num_workers == 1  # its running trial
+
+
+def test_a_search_killed_and_started_again_loses_and_doubles_no_trial(
+    tmp_path: Path, state: Path
+) -> None:
+    log_dir = tmp_path / "dh"
+    script = tmp_path / "trial.py"
+
+    def search(max_evals: int, restart: bool) -> subprocess.Popen[bytes]:
+        args = [str(state), str(script), str(log_dir), str(max_evals), "1" if restart else "0"]
+        code = "import sys; from tests.bftrainer.test_hpo_deephyper import run_search as r; "
+        code += "r(*sys.argv[1:])"
+        return subprocess.Popen(
+            [sys.executable, "-c", code, *args], cwd=REPO, start_new_session=True
+        )
+
+    with DaemonThread(state, tmp_path / "trainers", nodes=3, every_s=0.3):
+        first = search(10, restart=False)
+        try:
+            # Mid-search: some told (in results.csv), some trainers running.
+            wait_until(lambda: _told(log_dir) >= 3, 120, "3 results written")
+            wait_until(lambda: _running(state) >= 1, 30, "a trainer running")
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+        with Store.open(state) as store:
+            before = {r.id for r in store.trainers()}
+        second = search(4, restart=True)
+        assert second.wait(timeout=300) == 0
+    results = pd.read_csv(log_dir / "results.csv")
+    with Store.open(state) as store:
+        check_ends(results, store)  # every trainer once: the killed search's adopted
+    assert before <= set(results["m:trainer"])
+
+
+def test_params_come_back_from_a_trainers_arguments() -> None:
+    args = ("--base", "1", "--act", "relu", "--lr", "0.003", "--n", "4", "--trial", "s#2")
+    assert params_of(args, 2) == {"act": "relu", "lr": 0.003, "n": 4}
+
+
+def test_a_search_that_cannot_run_is_refused_in_one_line(tmp_path: Path, state: Path) -> None:
+    spec = TrialSpec(tmp_path / "missing.py")
+    with Store.open(state) as store:
+        with pytest.raises(CampaignError, match=r"trial script .*missing.py: no such file"):
+            TrainerEvaluator(spec, store, "dh")
+        with pytest.raises(CampaignError, match="without '#'"):
+            TrainerEvaluator(TrialSpec(tmp_path / "trial.py"), store, "a#b")
+
+
+def _told(log_dir: Path) -> int:
+    path = log_dir / "results.csv"
+    if not path.exists():
+        return 0
+    return max(0, len(path.read_text().strip().splitlines()) - 1)
+
+
+def _running(state: Path) -> int:
+    with Store.open(state) as store:
+        return sum(1 for r in store.trainers() if r.state == "running")
