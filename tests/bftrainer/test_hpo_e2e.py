@@ -139,6 +139,9 @@ def test_a_study_and_a_search_prune_their_losers_and_survive_kill9s(service: Ser
     assert sorted(names) == sorted(f"e2e#{n}" for n in range(TRIALS)), names
     assert set(names.values()) == {1}, names
     assert len(trials) == TRIALS
+    # The restarted campaign's seeded sampler went on: no trial repeats another's draw.
+    draws = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(draws)) == len(draws), draws
     by_id = {r.id: r for r in rows}
     expect = {"done": TrialState.COMPLETE, "cancelled": TrialState.PRUNED}
     for t in trials:
