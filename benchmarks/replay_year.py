@@ -15,7 +15,7 @@ replay loop's own ``wall_s`` from its summary.json. Workloads:
   paper; ``--interval``) with enough trials to arrive through the whole trace: the replay
   covers every pool event, and more trainers wait than run (the loop's queue grows all
   year). On Theta's real year (8,720 h) one every 36 s is 872,000 trials; one every 90 s
-  (97,000) is what ten trainers of 64 nodes finish on its mean pool (about 40 an hour).
+  (349,000, 40 an hour) is what ten trainers at 64 nodes could finish at most.
 
     python benchmarks/replay_year.py [PATH] [--workloads paper,stream] [--trainers 10,100]
                                      [--hours H] [--interval S] [--command CMD]
