@@ -97,7 +97,7 @@ def week_end(week: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
-    # Two weeks with no stretch of 6 h without a job start (no outage that looks idle).
+    # Two weeks of normal service (2022-01-10 opens with 7 h of no job: docs/benchmarks.md).
     parser.add_argument("--weeks", default="2022-01-10,2022-10-10")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/theta"))
     parser.add_argument("--skip-convert", action="store_true")
