@@ -12,11 +12,14 @@ replay loop's own ``wall_s`` from its summary.json. Workloads:
   February 2021 dates; needs ``../shared/data``). The replay ends once all are done
   (about two days of a 4,360-node machine), so it measures the busy start, not the year.
 - ``stream``: the built-in hpo workload (ShuffleNet trials, one every 36 s as in the
-  paper) with enough trials to arrive through the whole trace: the replay covers every
-  pool event, and more trainers wait than run (the loop's queue grows all year).
+  paper; ``--interval``) with enough trials to arrive through the whole trace: the replay
+  covers every pool event, and more trainers wait than run (the loop's queue grows all
+  year). On Theta's real year (8,720 h) one every 36 s is 872,000 trials; one every 90 s
+  (349,000, 40 an hour) is what ten trainers at 64 nodes could finish at most.
 
     python benchmarks/replay_year.py [PATH] [--workloads paper,stream] [--trainers 10,100]
-                                     [--hours H] [--command CMD] [--label L] [--out FILE]
+                                     [--hours H] [--interval S] [--command CMD]
+                                     [--label L] [--out FILE]
 
 PATH: a pool trace, or a scheduler's job log once ``bftrainer replay`` reads those.
 Default: the synthetic stand-in, ``bftrainer trace synth --nodes 4360 --hours 700
@@ -73,6 +76,9 @@ def main() -> None:
         help="the bftrainer command to time",
     )
     ap.add_argument("--hours", type=float, help="stream: replay only the trace's first H hours")
+    ap.add_argument(
+        "--interval", type=float, default=STREAM_INTERVAL_S, help="stream: s between trials"
+    )
     ap.add_argument("--label", default="", help="names this set of figures in the JSON")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/replay_year.json"))
     args = ap.parse_args()
@@ -91,7 +97,7 @@ def main() -> None:
     )
     runs: dict[str, dict[str, object]] = {}
     for workload in args.workloads.split(","):
-        options = workload_options(workload, args.data, stats, args.hours)
+        options = workload_options(workload, args.data, stats, args.hours, args.interval)
         if options is None:
             print(f"skipped {workload}: {args.data / PAPER_JOBS} is absent", flush=True)
             continue
@@ -108,6 +114,7 @@ def main() -> None:
         "command": args.command,
         "trace": {k: stats.get(k) for k in ("nodes", "duration_h", "events", "eq_nodes")},
         "hours": args.hours,
+        "interval_s": args.interval,
         "goals_s": GOAL_S,
         "runs": runs,
     }
@@ -117,7 +124,11 @@ def main() -> None:
 
 
 def workload_options(
-    workload: str, data: Path, stats: dict[str, object], hours: float | None
+    workload: str,
+    data: Path,
+    stats: dict[str, object],
+    hours: float | None,
+    interval_s: float = STREAM_INTERVAL_S,
 ) -> list[str] | None:
     """The replay's workload options; None when the paper's set is absent."""
     if workload == "paper":
@@ -125,8 +136,8 @@ def workload_options(
         return ["--jobs", str(jobs)] if jobs.exists() else None
     if workload == "stream":
         hours = hours or float(stats["duration_h"])  # type: ignore[arg-type]
-        count = math.ceil(hours * 3600 / STREAM_INTERVAL_S) + 1
-        interval = f"{STREAM_INTERVAL_S:g}"
+        count = math.ceil(hours * 3600 / interval_s) + 1
+        interval = f"{interval_s:g}"
         return ["--workload", "hpo", "--jobs-count", str(count), "--interval", interval]
     raise SystemExit(f"--workloads: unknown workload {workload!r} (paper, stream)")
 
