@@ -19,10 +19,13 @@ modes differ only in what is plugged in:
   it itself); ``next_wakeup_s`` says when it next has something to report (a completion
   at current rates, a report timer). A wake-up is not an event: nothing is recorded
   unless it brings an input or a decision.
-- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers, from the
-  pool, the trainers and the pool's churn (:class:`~bftrainer.churn.Churn`: the loop's
-  rolling window of the pool changes it applied, the same in both modes; the milp
-  policy's ``t_fwd_s = "auto"`` reads it).
+- **Policy** (:class:`Policy`): pure; admits the trainers that take part, and decides
+  their node sets from :class:`PolicyInputs`, all of which the loop hands it: the pool,
+  the admitted trainers with their curves, the pool's churn
+  (:class:`~bftrainer.churn.Churn`: the loop's rolling window of the pool changes it
+  applied, the same in both modes; the milp policy's ``t_fwd_s = "auto"`` reads it), the
+  loop's time, and what came as inputs (:class:`Assignment` to follow, :class:`Refused`
+  nodes with their times).
 
 The package shows those parts: ``records`` (the data a step exchanges), ``protocols``
 (the seams above), ``clocks``, ``sources`` (the generic ones) and ``core`` (the
@@ -57,6 +60,7 @@ from bftrainer.loop.protocols import (
 )
 from bftrainer.loop.records import (
     Arrival,
+    Assignment,
     Cancel,
     Completion,
     Curve,
@@ -68,10 +72,12 @@ from bftrainer.loop.records import (
     LoopStalledError,
     LoopState,
     LoopView,
+    PolicyInputs,
     Polled,
     PoolChange,
     Progress,
     Redecide,
+    Refused,
     Step,
     TrainerState,
 )
@@ -82,6 +88,7 @@ __all__ = [
     "WINDOW_TOLERANCE_S",
     "Actor",
     "Arrival",
+    "Assignment",
     "Cancel",
     "Clock",
     "Completion",
@@ -100,11 +107,13 @@ __all__ = [
     "Observer",
     "Placer",
     "Policy",
+    "PolicyInputs",
     "Polled",
     "PoolChange",
     "Progress",
     "Reader",
     "Redecide",
+    "Refused",
     "Settler",
     "Source",
     "Step",

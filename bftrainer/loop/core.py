@@ -58,6 +58,7 @@ from bftrainer.loop.protocols import (
 )
 from bftrainer.loop.records import (
     Arrival,
+    Assignment,
     Cancel,
     Completion,
     CurveReport,
@@ -68,13 +69,14 @@ from bftrainer.loop.records import (
     LoopStalledError,
     LoopState,
     LoopView,
+    PolicyInputs,
     PoolChange,
     Redecide,
+    Refused,
     Step,
     TrainerState,
 )
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
-from bftrainer.milp.problem import fair_admission, group_key
 
 if TYPE_CHECKING:
     from bftrainer.config import Config
@@ -167,6 +169,9 @@ class Loop:
         self.churn = ChurnWindow(start_s=state.now_s)
         # When the pool source said each node will be taken back (PoolEvent.windows_s).
         self.leave_by_s: dict[str, float] = {}
+        # The policy's inputs that come as data (Assignment, Refused): the latest of each.
+        self.assignment: dict[str, tuple[str, ...]] = {}
+        self.refused_until_s: dict[tuple[str | None, str], float] = {}
 
     # ---- driving --------------------------------------------------------------------------
     def state(self) -> LoopState:
@@ -286,20 +291,11 @@ class Loop:
         return list(self._running)
 
     def admitted(self) -> list[TrainerState]:
-        """The ``max_trainers`` unfinished trainers that take part, in arrival order:
-        first come, first served; with ``fair_by`` user or account, round by round
-        across users or accounts (``bftrainer.milp.problem.fair_admission``)."""
-        limit = self.config.max_trainers
-        if self.config.fair_by == "trainer":
-            out: list[TrainerState] = []
-            for t in self.trainers.values():
-                if len(out) == limit:
-                    break
-                out.append(t)
-            return out
-        trainers = list(self.trainers.values())
-        groups = [group_key(t.id, t.job.user, t.job.account, self.config.fair_by) for t in trainers]
-        return [trainers[i] for i in fair_admission(groups, limit)]
+        """The ``max_trainers`` unfinished trainers that take part, in arrival order, as
+        the policy admits them (``Policy.admit``)."""
+        return self.policy.admit(
+            self.trainers.values(), self.config.max_trainers, self.config.fair_by
+        )
 
     # ---- one step's parts -----------------------------------------------------------------
     def _advance(self, now: float) -> None:
@@ -329,6 +325,14 @@ class Loop:
             self.driver.cancel(t)
             self._add("cancels", 1)
         elif isinstance(item, Redecide):
+            self._dirty = True
+            return False
+        elif isinstance(item, Assignment):
+            self.assignment = dict(item.nodes)
+            self._dirty = True
+            return False
+        elif isinstance(item, Refused):
+            self.refused_until_s = dict(item.until_s)
             self._dirty = True
             return False
         elif isinstance(item, CurveReport):
@@ -425,9 +429,10 @@ class Loop:
         if self.leave_by_s:  # known departures still ahead (a passed one is no knowledge)
             windows = {n: t - self.now_s for n, t in self.leave_by_s.items() if t > self.now_s}
             churn = replace(churn, windows_s=windows)
-        decision = (
-            self.policy.decide(tuple(self.pool), admitted, churn) if admitted else Decision({})
+        inputs = PolicyInputs(
+            tuple(self.pool), admitted, churn, self.now_s, self.assignment, self.refused_until_s
         )
+        decision = self.policy.decide(inputs) if admitted else Decision({})
         if isinstance(self.driver, Placer):
             changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
             self.driver.place({i: n for i, n in changes.items() if n != self.trainers[i].nodes})

@@ -9,15 +9,15 @@ run time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from bftrainer.churn import Churn
 from bftrainer.loop.records import (
     Decision,
     Demand,
     Input,
     LoopView,
+    PolicyInputs,
     Polled,
     Progress,
     Step,
@@ -26,12 +26,23 @@ from bftrainer.loop.records import (
 
 
 class Policy(Protocol):
+    """Decides, from data the loop hands it, and nothing else: a pure function of its
+    inputs (the same inputs give the same decision), so a replay or a test can run it
+    on any inputs. Admission (which unfinished trainers take part) is its seam too."""
+
     @property
     def name(self) -> str: ...
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``, knowing the
-        pool's recent ``churn``; pure."""
+    def admit(
+        self, trainers: Iterable[TrainerState], limit: int, fair_by: str
+    ) -> list[TrainerState]:
+        """The at most ``limit`` unfinished ``trainers`` (arrival order) that take part,
+        in arrival order (``fair_by``: trainer, user or account); pure."""
+        ...
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        """Node sets for ``inputs.trainers`` (admitted, arrival order) from
+        ``inputs.pool``; pure."""
         ...
 
 

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bftrainer.churn import Churn
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 
@@ -119,7 +120,45 @@ class Redecide:
     centre agent's policy follows the allocator's last assignment)."""
 
 
-Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
+@dataclass(frozen=True)
+class Assignment:
+    """The node sets to follow (a centre agent's: the allocator's last assignment, by
+    trainer id); the loop keeps the latest and hands it to the policy, and decides again."""
+
+    nodes: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Nodes a user could not hold (the centre's allocator): (user, node) -> until when
+    (the loop's clock), the whole table as it is now; the loop keeps the latest, hands it
+    to the policy, and decides again."""
+
+    until_s: Mapping[tuple[str | None, str], float]
+
+
+Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide | Assignment | Refused
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """All that a policy reads, handed by the loop (a policy reads no clock, no shared
+    table, no source): the pool, the admitted trainers (arrival order, with their nodes
+    and reported curves), the pool's churn, the loop's time, and the inputs that came as
+    data (:class:`Assignment`, :class:`Refused`). Equal inputs give an equal decision."""
+
+    pool: tuple[str, ...]
+    trainers: list[TrainerState]
+    churn: Churn = field(default_factory=Churn)
+    now_s: float = 0.0
+    assignment: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    refused_until_s: Mapping[tuple[str | None, str], float] = field(default_factory=dict)
+
+    def refused_to(self, user: str | None) -> frozenset[str]:
+        """The nodes refused to ``user`` now."""
+        return frozenset(
+            n for (u, n), until in self.refused_until_s.items() if u == user and until > self.now_s
+        )
 
 
 @dataclass(frozen=True)

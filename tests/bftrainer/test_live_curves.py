@@ -19,7 +19,7 @@ from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
 from bftrainer.live import LiveDriver
 from bftrainer.live_curves import LiveCurves, job_of, prior_curve
-from bftrainer.loop import Arrival, CurveReport, TrainerState
+from bftrainer.loop import Arrival, CurveReport, PolicyInputs, TrainerState
 from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningOptions
 from bftrainer.state import Store, ensure_state_dir
@@ -76,7 +76,7 @@ def test_a_new_trainer_is_not_starved_by_the_prior(tmp_path: Path) -> None:
         pool = ("n1", "n2", "n3", "n4")
 
         def nodes_of_new(trainer: TrainerState) -> int:
-            decision = policy.decide(pool, [running, trainer], Churn())
+            decision = policy.decide(PolicyInputs(pool, [running, trainer], Churn()))
             return len(decision.nodes.get(new, ()))
 
         old = job_of(store.trainer(new))

@@ -36,6 +36,7 @@ from bftrainer.loop import (
     LoopError,
     LoopStalledError,
     LoopState,
+    PolicyInputs,
     PoolChange,
     Progress,
     Step,
@@ -46,7 +47,7 @@ from bftrainer.loop import (
     run,
 )
 from bftrainer.milp.mapping import map_counts
-from bftrainer.policy import equal_share_counts, make_policy
+from bftrainer.policy import Admission, equal_share_counts, make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,16 +112,15 @@ class ScriptedDriver:
         self.cancelled.append(trainer.id)
 
 
-class RecordingPolicy:
+class RecordingPolicy(Admission):
     name = "recording"
 
     def __init__(self, log: list[tuple[str, float, object]] | None = None) -> None:
         self.seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.log = log
 
-    def decide(
-        self, pool: tuple[str, ...], trainers: list[TrainerState], churn: object = None
-    ) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        pool, trainers = inputs.pool, inputs.trainers
         self.seen.append((pool, tuple(t.id for t in trainers)))
         if self.log is not None:
             self.log.append(("decide", math.nan, (pool, tuple(t.id for t in trainers))))

@@ -14,11 +14,13 @@ from bftrainer.loop import (
     Decision,
     Loop,
     LoopState,
+    PolicyInputs,
     PoolChange,
     TimedSource,
     TrainerState,
     VirtualClock,
 )
+from bftrainer.policy import Admission
 from bftrainer.slots import SlotBook, SlotError, host_counts
 from tests.bftrainer.test_loop import ScriptedDriver, job
 
@@ -73,7 +75,7 @@ def test_a_restore_keeps_the_slots_that_still_exist_and_counts_the_others() -> N
     assert book.restore("t2", ("n1", "n1"), {}) == ({"n1": (1,)}, {"n1": 1})
 
 
-class ScriptedDecisions:
+class ScriptedDecisions(Admission):
     """Returns the given decisions in turn."""
 
     name = "scripted"
@@ -81,9 +83,7 @@ class ScriptedDecisions:
     def __init__(self, decisions: Sequence[Mapping[str, tuple[str, ...]]]) -> None:
         self.decisions = list(decisions)
 
-    def decide(
-        self, pool: tuple[str, ...], trainers: list[TrainerState], churn: object
-    ) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
         return Decision(self.decisions.pop(0))
 
 
