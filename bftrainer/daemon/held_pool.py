@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 from bftrainer.acquisition import plan_assigned, plan_holders
 from bftrainer.daemon.left_running import holding
+from bftrainer.daemon.pool_status import publish_pool
 from bftrainer.exec_plan import ExecPlan
 from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
@@ -267,8 +268,8 @@ class HeldPool:
             record()
 
     def sync_holders(self, now_s: float) -> None:
-        """One status call: record what our holders are now; cancel unknown ones (at
-        the daemon's start, before the loop runs)."""
+        """One status call: record what our holders are now; end the strays (at the
+        daemon's start, before the loop runs)."""
         read = self._read_holders()
         with self.store.transaction():
             self._record_holders(read, now_s)
@@ -277,24 +278,28 @@ class HeldPool:
             self.flush()
 
     def _read_holders(self) -> HoldersRead:
-        """Our holders as the scheduler lists them (unknown ones cancelled), and why
-        each that failed to hold failed."""
+        """Our holders as the scheduler lists them (the strays named, to be ended by
+        the step's orders), and why each that failed to hold failed."""
         rows = {h.job_id: h for h in self.store.holders(live_only=True)}
         # The holders the last step submitted are ours too, recorded at the coming poll.
         known = {**{j: h.node for j, h in rows.items()}, **self._submitted}
-        result = self.holders.reconcile(known)
+        result = self.holders.survey(known)
         causes = {
             job_id: self.holders.why_failed(job_id, status)
             for job_id, status in result.gone.items()
             if job_id in known
             and failed_to_hold(rows[job_id].state if job_id in rows else "pending", status.reason)
         }
-        return HoldersRead(result.live, result.gone, causes)
+        return HoldersRead(result.live, result.gone, causes, result.cancelled)
 
     def _record_holders(self, read: HoldersRead, now_s: float) -> None:
         """Record the holders' states as read (those live in the store now: one our own
-        cancel ended since is recorded already, one submitted since the read is not)."""
+        cancel ended since is recorded already, one submitted since the read is not);
+        order the strays ended (run by :meth:`act`, after the step's commit)."""
         current = {h.job_id: h for h in self.store.holders(live_only=True)}
+        if read.strays:
+            strays = dict(read.strays)
+            self._orders.append(partial(self._end_strays, strays))
         for job_id, status in read.live.items():
             was = current.get(job_id)
             if was is None:
@@ -466,6 +471,18 @@ class HeldPool:
             log.error("%s: cancelling the new holder %s", exc, job_id)
             self._orders.append(lambda: self._cancel_unrecorded(job_id))
 
+    def _end_strays(self, strays: Mapping[str, HolderStatus]) -> None:
+        """End holders that are not ours any more (unknown, or lingering: a known one is
+        recorded ended by the read already), as the read found them."""
+        listed = sorted(strays.items())
+        log.warning(
+            "%s: cancelling holder(s) %s with %s",
+            self.holders.scheduler,
+            ", ".join(f"{j} ({c.node}, {c.scheduler_state})" for j, c in listed),
+            self.holders.cancel_argv([j for j, _ in listed])[0],
+        )
+        self.cancel([j for j, _ in listed], "not ours", recorded=False, counted=False)
+
     def _cancel_unrecorded(self, job_id: str) -> None:
         """Cancel a holder the store refused; if the scheduler refuses too, the next
         poll's reconcile cancels it (the store does not know it)."""
@@ -479,12 +496,14 @@ class HeldPool:
         *,
         lost: bool = False,
         recorded: bool = True,
+        counted: bool = True,
     ) -> bool:
         """End holders by our hand: the one path that cancels a holder and records it,
         whoever decides (the hold plan, a requeue, the daemon's exit). One cancel
         command (so never inside a step's transaction), then each holder recorded ended
         with ``reason`` at the next poll or :meth:`flush` (unless the store never
-        ``recorded`` it) and counted released (or ``lost``: it was no longer ours).
+        ``recorded`` it) and counted released (or ``lost``: it was no longer ours;
+        ``counted`` False: a stray, never held for a trainer).
         False when the scheduler refuses: counted and logged, the store keeps the
         holders as they were, and a later poll decides again."""
         try:
@@ -502,9 +521,9 @@ class HeldPool:
         if recorded:
             ended = tuple(job_ids)
             self._learnt.append(lambda: self._record_ended(ended, reason, now_s))
-        if lost:
+        if counted and lost:
             self.counts.lost += len(job_ids)
-        else:
+        elif counted:
             self.counts.released += len(job_ids)
         return True
 
@@ -517,43 +536,9 @@ class HeldPool:
     def _publish(
         self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
     ) -> None:
-        """The pool as ``bftrainer status`` shows it: a held node's window is when we
-        lose it (``leave_by_s``), another's the main scheduler's."""
-        holders = {h.node: h for h in self.store.holders(live_only=True)}
-        # node -> trainer -> its slots there (S = 1: each node one trainer, slot 0).
-        users: dict[str, dict[str, list[int]]] = {}
-        allocations = self.store.current_allocations()
-        for tid, a in sorted(allocations.items()):
-            for n in dict.fromkeys(a.nodes):
-                users.setdefault(n, {})[tid] = list(a.slots.get(n, (0,)))
-        shared = any(a.slots for a in allocations.values())
-        nodes = {}
-        for n in sorted(set(view.pool) | set(holders)):
-            h = holders.get(n)
-            window = view.windows_s.get(n)
-            if n in leave_by_s:
-                leaves = leave_by_s[n]
-                window = None if leaves is None else max(0.0, leaves - now_s)
-            nodes[n] = {
-                "window_s": window,
-                "holder": h.job_id if h else None,
-                "holder_state": h.state if h else None,
-                "trainer": ",".join(users[n]) if n in users else None,
-            }
-            if shared:
-                nodes[n]["slots"] = users.get(n, {})
-        for n, why in sorted(self._left_out.items()):  # idle or held, with their GPUs
-            if n in nodes or n in self._idle:
-                empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
-                nodes.setdefault(n, empty)["left_out"] = why
-        self.store.set_setting(
-            "pool",
-            {
-                "time_s": now_s,
-                "stale": view.stale,
-                "nodes": nodes,
-                "holders_failing": self.backoff.summary(),
-            },
+        """The pool as ``bftrainer status`` shows it (bftrainer/daemon/pool_status.py)."""
+        publish_pool(
+            self.store, view, leave_by_s, now_s, self._left_out, self._idle, self.backoff.summary()
         )
 
 
@@ -565,6 +550,10 @@ class HoldersRead:
     live: Mapping[str, HolderStatus]
     gone: Mapping[str, HolderStatus]
     causes: Mapping[str, str]
+    # Holders to end: unknown to the store (a daemon died between submitting and
+    # recording them) or lingering (suspended by a preemption); ended by this step's
+    # orders, through the one cancel path (HeldPool.cancel), never by the read.
+    strays: Mapping[str, HolderStatus] = field(default_factory=dict)
 
 
 def leave_by_s(

@@ -44,7 +44,7 @@ class RunningHolders:
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+    def survey(self, known: Mapping[str, str]) -> ReconcileResult:
         live = {j: HolderStatus(n, "running") for j, n in known.items() if j not in self.released}
         return ReconcileResult(live=live)
 
