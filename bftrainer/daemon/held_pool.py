@@ -4,12 +4,12 @@
 ``poll_interval_s`` it reads the main scheduler's pool (idle nodes nobody planned for,
 with their windows) and the state of our holder jobs in one status call, and tells the
 loop which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
-the main scheduler, or released). On the step's decision (:meth:`HeldPool.settle`) it
+the main scheduler, or released). On the step's decision (:meth:`HeldPool.plan`) it
 plans which holders to submit and cancel (:mod:`bftrainer.acquisition`: only what the
 admitted trainers can use, the loop's ``Demand``). The loop only ever sees nodes we hold.
 
 It never waits on the scheduler inside the step's transaction: :meth:`HeldPool.read` asks
-before it opens, :meth:`HeldPool.poll` records what was read, :meth:`HeldPool.settle`
+before it opens, :meth:`HeldPool.poll` records what was read, :meth:`HeldPool.plan`
 plans, and :meth:`HeldPool.act` runs the commands after the commit. What they return (a
 new holder's job id, a cancel done) is recorded at the next poll, and the read before
 that poll counts the holders just submitted as ours. A daemon killed in between loses
@@ -39,10 +39,9 @@ from bftrainer.exec_plan import ExecPlan
 from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
 from bftrainer.holders.failures import HolderBackoff, failed_to_hold
-from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.loop import Demand, LoopView, Polled, PoolChange
+from bftrainer.loop import Demand, LoopView, Planned, Polled, PoolChange
 from bftrainer.pool_changes import PoolChanges
 from bftrainer.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
@@ -183,7 +182,7 @@ class HeldPool:
     def poll(self, now_s: float) -> Polled:
         """Record what :meth:`read` found: the nodes whose holder started or ended since
         the last poll, and when each held node leaves. Holders are planned in
-        :meth:`settle`, on the step's decision."""
+        :meth:`plan`, on the step's decision."""
         self.flush()
         polled = self._poll(now_s)
         # Every step, not only a polling one: a holder submitted by the last step's
@@ -229,24 +228,24 @@ class HeldPool:
             )
         return Polled((PoolChange(event),), self._next_s)
 
-    def settle(self, now_s: float, decided: bool, demand: Demand) -> tuple[PoolChange, ...]:
+    def plan(self, now_s: float, decided: bool, demand: Demand) -> Planned:
         """Plan the holders the decision needs: after a poll or a decision, which to
         submit and cancel (:meth:`act` does it after the commit). Only nodes the
         decision left free are released, and they leave the loop's pool in this same
-        step (the returned change), so the loop never hands a trainer a node whose
+        step (``Planned.released``), so the loop never hands a trainer a node whose
         holder is being cancelled."""
         if not (self._replan or decided) or self._view is None:
-            return ()
+            return Planned()
         self._replan = False
         released = self._plan(self._view, demand, now_s) & self.usable
         self.changes.forget(released)
         self._publish(self._view, self.changes.told, now_s)
         if not released:
-            return ()
+            return Planned()
         self.store.add_pool_event(
             joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
         )
-        return (PoolChange(PoolEvent(now_s, left=frozenset(released))),)
+        return Planned(frozenset(released))
 
     def act(self, now_s: float) -> None:
         """Run the scheduler commands the step planned (after its commit). No reply

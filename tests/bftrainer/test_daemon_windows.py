@@ -78,10 +78,13 @@ class Told:
 
     def poll(self, now_s: float) -> None:
         """One step of the daemon's pool: its read and poll, then its hold plan
-        (``settle``) and the commands it plans (``act``)."""
+        (``plan``) and the commands it plans (``act``)."""
         self.pool.read(now_s)
         polled = self.pool.poll(now_s).inputs
-        inputs = [*polled, *self.pool.settle(now_s, False, every_held_node_used(self.pool.store))]
+        plan = self.pool.plan(now_s, False, every_held_node_used(self.pool.store))
+        # The nodes it releases leave the loop's pool in the same step (the loop applies them).
+        released = [PoolChange(PoolEvent(now_s, left=plan.released))] if plan.released else []
+        inputs = [*polled, *released]
         self.pool.act(now_s)
         for item in inputs:
             assert isinstance(item, PoolChange)
@@ -167,7 +170,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     now_s = time.time()
     pool.read(now_s)
     pool.poll(now_s)
-    pool.settle(now_s, False, one_trainer)
+    pool.plan(now_s, False, one_trainer)
     pool.act(now_s)  # the cancel, after the step that planned it
     pool.flush()  # recorded at the next poll; here at once
     assert store.holder(stuck).state == "ended"
@@ -179,7 +182,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
         now_s = time.time()
         pool.read(now_s)
         pool.poll(now_s)
-        pool.settle(now_s, False, one_trainer)
+        pool.plan(now_s, False, one_trainer)
         pool.act(now_s)
         return [h.state for h in store.holders()] == ["running"]
 

@@ -99,9 +99,9 @@ class Cluster:
         """One poll a second later: the nodes that joined and left the loop's pool."""
         self.now_s += 1.0
         pool = self.daemon.pool
-        pool.read(self.now_s, self.view)  # as the loop's step: read, poll, settle, act
+        pool.read(self.now_s, self.view)  # as the loop's step: read, poll, plan, act
         polled = pool.poll(self.now_s)
-        pool.settle(self.now_s, False, self.demand)
+        pool.plan(self.now_s, False, self.demand)
         pool.act(self.now_s)
         joined: frozenset[str] = frozenset()
         left: frozenset[str] = frozenset()

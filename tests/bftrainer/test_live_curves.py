@@ -26,6 +26,7 @@ from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 from bftrainer.trainers.learned_curve import MEASURED, learned_curve, live_curve
 from bftrainer.trainers.metrics import MetricsRecord
+from tests.bftrainer.test_live_restarts import start_on
 from tests.bftrainer.test_status_curve import EXAMPLE, records_of_a_trainer_run_at
 
 
@@ -124,8 +125,7 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     driver = LiveDriver(store, state_dir, report_every_s=0.5)
     try:
-        driver.rescale(trainer, trainer.nodes)
-        driver.act(time.time())
+        start_on(driver, trainer)
         deadline = time.monotonic() + 120
         reports: list[CurveReport] = []
         while not reports:
