@@ -18,7 +18,8 @@ modes differ only in what is plugged in:
   reports and completions as inputs (a driver never writes a trainer's curves or retires
   it itself); ``next_wakeup_s`` says when it next has something to report (a completion
   at current rates, a report timer). A wake-up is not an event: nothing is recorded
-  unless it brings an input or a decision.
+  unless it brings an input or a decision. Its ``rescale``/``preempt``/``cancel`` are a
+  simulated trainer's cost accounting: what a step decided is its :class:`Orders`.
 - **Policy** (:class:`Policy`): pure; admits the trainers that take part, and decides
   their node sets from :class:`PolicyInputs`, all of which the loop hands it: the pool,
   the admitted trainers with their curves, the pool's churn
@@ -41,7 +42,11 @@ from ``bftrainer.loop``: every public name is here.
 nodes and progress, finished ones, the last decision's time). After a restart, pass
 the :class:`LoopState` rebuilt from those records as ``state=``: the first step then
 decides again (keeping current nodes wherever the policy's costs say so) before any
-new input is needed. Live sources report changes relative to the restored pool.
+new input is needed. Live sources report changes relative to the restored pool. The
+daemon also names its ``readers`` (asked before each step's transaction), its
+``planner`` (the hold plan, on each decision) and its ``actuator``, which records each
+step's :class:`Orders` inside the transaction and carries them out after the commit
+(``bftrainer.daemon.actuator``).
 """
 
 from bftrainer.loop.clocks import VirtualClock, WallClock
