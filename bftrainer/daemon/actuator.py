@@ -3,8 +3,8 @@
 The loop hands it the step's :class:`~bftrainer.loop.Orders` twice: inside the step's
 transaction (``record``: the live driver writes each trainer's nodes, slots and state)
 and after the commit (``act``: the live driver starts, tells and stops supervisors, the
-held pool runs the holder commands its plan chose). What the actions learnt comes back
-at the next step's start (``learn``), in that step's transaction.
+held pool runs the holder commands of its plan, ``Orders.hold``). What the actions learnt
+comes back at the next step's start (``learn``), in that step's transaction.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ class StepActuator:
         self.pool = pool
 
     def learn(self, report: Sequence[object]) -> None:
-        self.driver.learn(report)
+        self.driver.learn(report)  # each takes what is its own
+        self.pool.learn(report)
 
     def record(self, orders: Orders) -> None:
         self.driver.record(orders)
 
     def act(self, orders: Orders) -> Sequence[object]:
-        learnt = self.driver.act(orders)
-        self.pool.act(orders.time_s)
-        return learnt
+        return [*self.driver.act(orders), *self.pool.act(orders.hold)]

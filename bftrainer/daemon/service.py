@@ -293,9 +293,7 @@ class Daemon(LiveService):
             with self.store.transaction():  # what the last step's actions learnt
                 if self.loop is not None:
                     self.loop.flush()
-                self.pool.flush()
-            self._release_spare()
-            self.pool.flush()
+            self._release_spare()  # recorded at once
         except (sqlite3.Error, OSError) as exc:
             if not state_unwritable(exc):
                 raise

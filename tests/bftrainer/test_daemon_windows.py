@@ -85,7 +85,7 @@ class Told:
         # The nodes it releases leave the loop's pool in the same step (the loop applies them).
         released = [PoolChange(PoolEvent(now_s, left=plan.released))] if plan.released else []
         inputs = [*polled, *released]
-        self.pool.act(now_s)
+        self.pool.learn(self.pool.act(plan.plan))
         for item in inputs:
             assert isinstance(item, PoolChange)
             event: PoolEvent = item.event
@@ -170,9 +170,8 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     now_s = time.time()
     pool.read(now_s)
     pool.poll(now_s)
-    pool.plan(now_s, False, one_trainer)
-    pool.act(now_s)  # the cancel, after the step that planned it
-    pool.flush()  # recorded at the next poll; here at once
+    learnt = pool.act(pool.plan(now_s, False, one_trainer).plan)  # the cancel, after the step
+    pool.learn(learnt)  # recorded at the next step; here at once
     assert store.holder(stuck).state == "ended"
     assert store.holder(stuck).reason == "cannot start before its node's claim"
     wait_until(lambda: stuck not in holders.held() or holders.held()[stuck].state == "ended",
@@ -182,8 +181,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
         now_s = time.time()
         pool.read(now_s)
         pool.poll(now_s)
-        pool.plan(now_s, False, one_trainer)
-        pool.act(now_s)
+        pool.learn(pool.act(pool.plan(now_s, False, one_trainer).plan))
         return [h.state for h in store.holders()] == ["running"]
 
     wait_until(one_running, 60, "a new holder, limited to the window, running")

@@ -101,8 +101,7 @@ class Cluster:
         pool = self.daemon.pool
         pool.read(self.now_s, self.view)  # as the loop's step: read, poll, plan, act
         polled = pool.poll(self.now_s)
-        pool.plan(self.now_s, False, self.demand)
-        pool.act(self.now_s)
+        pool.learn(pool.act(pool.plan(self.now_s, False, self.demand).plan))
         joined: frozenset[str] = frozenset()
         left: frozenset[str] = frozenset()
         for change in polled.inputs:

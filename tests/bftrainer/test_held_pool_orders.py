@@ -12,6 +12,7 @@ from pathlib import Path
 from bftrainer.daemon import HeldPool
 from bftrainer.idle_monitor.runner import recorded
 from bftrainer.idle_monitor.source import PoolView
+from bftrainer.loop import Demand
 from bftrainer.state import Store, ensure_state_dir
 from tests.bftrainer.test_holders import SQUEUE, slurm
 
@@ -47,10 +48,12 @@ def test_strays_found_by_a_read_are_ended_after_the_commit_not_during_the_read(
         assert scancels(runner) == [], "the read cancelled"
         with store.transaction():
             pool.poll(1.0)
+            # node1 is held for a trainer: the plan neither releases nor acquires.
+            hold = pool.plan(1.0, False, Demand(1, frozenset({"node1"}))).plan
         assert scancels(runner) == [], "the step cancelled inside its transaction"
         assert {h.job_id for h in store.holders(live_only=True)} == {"11"}  # 16 recorded ended
         counted = (pool.counts.released, pool.counts.lost)  # 16 lost, as the read recorded
-        pool.act(1.0)
+        pool.act(hold)
         assert scancels(runner) == [("scancel", "14", "16")]
         # Ending a stray counts nothing more: 16 was counted when found gone, 14 never held.
         assert (pool.counts.released, pool.counts.lost) == counted
