@@ -7,17 +7,22 @@ daemon that dies loses nothing: the trainers keep running, and a new daemon re-a
 with :meth:`LiveDriver.attach`.
 
 Costs are not simulated here: a rescale costs what it costs in real time, and the
-samples a trainer reports are net of it. So ``rescale``/``preempt`` return 0 and
-``advance`` returns the samples the trainers reported since the last call.
+samples a trainer reports are net of it. So ``rescale``/``preempt``/``cancel`` (a
+simulated trainer's accounting) do nothing and cost 0, and ``advance`` returns the
+samples the trainers reported since the last call.
 
-**Decide, commit, then act.** Inside the loop's step (the daemon's transaction) the driver
-only records what it decided: each trainer's nodes and state. :meth:`LiveDriver.act`
-carries it out after the commit: starts supervisors, tells them their hosts, stops the
-cancelled, ends what a dead supervisor left. What an action learns (a supervisor's pid, a
-start that failed) is recorded at the next step. Every action is idempotent, so a daemon
-killed between the commit and the action does it on restart: a supervisor already
-running for a trainer is adopted (:meth:`Launcher.running_in`), never started twice.
-Every read of a trainer's files survives a torn or bad line.
+**Orders: record, commit, then act.** The driver keeps no intents of its own. Inside the
+loop's step (the daemon's transaction) :meth:`LiveDriver.record` writes what the step's
+:class:`~bftrainer.loop.Orders` say of each trainer (its nodes, slots and state); after
+the commit :meth:`LiveDriver.act` carries the same orders out: ends what a dead
+supervisor left, starts supervisors, tells them their hosts, stops the cancelled, each
+decided from the orders and what the driver knows of the supervisors. It returns what it
+learnt (a supervisor's pid, a start that failed), which :meth:`LiveDriver.learn` records
+at the next step. Every action is idempotent, so a daemon killed between the commit and
+the action does it on restart (:meth:`LiveDriver.restore` returns the orders that bring
+the trainers to their record): a supervisor already running for a trainer is adopted
+(:meth:`Launcher.running_in`), never started twice. Every read of a trainer's files
+survives a torn or bad line.
 """
 
 from __future__ import annotations
@@ -26,19 +31,20 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from bftrainer.exec_plan import LOCAL, ExecPlan
 from bftrainer.live_curves import LiveCurves, job_of
-from bftrainer.loop import Completion, CurveReport, Progress, TrainerState
+from bftrainer.live_orders import EndLeftovers, Launched, StartAgain, StartFailed, Stop
+from bftrainer.live_reports import record_metrics
+from bftrainer.loop import Completion, CurveReport, NodeChange, Orders, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import restarts
 from bftrainer.trainers.launch.base import Launcher, LaunchError, LaunchSpec, TrainerExit
-from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +58,11 @@ CANCEL_GRACE_S = 30.0
 RESTART_BACKOFF_S = 10.0
 
 
-# The actions that start a supervisor (act()).
-STARTS = ("start", "restart")
-
-
 class LiveDriver:
     """Drives real trainers (see the module docstring).
 
     ``exec_plan`` says how workers reach their nodes until a source says otherwise
-    (:meth:`use_exec_plan`: the daemon's holders, with each poll; by default the nodes
+    (``Orders.exec_plan``: the daemon's holders, with each poll; by default the nodes
     are this machine's names, run on locally);
     ``env`` is added to the supervisors' environment (e.g. ``SLURM_CONF``). With
     ``slots_per_node`` S > 1 trainers share nodes: a trainer's nodes list a node once
@@ -96,28 +98,22 @@ class LiveDriver:
         # Node-count changes made by decisions since the start (logged "rescaled"), for
         # the daemon's metrics; starts and preemptions are not rescales.
         self.rescales = 0
-        # What the step decided for each trainer, carried out by act() after the commit:
-        # "hosts" (tell its supervisor), "start" or "restart" (start its supervisor),
-        # "stop" (cancelled); the nodes to act on; supervisors to stop or end.
-        self._due: dict[str, str] = {}
-        self._intended: dict[str, tuple[str, ...]] = {}
-        self._stopping: dict[str, Launcher] = {}
-        self._kills: list[Launcher] = []
-        # What act() learnt, recorded at the next step (advance), in its transaction.
-        self._learnt: list[Callable[[], object]] = []
 
     # ---- restore --------------------------------------------------------------------
     def restore(
         self, rows: Iterable[TrainerRow], held: set[str]
-    ) -> tuple[list[TrainerState], list[str]]:
+    ) -> tuple[list[TrainerState], list[str], Orders]:
         """The unfinished trainers ``rows`` as a new daemon's loop starts with them: each
         on its recorded nodes that are still ``held``, each slot at most once (the book
         takes back the slots it had, those that still exist), re-attached (:meth:`attach`);
-        the slots given up, said in words. Cancelled trainers still running are stopped.
-        What the earlier daemon decided and did not do is done by the next :meth:`act`."""
+        the slots given up, said in words; and the orders that bring the trainers to what
+        the store records (what the earlier daemon committed and did not do: a start, the
+        hosts, a cancelled trainer's stop), recorded here and carried out by :meth:`act`
+        after the restore's commit."""
         allocations = self.store.current_allocations()
         trainers: list[TrainerState] = []
         lost: list[str] = []
+        changes: list[NodeChange] = []
         for row in rows:
             alloc = allocations.get(row.id)
             stored = alloc.nodes if alloc is not None else ()
@@ -126,51 +122,52 @@ class LiveDriver:
             )
             nodes = tuple(sorted(n for n, s in slots.items() for _ in s))
             lost += [f"{k} of {row.id}'s slot(s) on {n}" for n, k in gone.items()]
-            self.attach(row, nodes)
+            if self.attach(row, nodes):
+                changes.append(NodeChange(row.id, nodes, "restore", len(stored)))
             job = self.curves.prior_job(job_of(row))
             trainers.append(
                 TrainerState(
                     job, nodes=nodes, started_s=row.started_s, processed_samples=row.samples_done
                 )
             )
-        self.stop_cancelled()
-        return trainers, lost
+        orders = Orders(time.time(), tuple(changes), driver=self.stop_cancelled())
+        self.record(orders)
+        return trainers, lost, orders
 
-    def attach(self, row: TrainerRow, nodes: Sequence[str]) -> None:
-        """Re-attach to a trainer started by an earlier daemon; give it ``nodes`` (its
-        nodes that are still held). A supervisor that ended meanwhile is reported at the
-        next ``advance``; a start the earlier daemon decided but did not do (or did and
-        did not record) is done by the next :meth:`act`."""
+    def attach(self, row: TrainerRow, nodes: Sequence[str]) -> bool:
+        """Re-attach to a trainer started by an earlier daemon, to give it ``nodes`` (its
+        nodes that are still held): True when the restore's orders must bring it there
+        (tell its supervisor its hosts; start it, decided and recorded but not done). A
+        supervisor that ended meanwhile is reported at the next ``advance``."""
         trainer_dir = Path(row.trainer_dir) if row.trainer_dir else self.trainers_dir / row.id
         running = Launcher.running_in(trainer_dir)
         if running is not None:  # its supervisor runs, whatever the record says
             self._adopt(row, running)
             if row.supervisor != str(running.pid):
                 self.store.set_launch(row.id, trainer_dir=trainer_dir, supervisor=str(running.pid))
-            self._decide_hosts(row.id, tuple(nodes))
             log.info("trainer %s: re-attached to its supervisor (pid %d)", row.id, running.pid)
-            return
+            return True
         if row.trainer_dir is None:
             if nodes:  # decided and recorded, then the daemon stopped before the start
                 log.info("trainer %s: starting it, as decided before the daemon stopped", row.id)
-                self._decide_start(row.id, tuple(nodes))
-            return
+                return True
+            return False
         if row.supervisor is None:
             # An earlier daemon counted its supervisor's death and stopped before starting
             # it again: the restart it decided is done now, not decided (counted) twice.
             self._restarts[row.id] = (time.time(), "its restart was pending")
             log.info("trainer %s: starting it again, as decided before the daemon stopped", row.id)
-            return
+            return False
         try:
             launcher = Launcher.attach(trainer_dir)
         except LaunchError as exc:
             # Never started, or its directory is gone: start it again (bounded).
             self.launchers.pop(row.id, None)
-            self._restart_later(row.id, None, f"cannot re-attach: {exc}", time.time())
-            return
+            self._restart_later(row.id, f"cannot re-attach: {exc}", time.time())
+            return False
         self._adopt(row, launcher)
         log.info("trainer %s: its supervisor ended while the daemon was away", row.id)
-        # advance() reads how it ended
+        return False  # advance() reads how it ended
 
     def _adopt(self, row: TrainerRow, launcher: Launcher) -> None:
         self.launchers[row.id] = launcher
@@ -178,47 +175,46 @@ class LiveDriver:
         self._samples[row.id] = row.samples_done
         self._offsets[row.id] = 0
 
-    def stop_cancelled(self) -> None:
-        """Stop the supervisors of cancelled trainers that still run: an earlier daemon
-        recorded the cancel and stopped before it stopped them (at restore)."""
+    def stop_cancelled(self) -> tuple[Stop, ...]:
+        """Orders to stop the supervisors of cancelled trainers that still run: an
+        earlier daemon recorded the cancel and stopped before it stopped them."""
+        stops = []
         for row in self.store.trainers(("cancelled",)):
             if row.trainer_dir is None or row.supervisor is None:
                 continue
             launcher = Launcher.running_in(Path(row.trainer_dir))
             if launcher is not None:
                 log.info("trainer %s: stopping it, cancelled before the daemon stopped", row.id)
-                self._stopping[row.id] = launcher
-                self._due[row.id] = "stop"
+                stops.append(Stop(row.id, launcher))
+        return tuple(stops)
 
     # ---- the TrainerDriver interface ------------------------------------------------
-    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
-        """The decision's new node sets, before the loop hands them out one trainer at a
-        time: slots are given for all at once, the freed ones first (bftrainer.slots)."""
-        self.book.place(changes)
-
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         """Read every trainer's new reports; retire those whose supervisor ended.
 
         Progress and curves are read for every launched trainer (a trainer at zero
         nodes reports nothing new); an ended supervisor is noticed whether or not the
-        trainer holds nodes now: a crash at zero nodes must also free it."""
-        self.flush()  # what the last step's actions learnt
+        trainer holds nodes now: a crash at zero nodes must also free it. What is due
+        (a restart, a dead supervisor's leftovers to end) comes back as orders."""
         processed = 0.0
         running = {t.id: t for t in trainers}
+        orders: list[object] = []
         for trainer_id, (at_s, _) in list(self._restarts.items()):
             if now_s >= at_s:
                 del self._restarts[trainer_id]
                 t = running.get(trainer_id)
-                self._decide_start(trainer_id, t.nodes if t is not None else (), restart=True)
+                nodes = t.nodes if t is not None else ()
+                self._decide_start(trainer_id, nodes)
+                orders.append(StartAgain(trainer_id, nodes))
         for trainer_id, launcher in list(self.launchers.items()):
             if not launcher.trainer_dir.is_dir():
                 # Deleted by hand: its checkpoint and reports are gone with it. Its
                 # supervisor and workers may still run: stopped first (by PID, when this
                 # step acts), so the new start does not train beside them on the same nodes.
                 del self.launchers[trainer_id]
-                self._kills.append(launcher)  # even if no restart is left to it
+                orders.append(EndLeftovers(launcher))  # even if no restart is left to it
                 why = f"its directory {launcher.trainer_dir} was deleted; it starts over"
-                self._restart_later(trainer_id, launcher, why, now_s)
+                self._restart_later(trainer_id, why, now_s)
                 continue
             ended = launcher.poll()
             gained = self._read_reports(trainer_id, launcher.trainer_dir)
@@ -228,13 +224,14 @@ class LiveDriver:
             if ended is None:
                 continue
             del self.launchers[trainer_id]
-            self._ended(trainer_id, launcher, ended, now_s)
+            if self._ended(trainer_id, launcher, ended, now_s):
+                orders.append(EndLeftovers(launcher))  # whatever it left running here
         reports, self._reports = tuple(self._reports), []
-        return Progress(processed, reports)
+        return Progress(processed, reports, tuple(orders))
 
-    def _ended(self, trainer_id: str, launcher: Launcher, ended: TrainerExit, now_s: float) -> None:
+    def _ended(self, trainer_id: str, launcher: Launcher, ended: TrainerExit, now_s: float) -> bool:
         """A supervisor is gone: the trainer is done, cancelled, failed by its own
-        script, or is started again (bounded, with a backoff)."""
+        script, or is started again (bounded, with a backoff: True, its leftovers to end)."""
         result = channel.read_result(launcher.trainer_dir) if ended.state == "done" else None
         why = ended.reason or f"exit code {ended.returncode}"
         if ended.state == "done" and result is not None:
@@ -247,21 +244,19 @@ class LiveDriver:
         elif ended.state == "failed" and ended.cause == "restarts":  # the one budget: spent
             self._fail(trainer_id, f"{why} (bftrainer logs {trainer_id})")
         else:
-            self._restart_later(trainer_id, launcher, why, now_s)
+            return self._restart_later(trainer_id, why, now_s)
+        return False
 
-    def _restart_later(
-        self, trainer_id: str, launcher: Launcher | None, why: str, now_s: float
-    ) -> None:
+    def _restart_later(self, trainer_id: str, why: str, now_s: float) -> bool:
+        """Count a restart and time it; False when none is left (it fails)."""
         try:
             restart = restarts.take(self.trainers_dir / trainer_id, why)
         except OSError as exc:  # it could not commit there either
             self._fail(trainer_id, f"cannot record its restart ({exc}); the last: {why}")
-            return
+            return False
         if not restart.allowed:
             self._fail(trainer_id, f"{restart.gave_up()} (bftrainer logs {trainer_id})")
-            return
-        if launcher is not None:
-            self._kills.append(launcher)  # whatever the dead supervisor left running here
+            return False
         delay_s = self.restart_backoff_s * 2 ** (restart.number - 1)
         self._restarts[trainer_id] = (now_s + delay_s, why)
         self.store.decide_restart(trainer_id)  # counted when decided: a failed start counts too
@@ -273,81 +268,111 @@ class LiveDriver:
             restart.number,
             restarts.MAX_RESTARTS,
         )
+        return True
 
     def next_wakeup_s(self, trainers: Sequence[TrainerState], now_s: float) -> float:
         t = now_s + self.report_every_s if self.launchers else math.inf
         return min([t, *(at for at, _ in self._restarts.values())])
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        if trainer.id in self.launchers or self._due.get(trainer.id) in STARTS:
-            self._decide_hosts(trainer.id, nodes)
-        elif trainer.id in self._restarts:  # started again on its nodes when due
-            self._record(trainer.id, nodes)
-        elif nodes:
-            self._decide_start(trainer.id, nodes)
-        else:
-            self.book.release(trainer.id)
-        return 0.0
+        return 0.0  # real costs are paid in real time; the step's orders say the rest
 
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
-        self.book.assign(trainer.id, trainer.nodes)  # its slots on the nodes gone are free
-        if trainer.id in self.launchers or self._due.get(trainer.id) in STARTS:
-            log.info(
-                "trainer %s lost %d %s: now on %d",
-                trainer.id,
-                old_count - len(trainer.nodes),
-                self._unit,
-                len(trainer.nodes),
-            )
-            self._decide_hosts(trainer.id, trainer.nodes, say=False)
         return 0.0
 
     def cancel(self, trainer: TrainerState) -> None:
-        self._restarts.pop(trainer.id, None)
-        self._due.pop(trainer.id, None)
-        launcher = self.launchers.pop(trainer.id, None)
-        self._record(trainer.id, ())
-        if launcher is not None:
-            # The supervisor checkpoints and stops in the background (act); the loop goes on.
-            self._stopping[trainer.id] = launcher
-            self._due[trainer.id] = "stop"
-        self._finish(trainer.id, "cancelled", "cancelled")
+        pass
 
-    # ---- after the commit -------------------------------------------------------------
-    def use_exec_plan(self, plan: object) -> None:
-        """The pool source's word on how workers reach its nodes, from this step on."""
-        if not isinstance(plan, ExecPlan):
-            raise TypeError(f"an exec plan, not {type(plan).__name__}")
-        self.exec_plan = plan
+    # ---- the step's orders ------------------------------------------------------------
+    def record(self, orders: Orders) -> None:
+        """Record what ``orders`` say of each trainer (in the step's transaction): its
+        nodes, slots and state, the rescales logged; nothing acts here."""
+        if orders.exec_plan is not None:
+            if not isinstance(orders.exec_plan, ExecPlan):
+                raise TypeError(f"an exec plan, not {type(orders.exec_plan).__name__}")
+            self.exec_plan = orders.exec_plan  # the pool source's word, from this step on
+        starting = self._starts(orders)
+        placed = False
+        for c in orders.changes:
+            tid = c.trainer_id
+            if c.why == "cancel":
+                self._restarts.pop(tid, None)
+                self._record(tid, ())
+                self._finish(tid, "cancelled", "cancelled")
+            elif c.why == "preempt":
+                self.book.assign(tid, c.nodes)  # its slots on the nodes gone are free
+                if tid in self.launchers or tid in starting:
+                    lost = c.before - len(c.nodes)
+                    log.info(
+                        "trainer %s lost %d %s: now on %d", tid, lost, self._unit, len(c.nodes)
+                    )
+                    self._decide_hosts(tid, c.nodes, say=False)
+            elif c.why == "restore" and tid in starting:
+                self._decide_start(tid, c.nodes)
+            elif c.why == "restore":
+                self._decide_hosts(tid, c.nodes)
+            else:
+                if c.why == "decide" and not placed:
+                    # The decision's slots are given for all at once, the freed ones
+                    # first (bftrainer.slots): the slot one frees is the one another gets.
+                    self.book.place(orders.decided)
+                    placed = True
+                if tid in self.launchers or tid in starting:
+                    self._decide_hosts(tid, c.nodes)
+                elif tid in self._restarts:  # started again on its nodes when due
+                    self._record(tid, c.nodes)
+                elif c.nodes:
+                    self._decide_start(tid, c.nodes)
+                else:
+                    self.book.release(tid)
 
-    def act(self, now_s: float) -> None:
-        """Carry out what the step decided (see the module docstring): end what dead
-        supervisors left, then each trainer's start, hosts or stop."""
-        kills, self._kills = self._kills, []
-        for launcher in kills:
-            launcher.kill()
-        due, self._due = self._due, {}
-        intended, self._intended = self._intended, {}
-        for trainer_id, what in due.items():
-            if what == "stop":
-                launcher = self._stopping.pop(trainer_id)
-                threading.Thread(
-                    target=launcher.stop,
-                    args=(CANCEL_GRACE_S,),
-                    name=f"stop-{trainer_id}",
-                    daemon=True,
-                ).start()
-            elif what in STARTS:
-                self._start(trainer_id, intended.get(trainer_id, ()), restart=what == "restart")
-            elif trainer_id in self.launchers:
-                self._tell_hosts(trainer_id, self.launchers[trainer_id], intended[trainer_id])
+    def act(self, orders: Orders) -> list[Launched | StartFailed]:
+        """Carry ``orders`` out (after the step's commit; see the module docstring): end
+        what dead supervisors left, stop the cancelled, then each changed trainer's
+        start or hosts. Returns what it learnt, for :meth:`learn`."""
+        learnt: list[Launched | StartFailed] = []
+        for o in orders.driver:
+            if isinstance(o, EndLeftovers):
+                o.launcher.kill()
+            elif isinstance(o, Stop):
+                self._stop(o.trainer_id, o.launcher)
+        final = orders.final_nodes()
+        starting = self._starts(orders)
+        again = {o.trainer_id: o.nodes for o in orders.driver if isinstance(o, StartAgain)}
+        for tid in orders.cancelled:
+            launcher = self.launchers.pop(tid, None)
+            if launcher is not None:
+                self._stop(tid, launcher)
+        for tid, nodes in final.items():
+            if tid in orders.cancelled or tid in again:
+                continue
+            if tid in self.launchers:
+                self._tell_hosts(tid, self.launchers[tid], nodes)
+            elif tid in starting:
+                self._start(tid, nodes, learnt, restart=False)
+        for tid, nodes in again.items():
+            self._start(tid, final.get(tid, nodes), learnt, restart=True)
+        return learnt
 
-    def flush(self) -> None:
-        """Record what the last actions learnt: at the next step's ``advance``, or at
-        once at the daemon's exit."""
-        learnt, self._learnt = self._learnt, []
-        for record in learnt:
-            record()
+    def learn(self, learnt: Sequence[object]) -> None:
+        """Record what the last :meth:`act` learnt: at the next step, in its
+        transaction, or at once at the daemon's exit."""
+        for fact in learnt:
+            if isinstance(fact, Launched):
+                self.store.set_launch(
+                    fact.trainer_id, trainer_dir=fact.trainer_dir, supervisor=fact.pid
+                )
+            elif isinstance(fact, StartFailed) and fact.again:
+                self._restart_later(fact.trainer_id, fact.why, time.time())
+            elif isinstance(fact, StartFailed):
+                self._fail(fact.trainer_id, fact.why)
+
+    @staticmethod
+    def _stop(trainer_id: str, launcher: Launcher) -> None:
+        """The supervisor checkpoints and stops in the background; the loop goes on."""
+        threading.Thread(
+            target=launcher.stop, args=(CANCEL_GRACE_S,), name=f"stop-{trainer_id}", daemon=True
+        ).start()
 
     # ---- helpers --------------------------------------------------------------------
     @property
@@ -373,19 +398,34 @@ class LiveDriver:
             slots = self.book.assign(trainer_id, nodes)
         self.store.record_allocation(trainer_id, nodes, slots=slots)
 
-    def _decide_start(
-        self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool = False
-    ) -> None:
+    def _decide_start(self, trainer_id: str, nodes: tuple[str, ...]) -> None:
         """Record the trainer's nodes and state; act() starts its supervisor there."""
         self._record(trainer_id, nodes)
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
-        restart = restart or self._due.get(trainer_id) == "restart"
-        self._due[trainer_id] = "restart" if restart else "start"
-        self._intended[trainer_id] = nodes
 
-    def _start(self, trainer_id: str, nodes: tuple[str, ...], *, restart: bool) -> None:
+    def _starts(self, orders: Orders) -> set[str]:
+        """The trainers whose supervisor ``orders`` start: a restart come due, or nodes
+        for one that has no supervisor and waits for no restart. The same at
+        :meth:`record` and :meth:`act` (nothing between them changes what it reads)."""
+        starting = {o.trainer_id for o in orders.driver if isinstance(o, StartAgain)}
+        for c in orders.changes:
+            tid = c.trainer_id
+            if not c.nodes or tid in self.launchers or tid in starting:
+                continue
+            if c.why == "restore" or (c.why in ("decide", "evict") and tid not in self._restarts):
+                starting.add(tid)
+        return starting
+
+    def _start(
+        self,
+        trainer_id: str,
+        nodes: tuple[str, ...],
+        learnt: list[Launched | StartFailed],
+        *,
+        restart: bool,
+    ) -> None:
         """Start the trainer's supervisor on ``nodes`` (those with a holder now), or adopt
         the one that already runs there (a restart of the daemon redoing this start); a
         restart resumes from the trainer's checkpoint in its directory."""
@@ -415,12 +455,10 @@ class LiveDriver:
             else:
                 launcher = Launcher.start(spec, host_counts(hosts))
         except OSError as exc:  # the file system, not the trainer: try again (bounded)
-            why = f"cannot start: {exc}"
-            self._learnt.append(lambda: self._restart_later(trainer_id, None, why, time.time()))
+            learnt.append(StartFailed(trainer_id, f"cannot start: {exc}", again=True))
             return
         except (LaunchError, channel.ChannelError) as exc:
-            why = f"cannot start: {exc}"
-            self._learnt.append(lambda: self._fail(trainer_id, why))
+            learnt.append(StartFailed(trainer_id, f"cannot start: {exc}", again=False))
             return
         self.launchers[trainer_id] = launcher
         if not (trainer_dir / channel.METRICS).exists():  # new, or its directory was deleted
@@ -428,10 +466,7 @@ class LiveDriver:
         if not restart:  # a restart reads on from where the dead supervisor's reports were
             self._offsets[trainer_id] = 0
             self._samples[trainer_id] = row.samples_done
-        pid = str(launcher.pid)
-        self._learnt.append(
-            lambda: self.store.set_launch(trainer_id, trainer_dir=trainer_dir, supervisor=pid)
-        )
+        learnt.append(Launched(trainer_id, trainer_dir, str(launcher.pid)))
         if restart:
             log.info(
                 "trainer %s started again (restart %d) on %d %s, from its checkpoint",
@@ -471,9 +506,6 @@ class LiveDriver:
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "running" if nodes else "waiting")
-        if self._due.get(trainer_id) not in STARTS:
-            self._due[trainer_id] = "hosts"
-        self._intended[trainer_id] = nodes
         if say and tuple(before) != tuple(nodes):
             self.rescales += 1
             log.info(
@@ -520,35 +552,9 @@ class LiveDriver:
         samples = rec.get("samples_done")
         if isinstance(samples, int):
             self._samples[trainer_id] = max(self._samples.get(trainer_id, 0), samples)
-        try:
-            record = MetricsRecord.from_dict(rec.get("record"), f"trainer {trainer_id}")
-        except MetricsRecordError as exc:
-            log.warning("trainer %s: ignoring a bad metrics record: %s", trainer_id, exc)
-            return
-        throughput = goodput = None
-        # Throughput: the rates measured at the counts it ran, and the replay's prior.
-        learned = self.curves.measured(job_of(row), record)
-        if learned is not None:
-            self._reports.append(CurveReport(trainer_id, "throughput", learned))
-        if record.throughput is not None:  # goodput: the trainer's own Pollux model
-            try:
-                model = record.goodput_model()
-                good, thr = model.allocator_curves(row.max_nodes)
-            except (MetricsRecordError, ValueError) as exc:
-                log.warning("trainer %s: no goodput curve from its record: %s", trainer_id, exc)
-            else:
-                self._reports.append(CurveReport(trainer_id, "goodput", good))
-                n = max(1, record.nodes)
-                throughput = float(_at(thr, n))
-                goodput = float(_at(good, n))
-        self.store.update_progress(
-            trainer_id,
-            samples_done=self._samples.get(trainer_id),
-            throughput_sps=throughput,
-            goodput_sps=goodput,
-            batch_size=record.batch_size,
+        self._reports += record_metrics(
+            self.store, self.curves, row, rec, self._samples.get(trainer_id)
         )
-        self.store.add_metric(trainer_id, record.to_dict(), now_s=record.time_s)
 
     def _finish(self, trainer_id: str, state: str, reason: str) -> None:
         self._forget(trainer_id)
@@ -588,10 +594,3 @@ class LiveDriver:
 def _names(nodes: Sequence[str]) -> str:
     """``node1,node2``; with shared nodes ``node1:2`` for two slots of node1."""
     return ",".join(h if n == 1 else f"{h}:{n}" for h, n in host_counts(nodes))
-
-
-def _at(curve: Sequence[tuple[float, float]], n: int) -> float:
-    for x, y in curve:
-        if x >= n:
-            return y
-    return curve[-1][1] if curve else 0.0

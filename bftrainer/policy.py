@@ -1,4 +1,9 @@
-"""Allocation policies: pure functions of the pool and the admitted trainers.
+"""Allocation policies: pure functions of the inputs the loop hands them.
+
+A policy admits (:class:`Admission`: which unfinished trainers take part) and decides
+(``decide(inputs) -> Decision``, from :class:`~bftrainer.loop.PolicyInputs`): it reads
+no clock and no table that anything else writes, so the same inputs give the same
+decision in the daemon, the centre and the replay.
 
 ``POLICIES`` is the registry (as ``milp.solvers`` has of solvers): a name -> a factory
 that builds the policy from the configuration record (``bftrainer.config.Config``);
@@ -9,21 +14,48 @@ builds none). A new policy is a class here, a line in the registry and its name 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from bftrainer.churn import Churn, auto_t_fwd_s
+from bftrainer.churn import auto_t_fwd_s
 from bftrainer.config import POLICY_NAMES, Config
 from bftrainer.jobs import JobSpec
 from bftrainer.loop.protocols import Policy
-from bftrainer.loop.records import Decision, TrainerState
+from bftrainer.loop.records import Decision, PolicyInputs, TrainerState
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
+from bftrainer.milp.problem import fair_admission, group_key
 from bftrainer.milp.slots import map_slots
 
 
+def admit(trainers: Iterable[TrainerState], limit: int, fair_by: str) -> list[TrainerState]:
+    """The ``limit`` trainers that take part, in arrival order: first come, first served;
+    with ``fair_by`` user or account, round by round across users or accounts
+    (``bftrainer.milp.problem.fair_admission``)."""
+    if fair_by == "trainer":
+        out: list[TrainerState] = []
+        for t in trainers:
+            if len(out) == limit:
+                break
+            out.append(t)
+        return out
+    listed = list(trainers)
+    groups = [group_key(t.id, t.job.user, t.job.account, fair_by) for t in listed]
+    return [listed[i] for i in fair_admission(groups, limit)]
+
+
+class Admission:
+    """The admission every policy here uses (:func:`admit`); a policy that admits
+    otherwise overrides ``admit``."""
+
+    def admit(
+        self, trainers: Iterable[TrainerState], limit: int, fair_by: str
+    ) -> list[TrainerState]:
+        return admit(trainers, limit, fair_by)
+
+
 @dataclass(frozen=True)
-class MilpPolicy:
+class MilpPolicy(Admission):
     """The BFTrainer allocator (``docs/allocator.md``) at every event, with the
     settings of ``config`` (T_fwd, objective, formulation, solver, time limit, fairness).
     ``t_fwd_s = "auto"``: T_fwd from the pool's churn (bftrainer/churn.py)."""
@@ -34,8 +66,9 @@ class MilpPolicy:
     # from whoever knows it (a replayed search: its trials' rungs); None: all 1.
     weights: Callable[[str], float] | None = None
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
         c = self.config
+        pool, trainers, churn = inputs.pool, inputs.trainers, inputs.churn
         t_fwd = auto_t_fwd_s(churn) if c.t_fwd_s == "auto" else float(c.t_fwd_s)
         metric = "goodput" if c.objective == "goodput" else "throughput"
         problem = Problem(
@@ -73,15 +106,16 @@ class MilpPolicy:
 
 
 @dataclass(frozen=True)
-class EqualSharePolicy:
+class EqualSharePolicy(Admission):
     """The paper's baseline: an equal share of the pool for each admitted trainer, within
     its limits; leftover nodes go first come, first served. Oblivious to rescale costs."""
 
     slots_per_node: int = 1
     name: str = "equal"
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
         s = self.slots_per_node
+        pool, trainers = inputs.pool, inputs.trainers
         limits = [(t.id, t.job.n_min, t.job.n_max) for t in trainers]
         counts = equal_share_counts(limits, len(pool) * s)
         current = {t.id: t.nodes for t in trainers}
@@ -91,7 +125,7 @@ class EqualSharePolicy:
 
 
 @dataclass(frozen=True)
-class ScavengerPolicy:
+class ScavengerPolicy(Admission):
     """What a centre runs without bftrainer: a preemptible partition with requeue.
 
     Each job is rigid (:func:`rigid_size`) and starts, first come first served, once
@@ -107,7 +141,8 @@ class ScavengerPolicy:
     size: int | None = None
     name: str = "scavenger"
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        pool, trainers = inputs.pool, inputs.trainers
         nodes: dict[str, tuple[str, ...]] = {}
         for t in trainers:
             if t.nodes and len(t.nodes) == rigid_size(t.job, self.size):

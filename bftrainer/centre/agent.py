@@ -28,8 +28,8 @@ from typing import Any
 from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport
 from bftrainer.centre.transport import SOCKET_NAME, RequestRefused, TransportError, call
-from bftrainer.churn import Churn
-from bftrainer.loop import Decision, LoopView, Polled, Redecide, TrainerState
+from bftrainer.loop import Assignment, Decision, LoopView, PolicyInputs, Polled, TrainerState
+from bftrainer.policy import Admission
 from bftrainer.state import Store, UnknownTrainerError
 
 log = logging.getLogger(__name__)
@@ -38,24 +38,24 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT_S = 5.0
 
 
-class FollowPolicy:
-    """The agent's policy: each trainer gets the nodes the allocator assigned it, those
-    whose holder runs (in ``pool``); fewer than its minimum is none yet. A trainer the
-    allocator has not decided on (new, or the allocator restarting) keeps what it has.
-    The holders keep every node assigned to these trainers (``Decision.hold``)."""
+class FollowPolicy(Admission):
+    """The agent's policy: each trainer gets the nodes the allocator assigned it
+    (``inputs.assignment``, which the link's poll hands the loop as an
+    :class:`~bftrainer.loop.Assignment`), those whose holder runs (in ``pool``); fewer
+    than its minimum is none yet. A trainer the allocator has not decided on (new, or the
+    allocator restarting) keeps what it has. The holders keep every node assigned to
+    these trainers (``Decision.hold``)."""
 
     name = "centre"
 
-    def __init__(self, link: AgentLink) -> None:
-        self.link = link
-
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        free = set(pool)
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        free = set(inputs.pool)
         out: dict[str, tuple[str, ...]] = {}
         hold: set[str] = set()
-        for t in trainers:
-            wanted = self.link.assignment.get(t.id, t.nodes)
-            hold.update(self.link.assignment.get(t.id, ()))
+        assignment = inputs.assignment
+        for t in inputs.trainers:
+            wanted = assignment.get(t.id, t.nodes)
+            hold.update(assignment.get(t.id, ()))
             mine = tuple(n for n in wanted if n in free)
             if len(mine) < t.job.n_min:
                 mine = ()
@@ -71,7 +71,7 @@ class AgentLink:
         self.path = socket_dir / SOCKET_NAME
         self.sync_every_s = sync_every_s
         self.assignment: dict[str, tuple[str, ...]] = {}
-        self.policy = FollowPolicy(self)
+        self.policy = FollowPolicy()
         self.store: Store | None = None
         self._next_s = -math.inf
         self._reachable = True
@@ -132,7 +132,7 @@ class AgentLink:
         self._cancel(reply.cancel)
         changed = dict(reply.assignment) != self.assignment
         self.assignment = dict(reply.assignment)
-        return Polled((Redecide(),) if changed else (), self._next_s)
+        return Polled((Assignment(dict(self.assignment)),) if changed else (), self._next_s)
 
     def _cancel(self, trainer_ids: tuple[str, ...]) -> None:
         assert self.store is not None

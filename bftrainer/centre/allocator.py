@@ -56,7 +56,6 @@ from bftrainer.loop import (
     Polled,
     PoolChange,
     Progress,
-    Redecide,
     Step,
     TrainerState,
     WallClock,
@@ -236,7 +235,7 @@ class Allocator(LiveService):
             settings.hold_grace_s, settings.refused_for_s, settings.holder_lease_s
         )
         inner = policy if policy is not None else make_policy(config)
-        self.policy = Refusing(inner, self.refusals, self.clock.now_s)
+        self.policy = Refusing(inner)
         self.driver = RemoteDriver()
         self.inbox = Inbox(self.clock)
         self.leases = AgentLeases(self, settings.agent_lease_s)
@@ -435,7 +434,7 @@ class Allocator(LiveService):
                 if self._restoring.pop(loop_id, None) is None:
                     inputs.append(Completion(loop_id))
             if request.held is not None and self._refused(rec, request, now_s):
-                inputs.append(Redecide())
+                inputs.append(self.refusals.table())
             assignment = {
                 local: self._snapshot[lid]
                 for local, lid in rec.ids.items()

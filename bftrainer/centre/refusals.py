@@ -13,11 +13,10 @@ refusal ends the user may get the node again (a limit may have been lifted).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from bftrainer.churn import Churn
-from bftrainer.loop import Decision, Policy, TrainerState
+from bftrainer.loop import Decision, Policy, PolicyInputs, Refused, TrainerState
 
 
 class Refusals:
@@ -31,7 +30,7 @@ class Refusals:
         # last said so (a silent agent's holders end when their leases run out).
         self.holder_lease_s = holder_lease_s
         self._assigned_at: dict[str, dict[str, float]] = {}  # trainer -> node -> since
-        self._until: dict[tuple[str, str], float] = {}  # (user, node) -> refused until
+        self._until: dict[tuple[str | None, str], float] = {}  # (user, node) -> refused until
         self._held: dict[str, tuple[float, frozenset[str]]] = {}  # user -> (when, nodes)
 
     def assigned(self, assignment: Mapping[str, Iterable[str]], now_s: float) -> None:
@@ -82,13 +81,15 @@ class Refusals:
                     new.append(node)
         return new
 
-    def refused_to(self, user: str | None, now_s: float) -> set[str]:
+    def table(self) -> Refused:
+        """Every refusal with its end, as the loop's input (the policy reads no table)."""
         with self._lock:
-            return {n for (u, n), until in self._until.items() if u == user and until > now_s}
+            return Refused(dict(self._until))
 
 
 class Refusing:
-    """``inner``'s decision, with no trainer on a node refused to its user.
+    """``inner``'s decision, with no trainer on a node refused to its user (the
+    refusals and the time come in the inputs: :class:`~bftrainer.loop.Refused`).
 
     Such a node is swapped for a pool node nobody got and the user may have (nodes are
     alike to the policies: the count is what they chose). A trainer that still falls
@@ -97,19 +98,22 @@ class Refusing:
     not idle until some later event.
     """
 
-    def __init__(self, inner: Policy, refusals: Refusals, now_s: Callable[[], float]) -> None:
+    def __init__(self, inner: Policy) -> None:
         self.inner = inner
-        self.refusals = refusals
-        self.now_s = now_s
 
     @property
     def name(self) -> str:
         return self.inner.name
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        now_s = self.now_s()
-        refused = {t.id: self.refusals.refused_to(t.job.user, now_s) for t in trainers}
-        decision = self.inner.decide(pool, trainers, churn)
+    def admit(
+        self, trainers: Iterable[TrainerState], limit: int, fair_by: str
+    ) -> list[TrainerState]:
+        return self.inner.admit(trainers, limit, fair_by)
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        pool, trainers = inputs.pool, inputs.trainers
+        refused = {t.id: set(inputs.refused_to(t.job.user)) for t in trainers}
+        decision = self.inner.decide(inputs)
         if not any(refused.values()):
             return decision
         nodes, short = _swap_refused(decision.nodes, pool, trainers, refused)
@@ -120,7 +124,7 @@ class Refusing:
                 for t in trainers
                 if t.id not in short or nodes[t.id]
             ]
-            decision = self.inner.decide(pool, capped, churn)
+            decision = self.inner.decide(replace(inputs, trainers=capped))
             solve_s += decision.solve_s
             nodes, _ = _swap_refused(decision.nodes, pool, capped, refused)
             nodes.update({t: () for t in short if t not in nodes})

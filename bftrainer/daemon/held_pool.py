@@ -4,17 +4,18 @@
 ``poll_interval_s`` it reads the main scheduler's pool (idle nodes nobody planned for,
 with their windows) and the state of our holder jobs in one status call, and tells the
 loop which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
-the main scheduler, or released). On the step's decision (:meth:`HeldPool.settle`) it
+the main scheduler, or released). On the step's decision (:meth:`HeldPool.plan`) it
 plans which holders to submit and cancel (:mod:`bftrainer.acquisition`: only what the
 admitted trainers can use, the loop's ``Demand``). The loop only ever sees nodes we hold.
 
 It never waits on the scheduler inside the step's transaction: :meth:`HeldPool.read` asks
-before it opens, :meth:`HeldPool.poll` records what was read, :meth:`HeldPool.settle`
-plans, and :meth:`HeldPool.act` runs the commands after the commit. What they return (a
-new holder's job id, a cancel done) is recorded at the next poll, and the read before
-that poll counts the holders just submitted as ours. A daemon killed in between loses
-nothing: its restart cancels holders the store does not know, drops those that ended,
-and plans again.
+before it opens, :meth:`HeldPool.poll` records what was read, :meth:`HeldPool.plan`
+plans (its orders as data, daemon/hold_orders.py, in the step's ``Orders.hold``), and
+:meth:`HeldPool.act` carries them out after the commit. What that learns (a new holder's
+job id, a cancel done) comes back as data, recorded by :meth:`HeldPool.learn` at the next
+step's start; the read before it counts the holders just submitted as ours. A daemon
+killed in between loses nothing: its restart ends holders the store does not know, drops
+those that ended, and plans again.
 
 It also keeps the holder view the rest of the daemon reads: each holder's state in the
 store (written before anything acts on it), the leases that end holders by themselves
@@ -27,21 +28,21 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bftrainer.acquisition import plan_assigned, plan_holders
+from bftrainer.daemon.hold_orders import Acquire, Ended, EndHolders, HoldOrder, Submitted
 from bftrainer.daemon.left_running import holding
+from bftrainer.daemon.pool_status import publish_pool
 from bftrainer.exec_plan import ExecPlan
 from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
 from bftrainer.holders.failures import HolderBackoff, failed_to_hold
-from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.loop import Demand, LoopView, Polled, PoolChange
+from bftrainer.loop import Demand, LoopView, Planned, Polled, PoolChange
 from bftrainer.pool_changes import PoolChanges
 from bftrainer.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
@@ -93,10 +94,10 @@ class HeldPool:
         self._idle: frozenset[str] = frozenset()  # the pool before the gate, for status
         self._polled_now = False  # read() asked the scheduler at this step
         self._read: HoldersRead | None = None  # what it found (None: holders not read)
-        # Scheduler commands the step planned, run by act() after the commit, and what
-        # they learnt, recorded at the next poll (in that step's transaction).
-        self._orders: list[Callable[[], object]] = []
-        self._learnt: list[Callable[[], object]] = []
+        # This step's orders as it makes them (a requeued holder or strays found by
+        # the poll's record, a refused one by learn, the plan's own): handed out whole
+        # by plan() into the step's Orders, carried out by act() after the commit.
+        self._staged: list[HoldOrder] = []
         # Holders submitted and not recorded yet (job id -> node): ours, at the next read.
         self._submitted: dict[str, str] = {}
 
@@ -182,11 +183,10 @@ class HeldPool:
     def poll(self, now_s: float) -> Polled:
         """Record what :meth:`read` found: the nodes whose holder started or ended since
         the last poll, and when each held node leaves. Holders are planned in
-        :meth:`settle`, on the step's decision."""
-        self.flush()
+        :meth:`plan`, on the step's decision."""
         polled = self._poll(now_s)
         # Every step, not only a polling one: a holder submitted by the last step's
-        # act() is recorded by its flush above.
+        # act() is recorded by learn() at this step's start.
         return replace(polled, exec_plan=self.exec_plan())
 
     def _poll(self, now_s: float) -> Polled:
@@ -228,73 +228,89 @@ class HeldPool:
             )
         return Polled((PoolChange(event),), self._next_s)
 
-    def settle(self, now_s: float, decided: bool, demand: Demand) -> tuple[PoolChange, ...]:
+    def plan(self, now_s: float, decided: bool, demand: Demand) -> Planned:
         """Plan the holders the decision needs: after a poll or a decision, which to
         submit and cancel (:meth:`act` does it after the commit). Only nodes the
         decision left free are released, and they leave the loop's pool in this same
-        step (the returned change), so the loop never hands a trainer a node whose
-        holder is being cancelled."""
+        step (``Planned.released``), so the loop never hands a trainer a node whose
+        holder is being cancelled. The plan (``Planned.plan``) is this step's orders, as
+        data: every one made since the last plan."""
         if not (self._replan or decided) or self._view is None:
-            return ()
+            return Planned(plan=self._take())
         self._replan = False
         released = self._plan(self._view, demand, now_s) & self.usable
         self.changes.forget(released)
         self._publish(self._view, self.changes.told, now_s)
-        if not released:
-            return ()
-        self.store.add_pool_event(
-            joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
-        )
-        return (PoolChange(PoolEvent(now_s, left=frozenset(released))),)
+        if released:
+            self.store.add_pool_event(
+                joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
+            )
+        return Planned(frozenset(released), self._take())
 
-    def act(self, now_s: float) -> None:
-        """Run the scheduler commands the step planned (after its commit). No reply
-        ends the daemon: each failure is counted and logged where it arises, and the
-        next poll plans again."""
-        orders, self._orders = self._orders, []
-        for order in orders:
+    def _take(self) -> tuple[HoldOrder, ...]:
+        staged, self._staged = tuple(self._staged), []
+        return staged
+
+    def act(self, hold: object) -> list[Submitted | Ended]:
+        """Carry out a step's hold orders (``Orders.hold``, after its commit); what it
+        learnt, for :meth:`learn`. No reply ends the daemon: each failure is counted and
+        logged where it arises, and the next poll plans again."""
+        learnt: list[Submitted | Ended] = []
+        for order in hold if isinstance(hold, tuple) else ():
             try:
-                order()
+                if isinstance(order, Acquire):
+                    self._acquire(order.nodes, order.view, order.now_s, learnt)
+                elif isinstance(order, EndHolders):
+                    self._end(order, learnt)
             except (HolderError, CommandError) as exc:
                 self.counts.errors["holder_submit"] += 1
                 log.warning("holders not submitted, trying again at a later poll: %s", exc)
+        return learnt
 
-    def flush(self) -> None:
-        """Record what the last commands learnt: at the next poll, or at once at the
-        daemon's exit."""
-        learnt, self._learnt = self._learnt, []
-        for record in learnt:
-            record()
+    def learn(self, learnt: Sequence[object]) -> None:
+        """Record what the last :meth:`act` learnt (at the next step's start, in its
+        transaction): new holders (one the store refuses is ordered ended) and ended
+        ones."""
+        for fact in learnt:
+            if isinstance(fact, Submitted):
+                self._record_holder(fact.job_id, fact.node, fact.limit_s, fact.now_s)
+            elif isinstance(fact, Ended):
+                self._record_ended(fact.job_ids, fact.reason, fact.now_s)
 
     def sync_holders(self, now_s: float) -> None:
-        """One status call: record what our holders are now; cancel unknown ones (at
-        the daemon's start, before the loop runs)."""
+        """One status call: record what our holders are now; end the strays (at the
+        daemon's start, before the loop runs)."""
         read = self._read_holders()
         with self.store.transaction():
             self._record_holders(read, now_s)
-        self.act(now_s)  # a requeued holder's cancel
+        learnt = self.act(self._take())  # a requeued holder's cancel, the strays'
         with self.store.transaction():
-            self.flush()
+            self.learn(learnt)
 
     def _read_holders(self) -> HoldersRead:
-        """Our holders as the scheduler lists them (unknown ones cancelled), and why
-        each that failed to hold failed."""
+        """Our holders as the scheduler lists them (the strays named, to be ended by
+        the step's orders), and why each that failed to hold failed."""
         rows = {h.job_id: h for h in self.store.holders(live_only=True)}
         # The holders the last step submitted are ours too, recorded at the coming poll.
         known = {**{j: h.node for j, h in rows.items()}, **self._submitted}
-        result = self.holders.reconcile(known)
+        result = self.holders.survey(known)
         causes = {
             job_id: self.holders.why_failed(job_id, status)
             for job_id, status in result.gone.items()
             if job_id in known
             and failed_to_hold(rows[job_id].state if job_id in rows else "pending", status.reason)
         }
-        return HoldersRead(result.live, result.gone, causes)
+        return HoldersRead(result.live, result.gone, causes, result.cancelled)
 
     def _record_holders(self, read: HoldersRead, now_s: float) -> None:
         """Record the holders' states as read (those live in the store now: one our own
-        cancel ended since is recorded already, one submitted since the read is not)."""
+        cancel ended since is recorded already, one submitted since the read is not);
+        order the strays ended (run by :meth:`act`, after the step's commit)."""
         current = {h.job_id: h for h in self.store.holders(live_only=True)}
+        if read.strays:
+            strays = tuple(sorted(read.strays.items()))
+            ids = tuple(j for j, _ in strays)
+            self._staged.append(EndHolders(ids, "not ours", "stray", strays=strays))
         for job_id, status in read.live.items():
             was = current.get(job_id)
             if was is None:
@@ -309,7 +325,7 @@ class HeldPool:
                     status.node,
                     job_id,
                 )
-                self._orders.append(partial(self.cancel, [job_id], "requeued", now_s, lost=True))
+                self._staged.append(EndHolders((job_id,), "requeued", "requeued", now_s))
                 continue
             if status.state == "running":
                 self.backoff.held(status.node)
@@ -383,7 +399,9 @@ class HeldPool:
         # node is held again below with a limit that fits.
         stuck = [h for h in live if h.state == "pending" and _outlives_claim(h, view)]
         if stuck:
-            self._orders.append(lambda: self._cancel_stuck(stuck, now_s))
+            ids, nodes = tuple(h.job_id for h in stuck), tuple(h.node for h in stuck)
+            why = "cannot start before its node's claim"
+            self._staged.append(EndHolders(ids, why, "stuck", now_s, nodes))
             live = [h for h in live if h not in stuck]
         allocated = set(demand.allocated)
         running = [h.node for h in live if h.state == "running"]
@@ -407,30 +425,46 @@ class HeldPool:
         by_node = {h.node: h.job_id for h in live}
         if plan.release:
             release = tuple(plan.release)
-            self._orders.append(
-                lambda: self._release(release, [by_node[n] for n in release], now_s)
-            )
+            ids = tuple(by_node[n] for n in release)
+            self._staged.append(EndHolders(ids, "no trainer needs it", "release", now_s, release))
         if not view.growth_held and plan.acquire:  # stale: take nothing on old information
-            acquire = tuple(plan.acquire)
-            self._orders.append(lambda: self._acquire(acquire, view, now_s))
+            self._staged.append(Acquire(tuple(plan.acquire), view, now_s))
         return set(plan.release)
 
-    def _cancel_stuck(self, stuck: Sequence[HolderRow], now_s: float) -> None:
-        if self.cancel([h.job_id for h in stuck], "cannot start before its node's claim", now_s):
+    def _end(self, order: EndHolders, learnt: list[Submitted | Ended]) -> None:
+        """Carry out one order to end holders, with its log line."""
+        ids, kind = order.job_ids, order.kind
+        if kind == "stray":
+            log.warning(
+                "%s: cancelling holder(s) %s with %s",
+                self.holders.scheduler,
+                ", ".join(f"{j} ({c.node}, {c.scheduler_state})" for j, c in order.strays),
+                self.holders.cancel_argv(ids)[0],
+            )
+        done = self.cancel(
+            ids,
+            order.reason,
+            order.now_s,
+            lost=kind == "requeued",
+            recorded=kind not in ("stray", "unrecorded"),
+            counted=kind != "stray",
+            learnt=learnt,
+        )
+        if done and kind == "stuck":
             log.info(
                 "re-holding %s: the holder asked for could not start before a main job",
-                ", ".join(h.node for h in stuck),
+                ", ".join(order.nodes),
             )
-
-    def _release(self, nodes: Sequence[str], job_ids: Sequence[str], now_s: float) -> None:
-        if self.cancel(job_ids, "no trainer needs it", now_s):
+        elif done and kind == "release":
             log.info(
                 "released %s: no trainer needs %s",
-                ", ".join(nodes),
-                "it" if len(nodes) == 1 else "them",
+                ", ".join(order.nodes),
+                "it" if len(order.nodes) == 1 else "them",
             )
 
-    def _acquire(self, nodes: Sequence[str], view: PoolView, now_s: float) -> None:
+    def _acquire(
+        self, nodes: Sequence[str], view: PoolView, now_s: float, learnt: list[Submitted | Ended]
+    ) -> None:
         """Submit a holder for each of ``nodes``; a refused one is logged and tried at a
         later poll. Raises ``HolderError`` when no holder can be submitted at all."""
         # Every holder of the plan submitted at once (SlurmHolders overlaps its sbatch
@@ -456,20 +490,18 @@ class HeldPool:
                 continue
             self.counts.acquired += 1
             self._submitted[got] = node
-            self._learnt.append(partial(self._record_holder, got, node, limits_s[node], now_s))
+            learnt.append(Submitted(got, node, limits_s[node], now_s))
 
     def _record_holder(self, job_id: str, node: str, limit_s: float | None, now_s: float) -> None:
         self._submitted.pop(job_id, None)
         try:
             self.store.add_holder(job_id, node, limit_s=limit_s, now_s=now_s)
         except HolderConflictError as exc:
+            # Ended by this step's orders; if the scheduler refuses, the next poll finds
+            # it a stray (the store does not know it).
             log.error("%s: cancelling the new holder %s", exc, job_id)
-            self._orders.append(lambda: self._cancel_unrecorded(job_id))
-
-    def _cancel_unrecorded(self, job_id: str) -> None:
-        """Cancel a holder the store refused; if the scheduler refuses too, the next
-        poll's reconcile cancels it (the store does not know it)."""
-        self.cancel([job_id], "not recorded; the next poll cancels it", recorded=False)
+            why = "not recorded; the next poll cancels it"
+            self._staged.append(EndHolders((job_id,), why, "unrecorded"))
 
     def cancel(
         self,
@@ -479,12 +511,16 @@ class HeldPool:
         *,
         lost: bool = False,
         recorded: bool = True,
+        counted: bool = True,
+        learnt: list[Submitted | Ended] | None = None,
     ) -> bool:
         """End holders by our hand: the one path that cancels a holder and records it,
         whoever decides (the hold plan, a requeue, the daemon's exit). One cancel
         command (so never inside a step's transaction), then each holder recorded ended
-        with ``reason`` at the next poll or :meth:`flush` (unless the store never
-        ``recorded`` it) and counted released (or ``lost``: it was no longer ours).
+        with ``reason`` (unless the store never ``recorded`` it): by :meth:`learn` at the
+        next step when ``learnt`` is given (a step's act), else at once (the exit); and
+        counted released (or ``lost``: it was no longer ours; ``counted`` False: a stray,
+        never held for a trainer).
         False when the scheduler refuses: counted and logged, the store keeps the
         holders as they were, and a later poll decides again."""
         try:
@@ -499,12 +535,13 @@ class HeldPool:
                 " ".join(self.holders.cancel_argv(job_ids)),
             )
             return False
-        if recorded:
-            ended = tuple(job_ids)
-            self._learnt.append(lambda: self._record_ended(ended, reason, now_s))
-        if lost:
+        if recorded and learnt is not None:
+            learnt.append(Ended(tuple(job_ids), reason, now_s))
+        elif recorded:
+            self._record_ended(job_ids, reason, now_s)
+        if counted and lost:
             self.counts.lost += len(job_ids)
-        else:
+        elif counted:
             self.counts.released += len(job_ids)
         return True
 
@@ -517,43 +554,9 @@ class HeldPool:
     def _publish(
         self, view: PoolView, leave_by_s: Mapping[str, float | None], now_s: float
     ) -> None:
-        """The pool as ``bftrainer status`` shows it: a held node's window is when we
-        lose it (``leave_by_s``), another's the main scheduler's."""
-        holders = {h.node: h for h in self.store.holders(live_only=True)}
-        # node -> trainer -> its slots there (S = 1: each node one trainer, slot 0).
-        users: dict[str, dict[str, list[int]]] = {}
-        allocations = self.store.current_allocations()
-        for tid, a in sorted(allocations.items()):
-            for n in dict.fromkeys(a.nodes):
-                users.setdefault(n, {})[tid] = list(a.slots.get(n, (0,)))
-        shared = any(a.slots for a in allocations.values())
-        nodes = {}
-        for n in sorted(set(view.pool) | set(holders)):
-            h = holders.get(n)
-            window = view.windows_s.get(n)
-            if n in leave_by_s:
-                leaves = leave_by_s[n]
-                window = None if leaves is None else max(0.0, leaves - now_s)
-            nodes[n] = {
-                "window_s": window,
-                "holder": h.job_id if h else None,
-                "holder_state": h.state if h else None,
-                "trainer": ",".join(users[n]) if n in users else None,
-            }
-            if shared:
-                nodes[n]["slots"] = users.get(n, {})
-        for n, why in sorted(self._left_out.items()):  # idle or held, with their GPUs
-            if n in nodes or n in self._idle:
-                empty = {"window_s": None, "holder": None, "holder_state": None, "trainer": None}
-                nodes.setdefault(n, empty)["left_out"] = why
-        self.store.set_setting(
-            "pool",
-            {
-                "time_s": now_s,
-                "stale": view.stale,
-                "nodes": nodes,
-                "holders_failing": self.backoff.summary(),
-            },
+        """The pool as ``bftrainer status`` shows it (bftrainer/daemon/pool_status.py)."""
+        publish_pool(
+            self.store, view, leave_by_s, now_s, self._left_out, self._idle, self.backoff.summary()
         )
 
 
@@ -565,6 +568,10 @@ class HoldersRead:
     live: Mapping[str, HolderStatus]
     gone: Mapping[str, HolderStatus]
     causes: Mapping[str, str]
+    # Holders to end: unknown to the store (a daemon died between submitting and
+    # recording them) or lingering (suspended by a preemption); ended by this step's
+    # orders, through the one cancel path (HeldPool.cancel), never by the read.
+    strays: Mapping[str, HolderStatus] = field(default_factory=dict)
 
 
 def leave_by_s(

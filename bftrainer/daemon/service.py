@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from bftrainer.daemon.actuator import StepActuator
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import GRES, DaemonConfig
 from bftrainer.daemon.held_pool import HeldPool
@@ -42,7 +43,7 @@ from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.live import LiveDriver
 from bftrainer.live_service import LiveService, StepObserver
-from bftrainer.loop import Loop, LoopState, Policy, Source, TrainerState, WallClock
+from bftrainer.loop import Loop, LoopState, Orders, Policy, Reader, Source, TrainerState, WallClock
 from bftrainer.policy import make_policy
 from bftrainer.reading import HeldReading, MetricsSink, Reading
 from bftrainer.slots import SlotBook
@@ -104,21 +105,23 @@ class Daemon(LiveService):
         if now_s is None:
             return None
         with self.store.transaction():
-            state = self._restore_trainers(now_s)
-        self.driver.act(now_s)  # what the earlier daemon decided and did not do
+            state, orders = self._restore_trainers(now_s)
+        learnt = self.driver.act(orders)  # what the earlier daemon decided and did not do
+        with self.store.transaction():
+            self.driver.learn(learnt)
         return state
 
-    def _restore_trainers(self, now_s: float) -> LoopState:
+    def _restore_trainers(self, now_s: float) -> tuple[LoopState, Orders]:
         """The loop's state from the store (in one transaction): the trainers on their
-        nodes that are still held; the actions due to bring them there."""
+        nodes that are still held; the orders that bring them there."""
         running = sorted(h.node for h in self.store.holders(live_only=True) if h.state == "running")
         self.pool.usable = set(running)
-        trainers, lost = self.driver.restore(self.store.trainers(UNFINISHED), set(running))
+        trainers, lost, orders = self.driver.restore(self.store.trainers(UNFINISHED), set(running))
         self._note_slot_count(trainers, lost)
         self.queue.known = {t.id for t in trainers}
         if trainers:
             log.info("restored %d trainer(s) on %d held node(s)", len(trainers), len(running))
-        return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers)
+        return LoopState(now_s=now_s, pool=tuple(running), trainers=trainers), orders
 
     def _note_slot_count(self, trainers: Sequence[TrainerState], lost: Sequence[str]) -> None:
         """Say once when the slots per node changed under running trainers (a restart
@@ -197,10 +200,12 @@ class Daemon(LiveService):
             return
         publish = self._publish_metrics if self.metrics is not None else None
         sources: list[Source] = [self.pool, self.queue]
+        readers: list[Reader] = [self.pool]  # asked before each step's transaction
         # The daemon's own policy; in centre mode the allocator's decisions instead.
         policy: Policy = make_policy(self.config)
         if self.centre is not None:
             sources.append(self.centre)
+            readers.append(self.centre)
             policy = self.centre.policy
         self.loop = Loop(
             sources,
@@ -212,6 +217,9 @@ class Daemon(LiveService):
             state=state,
             keep_finished=False,  # the store has them
             transaction=self.store.transaction,
+            readers=readers,
+            planner=self.pool,
+            actuator=StepActuator(self.driver, self.pool),
         )
         if self.centre is not None:
             self.centre.attach(self.store)
@@ -283,10 +291,9 @@ class Daemon(LiveService):
         """Stop taking work: cancel holders that no trainer runs on; leave the rest."""
         try:
             with self.store.transaction():  # what the last step's actions learnt
-                self.driver.flush()
-                self.pool.flush()
-            self._release_spare()
-            self.pool.flush()
+                if self.loop is not None:
+                    self.loop.flush()
+            self._release_spare()  # recorded at once
         except (sqlite3.Error, OSError) as exc:
             if not state_unwritable(exc):
                 raise

@@ -346,10 +346,12 @@ class Holders(ABC):
                 f"{shlex.join(argv)} ({self.runner.where}): unusable reply: {exc}"
             ) from None
 
-    def reconcile(self, known: Iterable[str] | Mapping[str, str]) -> ReconcileResult:
+    def survey(self, known: Iterable[str] | Mapping[str, str]) -> ReconcileResult:
         """Compare the scheduler with the state's holders (``known``: job ids, or job id
-        -> node). Cancels holders the state does not know and known ones that linger;
-        reports known ones that are gone. One status call and at most one cancel."""
+        -> node), and only read: ``cancelled`` names the holders to end (unknown to the
+        state, or lingering), which the caller ends by its own cancel path. One status
+        call; nothing is cancelled here (the daemon reads outside its step, and ends
+        holders only by the orders a step commits)."""
         nodes = dict(known) if isinstance(known, Mapping) else dict.fromkeys(known, "")
         listed = self.held()
         out = ReconcileResult()
@@ -367,6 +369,13 @@ class Holders(ABC):
         for job_id, node in nodes.items():
             if job_id not in listed:
                 out.gone[job_id] = HolderStatus(node, "ended", "not listed", "")
+        return out
+
+    def reconcile(self, known: Iterable[str] | Mapping[str, str]) -> ReconcileResult:
+        """:meth:`survey`, then cancel what it names (holders the state does not know,
+        and known ones that linger) in one command: for a tool with no step of its own.
+        One status call and at most one cancel."""
+        out = self.survey(known)
         if out.cancelled:
             cancelled = sorted(out.cancelled.items())
             ids = [j for j, _ in cancelled]

@@ -18,11 +18,15 @@ modes differ only in what is plugged in:
   reports and completions as inputs (a driver never writes a trainer's curves or retires
   it itself); ``next_wakeup_s`` says when it next has something to report (a completion
   at current rates, a report timer). A wake-up is not an event: nothing is recorded
-  unless it brings an input or a decision.
-- **Policy** (:class:`Policy`): pure; node sets for the admitted trainers, from the
-  pool, the trainers and the pool's churn (:class:`~bftrainer.churn.Churn`: the loop's
-  rolling window of the pool changes it applied, the same in both modes; the milp
-  policy's ``t_fwd_s = "auto"`` reads it).
+  unless it brings an input or a decision. Its ``rescale``/``preempt``/``cancel`` are a
+  simulated trainer's cost accounting: what a step decided is its :class:`Orders`.
+- **Policy** (:class:`Policy`): pure; admits the trainers that take part, and decides
+  their node sets from :class:`PolicyInputs`, all of which the loop hands it: the pool,
+  the admitted trainers with their curves, the pool's churn
+  (:class:`~bftrainer.churn.Churn`: the loop's rolling window of the pool changes it
+  applied, the same in both modes; the milp policy's ``t_fwd_s = "auto"`` reads it), the
+  loop's time, and what came as inputs (:class:`Assignment` to follow, :class:`Refused`
+  nodes with their times).
 
 The package shows those parts: ``records`` (the data a step exchanges), ``protocols``
 (the seams above), ``clocks``, ``sources`` (the generic ones) and ``core`` (the
@@ -38,25 +42,28 @@ from ``bftrainer.loop``: every public name is here.
 nodes and progress, finished ones, the last decision's time). After a restart, pass
 the :class:`LoopState` rebuilt from those records as ``state=``: the first step then
 decides again (keeping current nodes wherever the policy's costs say so) before any
-new input is needed. Live sources report changes relative to the restored pool.
+new input is needed. Live sources report changes relative to the restored pool. The
+daemon also names its ``readers`` (asked before each step's transaction), its
+``planner`` (the hold plan, on each decision) and its ``actuator``, which records each
+step's :class:`Orders` inside the transaction and carries them out after the commit
+(``bftrainer.daemon.actuator``).
 """
 
 from bftrainer.loop.clocks import VirtualClock, WallClock
 from bftrainer.loop.core import MAX_STALLED_STEPS, Loop, run
 from bftrainer.loop.protocols import (
-    Actor,
+    Actuator,
     Clock,
-    Executor,
     Observer,
-    Placer,
+    Planner,
     Policy,
     Reader,
-    Settler,
     Source,
     TrainerDriver,
 )
 from bftrainer.loop.records import (
     Arrival,
+    Assignment,
     Cancel,
     Completion,
     Curve,
@@ -68,10 +75,15 @@ from bftrainer.loop.records import (
     LoopStalledError,
     LoopState,
     LoopView,
+    NodeChange,
+    Orders,
+    Planned,
+    PolicyInputs,
     Polled,
     PoolChange,
     Progress,
     Redecide,
+    Refused,
     Step,
     TrainerState,
 )
@@ -80,8 +92,9 @@ from bftrainer.loop.sources import WINDOW_TOLERANCE_S, Inbox, TimedSource, depar
 __all__ = [
     "MAX_STALLED_STEPS",
     "WINDOW_TOLERANCE_S",
-    "Actor",
+    "Actuator",
     "Arrival",
+    "Assignment",
     "Cancel",
     "Clock",
     "Completion",
@@ -89,7 +102,6 @@ __all__ = [
     "CurveReport",
     "Decision",
     "Demand",
-    "Executor",
     "Inbox",
     "Input",
     "Loop",
@@ -97,15 +109,19 @@ __all__ = [
     "LoopStalledError",
     "LoopState",
     "LoopView",
+    "NodeChange",
     "Observer",
-    "Placer",
+    "Orders",
+    "Planned",
+    "Planner",
     "Policy",
+    "PolicyInputs",
     "Polled",
     "PoolChange",
     "Progress",
     "Reader",
     "Redecide",
-    "Settler",
+    "Refused",
     "Source",
     "Step",
     "TimedSource",

@@ -7,8 +7,8 @@ source's in order: completions and cancels free nodes, pool changes preempt hold
 leaving nodes and add joining ones in sorted order, arrivals queue, curve reports update
 the trainers' curves); decide if a trainer came, went or the pool changed -- or if a
 curve was reported and the last decision is ``redecide_every_s`` old (else a re-decision
-is scheduled for then) -- and hand changed node sets to the driver (a :class:`Placer`
-driver sees them all first); record a
+is scheduled for then) -- and hand changed node sets to the driver (its accounting of
+what a change costs); let the planner plan holders on the decision; record a
 :class:`Step` only if an input (other than a curve report) arrived or a decision was
 made. The loop raises :class:`LoopStalledError` instead of spinning when the clock
 cannot move and nothing happens (e.g. a trace in epoch milliseconds, where a wake-up a
@@ -19,11 +19,14 @@ the step's inputs were seen (the sources returned them) to the moment the last c
 node set was handed to the driver (``driver.rescale`` returned).
 
 **One step, one transaction** (the daemon; the replay passes none): the step waits
-(outside), lets each :class:`Reader` source ask its scheduler (outside: no lock is held
-while a slow scheduler answers), then advances, polls, applies, decides, settles and
-records inside ``transaction()``, and only after it commits lets each :class:`Actor`
-(the driver, a source) act on what was decided. A kill before the commit leaves nothing
-of the step; a kill after it leaves a record that a restart acts on again.
+(outside), lets each of its ``readers`` ask its scheduler (outside: no lock is held
+while a slow scheduler answers), then, inside ``transaction()``, has the actuator record
+what the last step's actions learnt, advances, polls, applies, decides, plans, makes the
+step's :class:`Orders` (the node changes, the decision's sets, the exec plan, the hold
+plan, the driver's own), has the actuator record them and records the step; only after
+the commit does the actuator carry the orders out. Inside the transaction the loop
+calls no part that acts. A kill before the commit leaves nothing of the step; a kill
+after it leaves a record that a restart carries out.
 
 The loop is given its policy: it builds none. Whoever builds a loop (the replay, the
 daemon, the centre, a test) builds the policy from the configuration with
@@ -38,26 +41,25 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from bftrainer.churn import ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 from bftrainer.loop.protocols import (
-    Actor,
+    Actuator,
     Clock,
-    Executor,
     Observer,
-    Placer,
+    Planner,
     Policy,
     Reader,
-    Settler,
     Source,
     TrainerDriver,
 )
 from bftrainer.loop.records import (
     Arrival,
+    Assignment,
     Cancel,
     Completion,
     CurveReport,
@@ -68,13 +70,16 @@ from bftrainer.loop.records import (
     LoopStalledError,
     LoopState,
     LoopView,
+    NodeChange,
+    Orders,
+    PolicyInputs,
     PoolChange,
     Redecide,
+    Refused,
     Step,
     TrainerState,
 )
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
-from bftrainer.milp.problem import fair_admission, group_key
 
 if TYPE_CHECKING:
     from bftrainer.config import Config
@@ -83,15 +88,6 @@ log = logging.getLogger(__name__)
 
 # Steps in a row at one instant with nothing recorded before the loop gives up.
 MAX_STALLED_STEPS = 1000
-
-
-@dataclass(frozen=True)
-class _Parts:
-    """The loop's parts that fit an optional protocol (module docstring)."""
-
-    readers: list[Reader]
-    settlers: list[Settler]
-    actors: list[Actor]
 
 
 class Loop:
@@ -109,8 +105,17 @@ class Loop:
         state: LoopState | None = None,
         keep_finished: bool = True,
         transaction: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        readers: Sequence[Reader] = (),
+        planner: Planner | None = None,
+        actuator: Actuator | None = None,
     ) -> None:
         self.sources = list(sources)
+        # The daemon's parts, named by whoever builds the loop (never looked for): who
+        # asks outside before the transaction, who plans holders on the decision, who
+        # records and carries out the step's orders.
+        self.readers = list(readers)
+        self.planner = planner
+        self.actuator = actuator
         # The daemon's store.transaction: a step's writes commit once, before it acts.
         self.transaction = transaction
         # A replay reads its finished trainers at the end (their JCTs); a service that
@@ -154,7 +159,6 @@ class Loop:
                 held[n] = t.id
             self._add_trainer(t)
         self._dirty = True  # the first step decides (after a restore too)
-        self._parts_cache: tuple[tuple[object, ...], _Parts] | None = None
         self._curves_changed = False
         self._hold: frozenset[str] = frozenset()  # the last decision's (Decision.hold)
         self._stop = False
@@ -163,10 +167,21 @@ class Loop:
         self._stalled = 0
         self._pending: dict[str, float] = {}
         self._reports: list[Input] = []
+        # The step's orders as the loop makes them (Orders), and what the last step's
+        # actions learnt (the actuator's report, recorded at the next step's start).
+        self._changes: list[NodeChange] = []
+        self._decided: dict[str, tuple[str, ...]] = {}
+        self._exec_plan: object | None = None
+        self._hold_plan: object | None = None
+        self._driver_orders: tuple[object, ...] = ()
+        self._learnt: Sequence[object] = ()
         # The pool's churn, from the changes this loop applies (a restart watches anew).
         self.churn = ChurnWindow(start_s=state.now_s)
         # When the pool source said each node will be taken back (PoolEvent.windows_s).
         self.leave_by_s: dict[str, float] = {}
+        # The policy's inputs that come as data (Assignment, Refused): the latest of each.
+        self.assignment: dict[str, tuple[str, ...]] = {}
+        self.refused_until_s: dict[tuple[str | None, str], float] = {}
 
     # ---- driving --------------------------------------------------------------------------
     def state(self) -> LoopState:
@@ -178,6 +193,13 @@ class Loop:
             finished=list(self.finished),
             last_decision_s=self.last_decision_s,
         )
+
+    def flush(self) -> None:
+        """Have the actuator record what the last step's actions learnt now, in the
+        caller's transaction (at the daemon's exit: no next step will)."""
+        if self.actuator is not None:
+            learnt, self._learnt = self._learnt, ()
+            self.actuator.learn(learnt)
 
     def request_stop(self) -> None:
         """Make ``run`` return after the current step (safe from a signal handler)."""
@@ -216,22 +238,24 @@ class Loop:
         if now < self.now_s:  # a wall clock stepped back: keep the loop's time monotone
             log.warning("clock went back from %.3f to %.3f; keeping %.3f", self.now_s, now, now)
             now = self.now_s
-        readers = self._parts().readers
-        if readers:
+        if self.readers:
             view = LoopView(tuple(self.trainers.values()), frozenset(self.pool))
-            for source in readers:
-                source.read(now, view)
+            for reader in self.readers:
+                reader.read(now, view)
         with self.transaction():
-            step = self._step_at(now, target)
-        for part in self._parts().actors:
-            part.act(now)
+            step, orders = self._step_at(now, target)
+        if self.actuator is not None:
+            self._learnt = self.actuator.act(orders)
         return step
 
-    def _step_at(self, now: float, target: float) -> Step | None:
-        """The step's writes, in the step's transaction: advance, poll, apply, decide,
-        settle, record."""
+    def _step_at(self, now: float, target: float) -> tuple[Step | None, Orders]:
+        """The step's writes, in the step's transaction: what the last actions learnt,
+        advance, poll, apply, decide, plan, record; the step's orders."""
         moved = now > self.now_s or not self._started
         self._started = True
+        if self.actuator is not None:
+            learnt, self._learnt = self._learnt, ()
+            self.actuator.learn(learnt)
         self._advance(now)
         inputs: list[Input] = []
         next_s = math.inf
@@ -239,8 +263,8 @@ class Loop:
             polled = source.poll(now)
             inputs.extend(polled.inputs)
             next_s = min(next_s, polled.next_s)
-            if polled.exec_plan is not None and isinstance(self.driver, Executor):
-                self.driver.use_exec_plan(polled.exec_plan)  # rare: checked when it comes
+            if polled.exec_plan is not None:
+                self._exec_plan = polled.exec_plan
         self._source_next_s = next_s
         seen = time.perf_counter()
         recorded = False
@@ -249,10 +273,13 @@ class Loop:
         self._reports = []
         decision = self._decide()
         latency = time.perf_counter() - seen if decision is not None else 0.0
-        recorded |= self._settle(now, decision is not None)
+        recorded |= self._plan(now, decision is not None)
+        orders = self._orders(now)
+        if self.actuator is not None:
+            self.actuator.record(orders)
         if recorded or decision is not None:
             self._stalled = 0
-            return self._record(decision, latency)
+            return self._record(decision, latency), orders
         self._pending = {}
         if moved:
             self._stalled = 0
@@ -260,17 +287,33 @@ class Loop:
             self._stalled += 1
             if self._stalled >= MAX_STALLED_STEPS:
                 raise LoopStalledError(self._stall_message(target))
-        return None
+        return None, orders
 
-    def _settle(self, now: float, decided: bool) -> bool:
-        """Let settling sources act on the decision; apply what that changed now. A
-        change to the pool leaves the loop dirty: the next step, due at once, decides
-        again on the pool as it now is."""
-        recorded = False
-        for source in self._parts().settlers:
-            for item in source.settle(now, decided, self.demand()):
-                recorded |= self._apply(item)
-        return recorded
+    def _plan(self, now: float, decided: bool) -> bool:
+        """Let the planner plan on the decision; the nodes it releases leave the pool
+        now. A change to the pool leaves the loop dirty: the next step, due at once,
+        decides again on the pool as it now is."""
+        if self.planner is None:
+            return False
+        planned = self.planner.plan(now, decided, self.demand())
+        self._hold_plan = planned.plan
+        if not planned.released:
+            return False
+        return self._apply(PoolChange(PoolEvent(now, left=planned.released)))
+
+    def _orders(self, now: float) -> Orders:
+        """The step's orders, as the loop made them; the next step's start afresh."""
+        orders = Orders(
+            now,
+            tuple(self._changes),
+            self._decided,
+            self._exec_plan,
+            self._hold_plan,
+            self._driver_orders,
+        )
+        self._changes, self._decided, self._driver_orders = [], {}, ()
+        self._exec_plan = self._hold_plan = None
+        return orders
 
     def demand(self) -> Demand:
         """What the admitted trainers can use: their n_max summed (with S slots per
@@ -286,20 +329,11 @@ class Loop:
         return list(self._running)
 
     def admitted(self) -> list[TrainerState]:
-        """The ``max_trainers`` unfinished trainers that take part, in arrival order:
-        first come, first served; with ``fair_by`` user or account, round by round
-        across users or accounts (``bftrainer.milp.problem.fair_admission``)."""
-        limit = self.config.max_trainers
-        if self.config.fair_by == "trainer":
-            out: list[TrainerState] = []
-            for t in self.trainers.values():
-                if len(out) == limit:
-                    break
-                out.append(t)
-            return out
-        trainers = list(self.trainers.values())
-        groups = [group_key(t.id, t.job.user, t.job.account, self.config.fair_by) for t in trainers]
-        return [trainers[i] for i in fair_admission(groups, limit)]
+        """The ``max_trainers`` unfinished trainers that take part, in arrival order, as
+        the policy admits them (``Policy.admit``)."""
+        return self.policy.admit(
+            self.trainers.values(), self.config.max_trainers, self.config.fair_by
+        )
 
     # ---- one step's parts -----------------------------------------------------------------
     def _advance(self, now: float) -> None:
@@ -308,6 +342,7 @@ class Loop:
             self.observer.interval(self.now_s, now, len(self.pool), progress.processed_samples)
         self.now_s = now
         self._reports = list(progress.reports)
+        self._driver_orders = progress.orders
 
     def _apply(self, item: Input) -> bool:
         """Apply one input; True if it is an event to record (curve reports are not)."""
@@ -322,13 +357,25 @@ class Loop:
             t.finished_s = self.now_s
             self._add("completions", 1)
         elif isinstance(item, Cancel):
+            held = (
+                len(self.trainers[item.trainer_id].nodes) if item.trainer_id in self.trainers else 0
+            )
             t = self._retire(item.trainer_id, "cancel")
             if t is None:
                 return False
+            self._changes.append(NodeChange(t.id, (), "cancel", held))
             t.cancelled_s = self.now_s
             self.driver.cancel(t)
             self._add("cancels", 1)
         elif isinstance(item, Redecide):
+            self._dirty = True
+            return False
+        elif isinstance(item, Assignment):
+            self.assignment = dict(item.nodes)
+            self._dirty = True
+            return False
+        elif isinstance(item, Refused):
+            self.refused_until_s = dict(item.until_s)
             self._dirty = True
             return False
         elif isinstance(item, CurveReport):
@@ -351,6 +398,7 @@ class Loop:
                 if any(n in left for n in t.nodes):
                     old = len(t.nodes)
                     self._set_nodes(t, tuple(n for n in t.nodes if n not in left))
+                    self._changes.append(NodeChange(t.id, t.nodes, "preempt", old))
                     self._add("preemption", self.driver.preempt(t, old))
             for n in left:
                 self.pool.pop(n, None)
@@ -419,21 +467,23 @@ class Loop:
         taking_part = {t.id for t in admitted}
         for t in self.running():
             if t.id not in taking_part:
+                self._changes.append(NodeChange(t.id, (), "evict", len(t.nodes)))
                 self._add("rescale", self.driver.rescale(t, ()))
                 self._set_nodes(t, ())
         churn = self.churn.snapshot(self.now_s)
         if self.leave_by_s:  # known departures still ahead (a passed one is no knowledge)
             windows = {n: t - self.now_s for n, t in self.leave_by_s.items() if t > self.now_s}
             churn = replace(churn, windows_s=windows)
-        decision = (
-            self.policy.decide(tuple(self.pool), admitted, churn) if admitted else Decision({})
+        inputs = PolicyInputs(
+            tuple(self.pool), admitted, churn, self.now_s, self.assignment, self.refused_until_s
         )
-        if isinstance(self.driver, Placer):
-            changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
-            self.driver.place({i: n for i, n in changes.items() if n != self.trainers[i].nodes})
+        decision = self.policy.decide(inputs) if admitted else Decision({})
+        changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
+        self._decided = {i: n for i, n in changes.items() if n != self.trainers[i].nodes}
         for t in admitted:
             new = decision.nodes.get(t.id, ())
             if new != t.nodes:
+                self._changes.append(NodeChange(t.id, new, "decide", len(t.nodes)))
                 self._add("rescale", self.driver.rescale(t, new))
                 if new and t.started_s is None:
                     t.started_s = self.now_s
@@ -463,25 +513,6 @@ class Loop:
                 self._holding.pop(t.id, None)
             self._running = None
         t.nodes = nodes
-
-    def _parts(self) -> _Parts:
-        """The sources and driver sorted by the optional protocols they fit, looked up
-        again only when ``sources`` or ``driver`` changed (a runtime Protocol check costs
-        ~0.1 ms: eight a step were 8% of a replay)."""
-        key = (self.driver, *self.sources)
-        cached = self._parts_cache
-        if (
-            cached is None
-            or len(cached[0]) != len(key)
-            or any(a is not b for a, b in zip(cached[0], key, strict=True))
-        ):
-            parts = _Parts(
-                readers=[s for s in self.sources if isinstance(s, Reader)],
-                settlers=[s for s in self.sources if isinstance(s, Settler)],
-                actors=[p for p in key if isinstance(p, Actor)],
-            )
-            cached = self._parts_cache = (key, parts)
-        return cached[1]
 
     def _add(self, key: str, value: float) -> None:
         self._pending[key] = self._pending.get(key, 0.0) + value

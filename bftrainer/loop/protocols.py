@@ -2,22 +2,23 @@
 must do.
 
 Each is a small :class:`~typing.Protocol` (as Horovod's ``HostDiscovery``), so a new
-backend is a new class that fits, never a branch in the loop. ``Settler``, ``Placer``,
-``Executor``, ``Reader`` and ``Actor`` are optional extras that the loop looks for at
-run time.
+backend is a new class that fits, never a branch in the loop. ``Reader``, ``Planner`` and
+``Actuator`` are parts the daemon adds; whoever builds a loop names them
+(``Loop(readers=..., planner=..., actuator=...)``): the loop never asks a part what it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
-from bftrainer.churn import Churn
 from bftrainer.loop.records import (
     Decision,
     Demand,
-    Input,
     LoopView,
+    Orders,
+    Planned,
+    PolicyInputs,
     Polled,
     Progress,
     Step,
@@ -26,12 +27,23 @@ from bftrainer.loop.records import (
 
 
 class Policy(Protocol):
+    """Decides, from data the loop hands it, and nothing else: a pure function of its
+    inputs (the same inputs give the same decision), so a replay or a test can run it
+    on any inputs. Admission (which unfinished trainers take part) is its seam too."""
+
     @property
     def name(self) -> str: ...
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        """Node sets for ``trainers`` (admitted, arrival order) from ``pool``, knowing the
-        pool's recent ``churn``; pure."""
+    def admit(
+        self, trainers: Iterable[TrainerState], limit: int, fair_by: str
+    ) -> list[TrainerState]:
+        """The at most ``limit`` unfinished ``trainers`` (arrival order) that take part,
+        in arrival order (``fair_by``: trainer, user or account); pure."""
+        ...
+
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        """Node sets for ``inputs.trainers`` (admitted, arrival order) from
+        ``inputs.pool``; pure."""
         ...
 
 
@@ -42,40 +54,11 @@ class Source(Protocol):
         ...
 
 
-@runtime_checkable
-class Settler(Protocol):
-    """A source that plans on the step's decision before the step ends (the daemon's
-    hold plan). What it does to the pool comes back as inputs, applied in the same
-    step: so no later step sees a node the source has already let go of."""
-
-    def poll(self, now_s: float) -> Polled: ...
-
-    def settle(self, now_s: float, decided: bool, demand: Demand) -> Sequence[Input]:
-        """Plan after the decision (``decided``: one was made this step), for what the
-        admitted trainers can use (``demand``: data from the loop, never a call back
-        into it); the inputs that this causes (e.g. a :class:`PoolChange` of released
-        free nodes)."""
-        ...
-
-
-@runtime_checkable
-class Executor(Protocol):
-    """A driver that runs workers on the nodes a source holds: it takes the source's
-    word on how they are reached (``Polled.exec_plan``) as data from the loop, in the
-    step that polled it, and never asks the source."""
-
-    def use_exec_plan(self, plan: object) -> None:
-        """How workers reach the pool's nodes from now on (acted on after the commit)."""
-        ...
-
-
-@runtime_checkable
 class Reader(Protocol):
-    """A source that asks something outside that may be slow to answer (a scheduler, an
+    """A part that asks something outside that may be slow to answer (a scheduler, an
     allocator): asked before the step's transaction opens, so that no write lock is held
-    while it waits. Its ``poll``, inside the transaction, records what the read found."""
-
-    def poll(self, now_s: float) -> Polled: ...
+    while it waits. Its ``poll`` (it is a source too), inside the transaction, records
+    what the read found. The loop's builder names its readers (``Loop(readers=...)``)."""
 
     def read(self, now_s: float, view: LoopView | None = None) -> None:
         """Ask now if a poll is due (``poll`` then uses the answer); else nothing. The
@@ -83,15 +66,36 @@ class Reader(Protocol):
         ...
 
 
-@runtime_checkable
-class Actor(Protocol):
-    """A part that acts on the world (starts trainers, submits holders) only after the
-    step that decided it is committed. What an action learns (a new holder's job id, a
-    supervisor's pid) is recorded in the part's next step. Every action is redone from
-    the record by a restart that finds it not done, so each must be idempotent."""
+class Planner(Protocol):
+    """Plans on the step's decision before the step ends (the daemon's hold plan): what
+    it releases leaves the pool in the same step, so no later step sees a node that is
+    being let go of. It plans; it does not act (its plan is in the step's orders)."""
 
-    def act(self, now_s: float) -> None:
-        """Carry out what this step decided, after its commit."""
+    def plan(self, now_s: float, decided: bool, demand: Demand) -> Planned:
+        """Plan after the decision (``decided``: one was made this step), for what the
+        admitted trainers can use (``demand``: data from the loop, never a call back
+        into it)."""
+        ...
+
+
+class Actuator(Protocol):
+    """Carries out a step's :class:`~bftrainer.loop.records.Orders` (the daemon's: the
+    live driver and the held pool). The loop calls it at three points and nowhere else:
+    ``learn`` and ``record`` inside the step's transaction (they write what is known and
+    what was decided, and act on nothing), ``act`` after the commit. Every action is
+    idempotent: a restart that finds an order recorded and not done does it again."""
+
+    def learn(self, report: Sequence[object]) -> None:
+        """Record what the last ``act`` learnt (a supervisor's pid, a start that
+        failed), at the next step's start, in its transaction."""
+        ...
+
+    def record(self, orders: Orders) -> None:
+        """Record the step's orders (the trainers' nodes and states), in its transaction."""
+        ...
+
+    def act(self, orders: Orders) -> Sequence[object]:
+        """Carry the orders out, after the commit; what it learnt, for ``learn``."""
         ...
 
 
@@ -109,29 +113,21 @@ class TrainerDriver(Protocol):
         rates, a report timer); inf if nothing is expected."""
         ...
 
+    # The three below are a simulated trainer's accounting: what a change costs (a
+    # simulated driver moves its model of the trainer). A driver of real trainers acts
+    # on none of them: its actions are the step's Orders, after the commit (Actuator).
     def preempt(self, trainer: TrainerState, old_count: int) -> float:
         """Some of the trainer's nodes left without warning (already removed from
         ``trainer.nodes``); returns the samples it cost."""
         ...
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        """Move the trainer to ``nodes`` (no migration: a superset or subset; () stops
+        """The trainer moves to ``nodes`` (no migration: a superset or subset; () stops
         it until it gets nodes again); returns the samples it cost."""
         ...
 
     def cancel(self, trainer: TrainerState) -> None:
-        """Stop the trainer for good (it was cancelled; its nodes are already freed)."""
-        ...
-
-
-@runtime_checkable
-class Placer(Protocol):
-    """A driver that must see a decision whole before it is handed out one trainer at a
-    time (the live driver: with shared nodes, the slot one trainer frees is the slot
-    another is given, whichever of them comes first)."""
-
-    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
-        """The new node sets of the trainers whose sets change, before ``rescale``."""
+        """The trainer stops for good (it was cancelled; its nodes are already freed)."""
         ...
 
 

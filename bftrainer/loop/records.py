@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bftrainer.churn import Churn
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 
@@ -119,19 +120,66 @@ class Redecide:
     centre agent's policy follows the allocator's last assignment)."""
 
 
-Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide
+@dataclass(frozen=True)
+class Assignment:
+    """The node sets to follow (a centre agent's: the allocator's last assignment, by
+    trainer id); the loop keeps the latest and hands it to the policy, and decides again."""
+
+    nodes: Mapping[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Nodes a user could not hold (the centre's allocator): (user, node) -> until when
+    (the loop's clock), the whole table as it is now; the loop keeps the latest, hands it
+    to the policy, and decides again."""
+
+    until_s: Mapping[tuple[str | None, str], float]
+
+
+Input = PoolChange | Arrival | CurveReport | Completion | Cancel | Redecide | Assignment | Refused
+
+
+@dataclass(frozen=True)
+class PolicyInputs:
+    """All that a policy reads, handed by the loop (a policy reads no clock, no shared
+    table, no source): the pool, the admitted trainers (arrival order, with their nodes
+    and reported curves), the pool's churn, the loop's time, and the inputs that came as
+    data (:class:`Assignment`, :class:`Refused`). Equal inputs give an equal decision."""
+
+    pool: tuple[str, ...]
+    trainers: list[TrainerState]
+    churn: Churn = field(default_factory=Churn)
+    now_s: float = 0.0
+    assignment: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    refused_until_s: Mapping[tuple[str | None, str], float] = field(default_factory=dict)
+
+    def refused_to(self, user: str | None) -> frozenset[str]:
+        """The nodes refused to ``user`` now."""
+        return frozenset(
+            n for (u, n), until in self.refused_until_s.items() if u == user and until > self.now_s
+        )
 
 
 @dataclass(frozen=True)
 class Demand:
-    """What the admitted trainers can use, handed to a source that holds nodes for them
-    (the daemon's hold plan, ``Settler.settle``): ``nodes``, their n_max summed (with S
+    """What the admitted trainers can use, handed to the loop's planner that holds nodes
+    for them (the daemon's hold plan, ``Planner.plan``): ``nodes``, their n_max summed (with S
     slots per node, the nodes those slots fill), and ``allocated``, the nodes trainers
     hold now; ``hold``, what the last decision's policy asked to hold (``Decision.hold``)."""
 
     nodes: int
     allocated: frozenset[str]
     hold: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A planner's answer: the nodes it releases (they leave the loop's pool in this same
+    step) and its plan, as data for the step's :class:`Orders` (``Orders.hold``)."""
+
+    released: frozenset[str] = frozenset()
+    plan: object | None = None
 
 
 @dataclass(frozen=True)
@@ -148,8 +196,8 @@ class LoopView:
 class Polled:
     """A source's answer: the inputs due by now, and when to poll it next (inf: only
     when something else wakes the loop). ``exec_plan``: a source that holds nodes says
-    how workers reach them now (the daemon's holders); the loop hands it untouched to
-    an :class:`~bftrainer.loop.protocols.Executor` driver and never reads it."""
+    how workers reach them now (the daemon's holders); the loop puts it untouched in
+    the step's :class:`Orders` and never reads it."""
 
     inputs: tuple[Input, ...] = ()
     next_s: float = math.inf
@@ -161,10 +209,56 @@ class Progress:
     """What ``TrainerDriver.advance`` saw: samples processed since the last call, and
     the trainers' reports (curves, completions) as inputs for the loop. A report may
     concern a trainer at zero nodes now (what it wrote while it ran, or its crash),
-    never one the driver has not run or one cancelled."""
+    never one the driver has not run or one cancelled. ``orders``: what the driver found
+    due while advancing (a dead supervisor's leftovers to end, a restart come due), as
+    data the loop puts in the step's :class:`Orders`, carried out after the commit."""
 
     processed_samples: float = 0.0
     reports: tuple[CurveReport | Completion, ...] = ()
+    orders: tuple[object, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeChange:
+    """One change of a trainer's nodes in a step, as the loop made it: ``why`` is
+    "preempt" (nodes left the pool under it), "evict" (another trainer took its place
+    in the admission), "decide" (the decision moved it) or "cancel" (stopped for good;
+    ``nodes`` is then ())."""
+
+    trainer_id: str
+    nodes: tuple[str, ...]
+    why: str
+    before: int = 0  # the node count it had just before
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What one step decided, as one record: the trainers' node changes in the order the
+    loop made them, the decision's changed node sets whole (``decided``: with shared
+    nodes the slots one frees are another's), the trainers that start (``started``:
+    first nodes ever), how workers reach the pool now (``exec_plan``, a source's word,
+    None: unchanged), the hold plan (``hold``: a planner's, opaque to the loop) and the
+    driver's own (``driver``: from ``Progress.orders``). Recorded in the step's
+    transaction and carried out after its commit by the loop's
+    :class:`~bftrainer.loop.protocols.Actuator`; a restart does again what was not done."""
+
+    time_s: float
+    changes: tuple[NodeChange, ...] = ()
+    decided: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    exec_plan: object | None = None
+    hold: object | None = None
+    driver: tuple[object, ...] = ()
+
+    def final_nodes(self) -> dict[str, tuple[str, ...]]:
+        """Each changed trainer's node set at the step's end, in the order first changed."""
+        out: dict[str, tuple[str, ...]] = {}
+        for c in self.changes:
+            out[c.trainer_id] = c.nodes
+        return out
+
+    @property
+    def cancelled(self) -> tuple[str, ...]:
+        return tuple(c.trainer_id for c in self.changes if c.why == "cancel")
 
 
 # ---- records -----------------------------------------------------------------------------

@@ -307,6 +307,8 @@ def replay(
         state=LoopState(
             now_s=start_s, pool=tuple(sorted(trace.initial_idle, key=trace.nodes.index))
         ),
+        # A search sees the loop's trainers before each step (it reads them).
+        readers=[arrivals] if isinstance(arrivals, SearchSource) else [],
     )
     loop.run(until_s=trace.end_s, stop=lambda lp: arrivals.exhausted and not lp.trainers)
     wall_s = time.perf_counter() - wall0

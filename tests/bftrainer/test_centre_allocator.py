@@ -12,7 +12,7 @@ import pytest
 
 from bftrainer.acquisition import plan_assigned
 from bftrainer.centre import protocol
-from bftrainer.centre.agent import AgentLink, FollowPolicy
+from bftrainer.centre.agent import FollowPolicy
 from bftrainer.centre.allocator import Allocator, CentreSettings
 from bftrainer.centre.protocol import SyncRequest, TrainerReport
 from bftrainer.centre.transport import Peer, Request, RequestRefused, call
@@ -20,7 +20,7 @@ from bftrainer.churn import Churn
 from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import Polled, PoolChange, TrainerState, VirtualClock
+from bftrainer.loop import PolicyInputs, Polled, PoolChange, TrainerState, VirtualClock
 
 ALICE = Peer(uid=50001, gid=50001, pid=1, user="alice")
 BOB = Peer(uid=50002, gid=50002, pid=2, user="bob")
@@ -336,14 +336,12 @@ def trainer(tid: str, nodes: tuple[str, ...] = (), n_min: int = 1) -> TrainerSta
     return TrainerState(job, nodes=nodes)
 
 
-def test_follow_policy_gives_assigned_nodes_whose_holder_runs(tmp_path) -> None:
-    link = AgentLink(tmp_path)
-    policy = FollowPolicy(link)
-    link.assignment = {"t0001": ("a", "b", "c"), "t0002": ("d", "e")}
+def test_follow_policy_gives_assigned_nodes_whose_holder_runs() -> None:
+    policy = FollowPolicy()
+    assignment = {"t0001": ("a", "b", "c"), "t0002": ("d", "e")}
     pool = ("a", "b", "d", "x")  # c's and e's holders are not running yet
-    decision = policy.decide(
-        pool, [trainer("t0001"), trainer("t0002", n_min=2), trainer("t0003", ("x",))], Churn()
-    )
+    trainers = [trainer("t0001"), trainer("t0002", n_min=2), trainer("t0003", ("x",))]
+    decision = policy.decide(PolicyInputs(pool, trainers, Churn(), assignment=assignment))
     assert decision.nodes == {"t0001": ("a", "b"), "t0002": (), "t0003": ("x",)}
     assert decision.hold == {"a", "b", "c", "d", "e"}  # what the holders keep or start
 

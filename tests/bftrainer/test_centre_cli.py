@@ -17,7 +17,15 @@ from bftrainer.churn import Churn
 from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import Loop, LoopView, Polled, Redecide, TrainerState, VirtualClock
+from bftrainer.loop import (
+    Assignment,
+    Loop,
+    LoopView,
+    PolicyInputs,
+    Polled,
+    TrainerState,
+    VirtualClock,
+)
 from bftrainer.state import Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
@@ -132,10 +140,11 @@ def test_an_agent_follows_a_live_allocator_and_keeps_its_nodes_when_it_dies(
         assert allocator.loop is not None
         allocator.loop.step(until_s=1.0)
         link.read(1.0, view)
-        assert link.poll(1.0).inputs == (Redecide(),)
+        assert link.poll(1.0).inputs == (Assignment({"t0001": ("n1", "n2")}),)
         assert link.assignment == {"t0001": ("n1", "n2")}
         # No holder runs yet: no node to train on, both to hold.
-        decision = link.policy.decide((), [trainer], Churn())
+        inputs = PolicyInputs((), [trainer], Churn(), assignment=link.assignment)
+        decision = link.policy.decide(inputs)
         assert decision.nodes == {"t0001": ()} and decision.hold == {"n1", "n2"}
         link.read(2.0, view)
         assert link.poll(2.0).inputs == ()  # nothing moved: nothing to decide

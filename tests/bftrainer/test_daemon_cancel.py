@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bftrainer.daemon import Daemon, DaemonConfig, HeldPool
+from bftrainer.daemon.hold_orders import Ended, Submitted
 from bftrainer.holders import SlurmHolders
 from bftrainer.idle_monitor.runner import (
     CommandError,
@@ -25,10 +26,12 @@ from bftrainer.idle_monitor.runner import (
     recorded,
 )
 from bftrainer.idle_monitor.source import PoolView
+from bftrainer.loop import Demand
 from bftrainer.state import Store, ensure_state_dir
 
 PARTITION_BF = "PartitionName=bf AllowGroups=ALL Default=NO MaxTime=UNLIMITED State=UP\n"
 SCANCEL_TIMES_OUT = CommandTimeoutError(["scancel"], "replay", 20)
+NO_DEMAND = Demand(0, frozenset())
 
 
 @pytest.fixture
@@ -58,9 +61,10 @@ def test_a_cancel_is_one_command_then_each_holder_recorded_ended_and_counted(
     store: Store,
 ) -> None:
     pool, runner = held_pool(store, scancel=[recorded()])
-    assert pool.cancel(["11", "12"], "no trainer needs it", 200.0)
+    learnt: list[Submitted | Ended] = []  # a step's act: recorded at the next step
+    assert pool.cancel(["11", "12"], "no trainer needs it", 200.0, learnt=learnt)
     assert scancels(runner) == [("scancel", "11", "12")]
-    pool.flush()  # recorded at the pool's next record: its next poll (or the exit's flush)
+    pool.learn(learnt)  # recorded at the pool's next record: the next step's start
     for job in ("11", "12"):
         row = store.holder(job)
         assert (row.state, row.reason, row.ended_s) == ("ended", "no trainer needs it", 200.0)
@@ -127,9 +131,10 @@ def test_a_holder_the_store_refuses_is_cancelled_unrecorded(store: Store) -> Non
     # node1 has a live holder (11): the store refuses the new one submitted there.
     pool, runner = held_pool(store, sbatch=[recorded("13\n")], scancel=[recorded()])
     view = PoolView(200.0, frozenset({"node1"}), {"node1": None}, False, 0.0, False)
-    pool._acquire(["node1"], view, 200.0)
-    pool.flush()  # records the new holder: the store refuses it
-    pool.act(200.0)  # and the step after cancels it
+    learnt: list[Submitted | Ended] = []
+    pool._acquire(["node1"], view, 200.0, learnt)
+    pool.learn(learnt)  # records the new holder: the store refuses it
+    pool.act(pool.plan(201.0, False, NO_DEMAND).plan)  # and that step's orders cancel it
     assert scancels(runner) == [("scancel", "13")]
     assert (pool.counts.acquired, pool.counts.released) == (1, 1)
     assert {h.job_id for h in store.holders()} == {"11", "12"}
@@ -145,7 +150,9 @@ def test_a_holder_submitted_in_a_step_is_ours_at_the_next_read(store: Store) -> 
         store, sbatch=[recorded("13\n")], squeue=[recorded(squeue)], scancel=[recorded()]
     )
     view = PoolView(200.0, frozenset({"node3"}), {"node3": None}, False, 0.0, False)
-    pool._acquire(["node3"], view, 200.0)
+    learnt: list[Submitted | Ended] = []
+    pool._acquire(["node3"], view, 200.0, learnt)
     pool.sync_holders(201.0)
     assert scancels(runner) == []  # not taken for a holder the store does not know
+    pool.learn(learnt)  # that step records it
     assert store.holder("13").state == "pending"

@@ -26,7 +26,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 class FixedHolders:
     scheduler = "slurm"
 
-    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+    def survey(self, known: Mapping[str, str]) -> ReconcileResult:
         return ReconcileResult(live={j: HolderStatus(n, "running") for j, n in known.items()})
 
 
@@ -92,11 +92,11 @@ class SilentScheduler(FixedHolders):
     def __init__(self, failures: int) -> None:
         self.failures = failures
 
-    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+    def survey(self, known: Mapping[str, str]) -> ReconcileResult:
         if self.failures > 0:
             self.failures -= 1
             raise CommandError(["squeue", "--me"], "here", "timed out after 20 s")
-        return super().reconcile(known)
+        return super().survey(known)
 
 
 def test_a_scheduler_silent_at_start_is_one_line_a_try_then_the_daemon_goes_on(

@@ -78,11 +78,14 @@ class Told:
 
     def poll(self, now_s: float) -> None:
         """One step of the daemon's pool: its read and poll, then its hold plan
-        (``settle``) and the commands it plans (``act``)."""
+        (``plan``) and the commands it plans (``act``)."""
         self.pool.read(now_s)
         polled = self.pool.poll(now_s).inputs
-        inputs = [*polled, *self.pool.settle(now_s, False, every_held_node_used(self.pool.store))]
-        self.pool.act(now_s)
+        plan = self.pool.plan(now_s, False, every_held_node_used(self.pool.store))
+        # The nodes it releases leave the loop's pool in the same step (the loop applies them).
+        released = [PoolChange(PoolEvent(now_s, left=plan.released))] if plan.released else []
+        inputs = [*polled, *released]
+        self.pool.learn(self.pool.act(plan.plan))
         for item in inputs:
             assert isinstance(item, PoolChange)
             event: PoolEvent = item.event
@@ -167,9 +170,8 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
     now_s = time.time()
     pool.read(now_s)
     pool.poll(now_s)
-    pool.settle(now_s, False, one_trainer)
-    pool.act(now_s)  # the cancel, after the step that planned it
-    pool.flush()  # recorded at the next poll; here at once
+    learnt = pool.act(pool.plan(now_s, False, one_trainer).plan)  # the cancel, after the step
+    pool.learn(learnt)  # recorded at the next step; here at once
     assert store.holder(stuck).state == "ended"
     assert store.holder(stuck).reason == "cannot start before its node's claim"
     wait_until(lambda: stuck not in holders.held() or holders.held()[stuck].state == "ended",
@@ -179,8 +181,7 @@ def test_a_holder_that_cannot_start_before_its_nodes_claim_is_replaced(
         now_s = time.time()
         pool.read(now_s)
         pool.poll(now_s)
-        pool.settle(now_s, False, one_trainer)
-        pool.act(now_s)
+        pool.learn(pool.act(pool.plan(now_s, False, one_trainer).plan))
         return [h.state for h in store.holders()] == ["running"]
 
     wait_until(one_running, 60, "a new holder, limited to the window, running")

@@ -44,7 +44,7 @@ class RunningHolders:
     def __init__(self) -> None:
         self.released: list[str] = []
 
-    def reconcile(self, known: Mapping[str, str]) -> ReconcileResult:
+    def survey(self, known: Mapping[str, str]) -> ReconcileResult:
         live = {j: HolderStatus(n, "running") for j, n in known.items() if j not in self.released}
         return ReconcileResult(live=live)
 
@@ -99,10 +99,9 @@ class Cluster:
         """One poll a second later: the nodes that joined and left the loop's pool."""
         self.now_s += 1.0
         pool = self.daemon.pool
-        pool.read(self.now_s, self.view)  # as the loop's step: read, poll, settle, act
+        pool.read(self.now_s, self.view)  # as the loop's step: read, poll, plan, act
         polled = pool.poll(self.now_s)
-        pool.settle(self.now_s, False, self.demand)
-        pool.act(self.now_s)
+        pool.learn(pool.act(pool.plan(self.now_s, False, self.demand).plan))
         joined: frozenset[str] = frozenset()
         left: frozenset[str] = frozenset()
         for change in polled.inputs:

@@ -19,13 +19,14 @@ from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
 from bftrainer.live import LiveDriver
 from bftrainer.live_curves import LiveCurves, job_of, prior_curve
-from bftrainer.loop import Arrival, CurveReport, TrainerState
+from bftrainer.loop import Arrival, CurveReport, PolicyInputs, TrainerState
 from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningOptions
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 from bftrainer.trainers.learned_curve import MEASURED, learned_curve, live_curve
 from bftrainer.trainers.metrics import MetricsRecord
+from tests.bftrainer.test_live_restarts import start_on
 from tests.bftrainer.test_status_curve import EXAMPLE, records_of_a_trainer_run_at
 
 
@@ -76,7 +77,7 @@ def test_a_new_trainer_is_not_starved_by_the_prior(tmp_path: Path) -> None:
         pool = ("n1", "n2", "n3", "n4")
 
         def nodes_of_new(trainer: TrainerState) -> int:
-            decision = policy.decide(pool, [running, trainer], Churn())
+            decision = policy.decide(PolicyInputs(pool, [running, trainer], Churn()))
             return len(decision.nodes.get(new, ()))
 
         old = job_of(store.trainer(new))
@@ -126,8 +127,7 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     driver = LiveDriver(store, state_dir, report_every_s=0.5)
     try:
-        driver.rescale(trainer, trainer.nodes)
-        driver.act(time.time())
+        start_on(driver, trainer)
         deadline = time.monotonic() + 120
         reports: list[CurveReport] = []
         while not reports:

@@ -14,14 +14,14 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from bftrainer.live import LiveDriver
 from bftrainer.live_curves import job_of
-from bftrainer.loop import TrainerState
+from bftrainer.loop import NodeChange, Orders, TrainerState
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 
@@ -48,12 +48,32 @@ def driver(store: Store, state_dir: Path, restart_backoff_s: float = 10.0) -> Li
     )
 
 
+LEARNT: dict[int, Sequence[object]] = {}  # per driver: what its last act learnt
+
+
+def start_on(live: LiveDriver, trainer: TrainerState) -> None:
+    """The step that decides the trainer's nodes, as the loop orders it: recorded, then
+    carried out (what that learnt is recorded at the next step)."""
+    change = NodeChange(trainer.id, trainer.nodes, "decide", 0)
+    orders = Orders(time.time(), (change,), {trainer.id: trainer.nodes})
+    live.record(orders)
+    LEARNT[id(live)] = live.act(orders)
+
+
+def flush(live: LiveDriver) -> None:
+    """Record what the last actions learnt (the next step's start, or the exit)."""
+    live.learn(LEARNT.pop(id(live), ()))
+
+
 def step(live: LiveDriver, trainers: list[TrainerState]) -> None:
-    """One step of the daemon's loop as its driver sees it: advance (which first
-    records what the last step's actions learnt), then act (after the step's commit)."""
+    """One step of the daemon's loop as its driver sees it: record what the last step's
+    actions learnt, advance, record the step's orders, then act (after the commit)."""
     now_s = time.time()
-    live.advance(trainers, now_s)
-    live.act(now_s)
+    flush(live)
+    progress = live.advance(trainers, now_s)
+    orders = Orders(now_s, driver=progress.orders)
+    live.record(orders)
+    LEARNT[id(live)] = live.act(orders)
 
 
 def wait_for(cond, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -70,8 +90,7 @@ def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
     tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
-    first.rescale(trainer, trainer.nodes)
-    first.act(time.time())
+    start_on(first, trainer)
     pid = first.launchers[tid].pid
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not first.launchers[tid].alive(), 10, "the supervisor gone")
@@ -83,7 +102,7 @@ def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
     again = driver(store, state_dir)
     again.attach(store.trainer(tid), trainer.nodes)
     step(again, [trainer])
-    again.flush()  # the new supervisor's pid, recorded at the next step
+    flush(again)  # the new supervisor's pid, recorded at the next step
     row = store.trainer(tid)
     assert (row.restarts, row.state) == (1, "running"), row.reason
     launcher = again.launchers[tid]
@@ -96,8 +115,7 @@ def test_a_live_supervisor_is_re_attached_not_restarted(state_dir: Path) -> None
     tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
-    first.rescale(trainer, trainer.nodes)
-    first.act(time.time())
+    start_on(first, trainer)
     pid = first.launchers[tid].pid
     again = driver(store, state_dir)
     again.attach(store.trainer(tid), trainer.nodes)
@@ -117,8 +135,7 @@ def test_a_supervisor_killed_more_often_than_the_budget_between_commits_fails_th
     )
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     live = driver(store, state_dir, restart_backoff_s=0.0)
-    live.rescale(trainer, trainer.nodes)
-    live.act(time.time())
+    start_on(live, trainer)
     for death in range(1, 5):
         launcher = live.launchers[tid]
         os.kill(launcher.pid, signal.SIGKILL)

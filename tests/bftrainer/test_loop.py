@@ -36,6 +36,8 @@ from bftrainer.loop import (
     LoopError,
     LoopStalledError,
     LoopState,
+    Orders,
+    PolicyInputs,
     PoolChange,
     Progress,
     Step,
@@ -46,7 +48,7 @@ from bftrainer.loop import (
     run,
 )
 from bftrainer.milp.mapping import map_counts
-from bftrainer.policy import equal_share_counts, make_policy
+from bftrainer.policy import Admission, equal_share_counts, make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,16 +113,15 @@ class ScriptedDriver:
         self.cancelled.append(trainer.id)
 
 
-class RecordingPolicy:
+class RecordingPolicy(Admission):
     name = "recording"
 
     def __init__(self, log: list[tuple[str, float, object]] | None = None) -> None:
         self.seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
         self.log = log
 
-    def decide(
-        self, pool: tuple[str, ...], trainers: list[TrainerState], churn: object = None
-    ) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        pool, trainers = inputs.pool, inputs.trainers
         self.seen.append((pool, tuple(t.id for t in trainers)))
         if self.log is not None:
             self.log.append(("decide", math.nan, (pool, tuple(t.id for t in trainers))))
@@ -265,11 +266,18 @@ def test_a_sources_exec_plan_reaches_an_executor_driver_in_its_step_before_it_ac
             return Polled((), now_s + 10.0 if self.plans else math.inf, exec_plan=plan)
 
     class Executing(ScriptedDriver):
-        def use_exec_plan(self, plan: object) -> None:
-            self.calls.append(("use", self.now_s or 0.0, plan))
+        """Its own actuator: the exec plan comes in the step's orders."""
 
-        def act(self, now_s: float) -> None:
-            self.calls.append(("act", now_s, None))
+        def learn(self, report: Sequence[object]) -> None:
+            pass
+
+        def record(self, orders: Orders) -> None:
+            if orders.exec_plan is not None:
+                self.calls.append(("use", orders.time_s, orders.exec_plan))
+
+        def act(self, orders: Orders) -> Sequence[object]:
+            self.calls.append(("act", orders.time_s, None))
+            return ()
 
     driver = Executing()
     driver.calls = calls
@@ -280,6 +288,7 @@ def test_a_sources_exec_plan_reaches_an_executor_driver_in_its_step_before_it_ac
         Config(),
         policy=RecordingPolicy(),
         state=LoopState(now_s=0.0, pool=("a", "b")),
+        actuator=driver,
     )
     loop.run(until_s=20.0)
     seen = [(name, t, what) for name, t, what in calls if name in ("poll", "use", "act")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
-    Actor,
+    Actuator,
     Arrival,
     Cancel,
     Completion,
@@ -29,7 +29,7 @@ from bftrainer.loop import (
     Input,
     Loop,
     LoopState,
-    Placer,
+    Orders,
     PoolChange,
     Progress,
     TimedSource,
@@ -56,6 +56,8 @@ class DriverCase:
     wall_clock: bool = False
     # The policy it runs under: rigid jobs need the scavenger policy.
     config: Config = field(default_factory=lambda: Config(policy="equal", redecide_every_s=30.0))
+    # What records and carries out the step's orders (the live driver's own).
+    actuator: Actuator | None = None
 
 
 def simulated(tmp: Path) -> DriverCase:
@@ -111,7 +113,7 @@ def live(tmp: Path) -> DriverCase:
         )
         jobs.append(replace(job_of(store.trainer(tid)), submit_s=submit_s))
     driver = LiveDriver(store, state_dir, report_every_s=1.0)
-    return DriverCase(driver, jobs, 900.0, wall_clock=True)
+    return DriverCase(driver, jobs, 900.0, wall_clock=True, actuator=driver)
 
 
 DRIVERS: dict[str, Callable[[Path], DriverCase]] = {
@@ -129,6 +131,7 @@ class Checked:
     """Wraps a driver and asserts the protocol on every call."""
 
     inner: TrainerDriver
+    actuator: Actuator | None = None
     known: dict[str, TrainerState] = field(default_factory=dict)
     now_s: float | None = None
     completed: set[str] = field(default_factory=set)
@@ -196,17 +199,21 @@ class Checked:
         assert math.isfinite(cost) and cost >= 0
         return cost
 
-    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
-        """Passed on to a driver that places (the live one): without it, a trainer
-        handed a node before the trainer leaving that node is rescaled finds it taken."""
-        assert not set(changes) & (self.completed | self.cancelled)
-        if isinstance(self.inner, Placer):
-            self.inner.place(changes)
+    # The loop's actuator: the step's orders, checked, passed on to the case's.
+    def learn(self, report: Sequence[object]) -> None:
+        if self.actuator is not None:
+            self.actuator.learn(report)
 
-    def act(self, now_s: float) -> None:
-        """Passed on to a driver that acts after the step's commit (the live one)."""
-        if isinstance(self.inner, Actor):
-            self.inner.act(now_s)
+    def record(self, orders: Orders) -> None:
+        """Passed on whole (the live driver places a decision's slots at once: without
+        it, a trainer handed a node before the one leaving it is moved finds it taken)."""
+        assert not set(orders.decided) & (self.completed | self.cancelled)
+        if self.actuator is not None:
+            self.actuator.record(orders)
+
+    def act(self, orders: Orders) -> Sequence[object]:
+        """Passed on after the step's commit (the live driver acts then)."""
+        return self.actuator.act(orders) if self.actuator is not None else ()
 
     def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
         assert trainer.id not in self.completed | self.cancelled
@@ -222,7 +229,7 @@ class Checked:
 def drive(
     case: DriverCase, extra: Sequence[tuple[float, Input]] = (), cancel_when_running: str = ""
 ) -> tuple[Loop, Checked]:
-    checked = Checked(case.driver)
+    checked = Checked(case.driver, case.actuator)
     inbox = Inbox()
     if cancel_when_running:
         checked.cancel_when_running = (cancel_when_running, inbox)
@@ -237,6 +244,7 @@ def drive(
         case.config,
         policy=make_policy(case.config),
         state=LoopState(now_s=t0, pool=case.pool),
+        actuator=checked,
     )
     loop.run(until_s=t0 + case.horizon_s, stop=lambda lp: source.exhausted and not lp.trainers)
     return loop, checked

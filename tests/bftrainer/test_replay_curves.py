@@ -11,13 +11,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from bftrainer.churn import Churn
 from bftrainer.cli import cli as cli_main
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import Decision, Policy, TrainerState
-from bftrainer.policy import make_policy
+from bftrainer.loop import Decision, Policy, PolicyInputs
+from bftrainer.policy import Admission, make_policy
 from bftrainer.replay.learning import LearningDriver
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import diverse_workload, hpo_workload, read_paper_jobs
@@ -43,7 +42,7 @@ def figures(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class Watching:
+class Watching(Admission):
     """The real policy, recording every curve it was given."""
 
     inner: Policy
@@ -53,9 +52,9 @@ class Watching:
     def name(self) -> str:
         return self.inner.name
 
-    def decide(self, pool: tuple[str, ...], trainers: list[TrainerState], churn: Churn) -> Decision:
-        decision = self.inner.decide(pool, trainers, churn)
-        for t in trainers:
+    def decide(self, inputs: PolicyInputs) -> Decision:
+        decision = self.inner.decide(inputs)
+        for t in inputs.trainers:
             self.seen.append((t.id, t.curve("throughput"), len(decision.nodes.get(t.id, ()))))
         return decision
 

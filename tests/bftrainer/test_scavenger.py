@@ -15,7 +15,7 @@ from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
 from bftrainer.jobs import JobSpec
-from bftrainer.loop import TrainerState
+from bftrainer.loop import PolicyInputs, TrainerState
 from bftrainer.policy import ScavengerPolicy, rigid_size
 from bftrainer.replay.rigid import CheckpointRestartDriver, RigidJobError
 from bftrainer.replay.run import ReplayConfig, ReplayError, replay
@@ -37,7 +37,7 @@ def state(j: JobSpec, nodes: tuple[str, ...] = ()) -> TrainerState:
 
 def decide(pool: str, trainers: list[TrainerState], size: int | None = None) -> dict[str, str]:
     """The policy's node sets, each as one string of one-letter node names."""
-    decision = ScavengerPolicy(size).decide(tuple(pool), trainers, Churn())
+    decision = ScavengerPolicy(size).decide(PolicyInputs(tuple(pool), trainers, Churn()))
     return {tid: "".join(nodes) for tid, nodes in decision.nodes.items()}
 
 

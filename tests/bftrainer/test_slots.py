@@ -14,11 +14,13 @@ from bftrainer.loop import (
     Decision,
     Loop,
     LoopState,
+    Orders,
+    PolicyInputs,
     PoolChange,
     TimedSource,
-    TrainerState,
     VirtualClock,
 )
+from bftrainer.policy import Admission
 from bftrainer.slots import SlotBook, SlotError, host_counts
 from tests.bftrainer.test_loop import ScriptedDriver, job
 
@@ -73,7 +75,7 @@ def test_a_restore_keeps_the_slots_that_still_exist_and_counts_the_others() -> N
     assert book.restore("t2", ("n1", "n1"), {}) == ({"n1": (1,)}, {"n1": 1})
 
 
-class ScriptedDecisions:
+class ScriptedDecisions(Admission):
     """Returns the given decisions in turn."""
 
     name = "scripted"
@@ -81,27 +83,31 @@ class ScriptedDecisions:
     def __init__(self, decisions: Sequence[Mapping[str, tuple[str, ...]]]) -> None:
         self.decisions = list(decisions)
 
-    def decide(
-        self, pool: tuple[str, ...], trainers: list[TrainerState], churn: object
-    ) -> Decision:
+    def decide(self, inputs: PolicyInputs) -> Decision:
         return Decision(self.decisions.pop(0))
 
 
 class SlotDriver(ScriptedDriver):
-    """A driver that keeps a slot book as the live one does."""
+    """A driver that keeps a slot book as the live one does: from the step's orders,
+    the decision whole first (it is its own actuator)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.book = SlotBook(2)
         self.placed: list[dict[str, tuple[str, ...]]] = []
 
-    def place(self, changes: Mapping[str, tuple[str, ...]]) -> None:
-        self.placed.append(dict(changes))
-        self.book.place(changes)
+    def learn(self, report: Sequence[object]) -> None:
+        pass
 
-    def rescale(self, trainer: TrainerState, nodes: tuple[str, ...]) -> float:
-        self.book.assign(trainer.id, nodes)
-        return super().rescale(trainer, nodes)
+    def record(self, orders: Orders) -> None:
+        if orders.decided:
+            self.placed.append(dict(orders.decided))
+            self.book.place(orders.decided)
+        for change in orders.changes:
+            self.book.assign(change.trainer_id, change.nodes)
+
+    def act(self, orders: Orders) -> Sequence[object]:
+        return ()
 
 
 def test_the_loop_shows_a_placer_the_whole_decision_before_handing_it_out() -> None:
@@ -125,6 +131,7 @@ def test_the_loop_shows_a_placer_the_whole_decision_before_handing_it_out() -> N
         Config(slots_per_node=2),
         policy=policy,
         state=LoopState(now_s=0.0, pool=("a",)),
+        actuator=driver,
     )
     loop.run(until_s=20.0)
     assert driver.placed == [{"t1": ("a",), "t2": ("a",)}, {"t1": ("a", "a"), "t2": ()}]

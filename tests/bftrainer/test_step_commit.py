@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,8 @@ import pytest
 from bftrainer.config import Config
 from bftrainer.daemon import UNFINISHED, SubmissionQueue
 from bftrainer.live import LiveDriver
-from bftrainer.loop import Loop, LoopState, TrainerState, WallClock
+from bftrainer.live_orders import Launched, StartFailed
+from bftrainer.loop import Loop, LoopState, Orders, WallClock
 from bftrainer.policy import make_policy
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch import remote
@@ -51,18 +52,19 @@ class Driver(LiveDriver):
         self.die_at = die_at
         self.started: list[int] = []
 
-    def act(self, now_s: float) -> None:
-        if self.die_at == "act" and self._due:
+    def act(self, orders: Orders) -> list[Launched | StartFailed]:
+        if self.die_at == "act" and (orders.changes or orders.driver):
             raise Killed
         self.log.append("ACT")
         before = dict(self.launchers)
-        super().act(now_s)
+        learnt = super().act(orders)
         self.started += [la.pid for t, la in self.launchers.items() if before.get(t) is not la]
+        return learnt
 
-    def advance(self, trainers: list[TrainerState], now_s: float):  # type: ignore[no-untyped-def, override]
+    def learn(self, learnt: Sequence[object]) -> None:
         if self.die_at == "record" and self.started:
             raise Killed
-        return super().advance(trainers, now_s)
+        super().learn(learnt)
 
 
 @contextlib.contextmanager
@@ -74,8 +76,10 @@ def daemon(
         store._conn.set_trace_callback(log.append)
         driver = Driver(store, state_dir, log, die_at)
         with store.transaction():
-            trainers, _ = driver.restore(store.trainers(UNFINISHED), set(POOL))
-        driver.act(time.time())
+            trainers, _, orders = driver.restore(store.trainers(UNFINISHED), set(POOL))
+        learnt = driver.act(orders)
+        with store.transaction():
+            driver.learn(learnt)
         queue = SubmissionQueue(store, [t.id for t in trainers], curves=driver.curves)
         config = Config(policy="equal")
         loop = Loop(
@@ -87,6 +91,7 @@ def daemon(
             state=LoopState(now_s=time.time(), pool=POOL, trainers=trainers),
             keep_finished=False,
             transaction=store.transaction,
+            actuator=driver,
         )
         yield loop, driver, store
 
