@@ -79,7 +79,7 @@ ROOM_EDGES: dict[str, set[str]] = {
     "bftrainer.holders": {"bftrainer.common", "bftrainer.idle_monitor"},
     "bftrainer.hpo": {"bftrainer.state", "bftrainer.trainers"},
     "bftrainer.idle_monitor": {"bftrainer.common"},
-    "bftrainer.loop": {"bftrainer", "bftrainer.idle_monitor", "bftrainer.milp"},
+    "bftrainer.loop": {"bftrainer", "bftrainer.idle_monitor"},
     "bftrainer.milp": set(),
     "bftrainer.replay": {
         "bftrainer",
