@@ -70,8 +70,10 @@ time_run() {
   if "$@" >"$DEST/$name.txt" 2>&1; then
     t1=$(date +%s.%N)
     "$PY" - "$DEST/$name.txt" "$t0" "$t1" "$name" >"$DEST/$name.json" <<'EOF'
-import json, sys
-lines = [l for l in open(sys.argv[1]) if l.startswith('{"batch_sizes"')]
+import json, re, sys
+# Horovod prefixes each rank's lines with "[0]<stdout>:"
+lines = [re.sub(r"^\[\d+\]<stdout>:", "", l) for l in open(sys.argv[1])]
+lines = [l for l in lines if l.startswith('{"batch_sizes"')]
 result = json.loads(lines[-1]) if lines else {}
 wall = float(sys.argv[3]) - float(sys.argv[2])
 print(json.dumps({"name": sys.argv[4], "wall_s": wall, "result": result,

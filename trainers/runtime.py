@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -379,23 +379,23 @@ class ElasticRuntime(RuntimeSnapshots):
         scaler = self.grad_scaler
         # Several processes: the .grad are views into the reducer's buckets, zeroed there.
         zero_grad = optimizer.zero_grad if reducer is None else reducer.zero_grad
-        cadence = self._cadence
-        awaiting = False
+        cadence, awaiting = self._cadence, False
+        order_epoch, order = -1, cast(Any, None)  # looked up when the epoch changes
         while p.samples_done < work:
             t0 = clock()
             plan = sampler.plan(cfg.local_bsz, replicas, cfg.accum_steps, work - p.samples_done)
             zero_grad()
             bounds = sampler.micro_bounds(plan, rank)
-            order = self._order_of(plan.epoch)
-            micro = [order[a:b] for a, b in bounds]
-            last = len(micro) - 1
-            for j, ids in enumerate(micro):
+            if plan.epoch != order_epoch:
+                order_epoch, order = plan.epoch, self._order_of(plan.epoch)
+            last = len(bounds) - 1
+            for j, (a, b) in enumerate(bounds):
                 if reducer is not None and j == last:
                     reducer.arm()  # the step's last backward() starts the buckets
-                if len(ids):
-                    loss = loss_fn(model, fetch(ids))
-                    if len(ids) != plan.count:  # the step's mean over all its samples
-                        loss = loss * (len(ids) / plan.count)
+                if b > a:  # sizes from the bounds: len() of a tensor costs a microsecond
+                    loss = loss_fn(model, fetch(order[a:b]))
+                    if b - a != plan.count:  # the step's mean over all its samples
+                        loss = loss * ((b - a) / plan.count)
                     (loss if scaler is None else scaler.scale(loss)).backward()
             now = clock()
             # Decisions that depend on a clock, a file or a signal, as flags that ride

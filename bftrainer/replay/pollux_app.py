@@ -197,6 +197,18 @@ class SimApp:
             log.info("%s: step times outside the profile come from its fit", self.name)
         return self._fallback
 
+    @cached_property
+    def samples_per_pass(self) -> float:
+        """A pass over the data set: the base batch's first epoch, in samples (at the base
+        batch a step is one base-batch step of progress)."""
+        base = self.profile.validation[self.limits.base_batch_size]
+        return self.limits.base_batch_size * float(base.progress[0])
+
+    def passes(self, samples: float) -> int:
+        """Passes over the data set completed after ``samples``: the live runtime's
+        epoch (its sampler's), which a large batch completes in less progress."""
+        return int(samples // self.samples_per_pass)
+
     def segment(self, progress: float) -> int:
         return int(np.searchsorted(self.boundaries, progress, side="right"))
 

@@ -321,8 +321,8 @@ class PolluxSimDriver:
         )
         tr.model_error_sum += abs(predicted / true_s - 1)
         tr.model_error_n += 1
-        segment = tr.app.segment(tr.progress)
-        if self.options.batch_adapt and tr.cadence.due(segment, now_s + TIME_EPS_S):
+        passes = tr.app.passes(tr.samples)  # the live runtime's epochs: over its samples
+        if self.options.batch_adapt and tr.cadence.due(passes, now_s + TIME_EPS_S):
             # The live runtime's cadence, and what a decision costs there.
             tr.retune_decisions += 1
             tr.retune_cost_samples += self._charge(tr, self.options.retune_cost_s)
@@ -345,7 +345,7 @@ class PolluxSimDriver:
             if move is not None:
                 tr.run(TrainerConfig(move.nodes, move.replicas, move.local_bsz, move.accum_steps))
             cost_s = self.options.retune_cost_s
-            tr.cadence.record(move is not None, segment, now_s - cost_s, now_s)
+            tr.cadence.record(move is not None, passes, now_s - cost_s, now_s)
         reports = [
             CurveReport(t.id, "goodput", goodput),
             CurveReport(t.id, "throughput", throughput),
@@ -370,7 +370,7 @@ class PolluxSimDriver:
         now = self._now_s if self._now_s is not None else 0.0
         # A live agent refits once it has timed some steps of the new configuration.
         tr.next_check_s = now + self.options.refit_interval_s
-        tr.cadence.restart(tr.app.segment(tr.progress), now)
+        tr.cadence.restart(tr.app.passes(tr.samples), now)
         if not self.options.batch_adapt:
             tr.run(tr.app.config(nodes, tr.spec.local_bsz))
             return
@@ -392,7 +392,7 @@ class PolluxSimDriver:
             return
         now = self._now_s if self._now_s is not None else 0.0
         tr.next_check_s = now + self.options.refit_interval_s
-        tr.cadence.restart(tr.app.segment(tr.progress), now)
+        tr.cadence.restart(tr.app.passes(tr.samples), now)
         tr.placement = tuple(sorted(Counter(holding).values()))
         m, k = len(tr.placement), len(holding)
         gm = self._goodput_model(tr, now) if self.options.batch_adapt else None

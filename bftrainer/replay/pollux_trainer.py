@@ -40,8 +40,9 @@ class PolluxSimOptions:
     ``switch_gain``: between rescales, an adapting trainer moves to its model's best
     batch only when that promises this much more goodput than what it runs: the live
     runtime's rule and default (``goodput.retune_choice``), at the live runtime's
-    cadence (``trainers/retune_cadence.py``: each pass over the data, here each segment
-    of the profile, or every minute times its back-off), each decision charged
+    cadence (``trainers/retune_cadence.py``: each pass over the data, counted in the
+    samples it ran as the live sampler counts them, or every minute times its back-off),
+    each decision charged
     ``retune_cost_s`` of training at the configuration it runs: what a decision costs the
     live runtime beyond the step-time refit, which the replay does not charge at reports
     either (a flush of the noise probe and a search on rank 0's host; docs/trainers.md).

@@ -120,6 +120,19 @@ def test_the_toy_profile_gains_are_pollux_formula(tmp_path: Path) -> None:
     assert app.steps_to_target(20, 50.0) == pytest.approx(37.5 + 62.5)
 
 
+def test_a_pass_over_the_data_is_counted_in_samples_as_the_live_sampler_counts(
+    tmp_path: Path,
+) -> None:
+    """The re-tune cadence's epoch is a pass over the data set's samples (the base
+    batch's first epoch: 100 steps of 10), which a large batch ends in less progress
+    than an epoch of the profile's."""
+    app = sim_app("toy", write_toy(tmp_path))
+    assert app.samples_per_pass == 1000
+    assert [app.passes(s) for s in (0, 999, 1000, 2500)] == [0, 0, 1, 2]
+    progress_of_a_pass_at_40 = 25 * app.stats(40, app.segment(0.0)).gain
+    assert app.segment(progress_of_a_pass_at_40) == 0  # the profile's epoch is not over
+
+
 def test_a_fixed_local_batch_scales_weakly_and_accumulates_to_m0(tmp_path: Path) -> None:
     app = sim_app("toy", write_toy(tmp_path))
     c = app.config(2, 10)
