@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from bftrainer.common.names import MAX_NODES, MAX_SLOTS
+from bftrainer.common.names import MAX_NODES, MAX_SLOTS, not_regular
 
 
 class Number(click.ParamType):
@@ -112,16 +112,7 @@ def not_regular_file(path: Path) -> str | None:
         mode = path.stat().st_mode
     except OSError:
         return None
-    if stat.S_ISREG(mode):
-        return None
-    kind = (
-        "a folder"
-        if stat.S_ISDIR(mode)
-        else "a FIFO"
-        if stat.S_ISFIFO(mode)
-        else "a device or socket"
-    )
-    return f"{path} is {kind}, not a regular file"
+    return None if stat.S_ISREG(mode) else not_regular(path, mode)
 
 
 class InputFile(click.Path):

@@ -112,6 +112,18 @@ class NotRegularFileError(OSError):
     """A path that is read as a file is a FIFO, a device, a socket or a folder."""
 
 
+def not_regular(path: Path | str, mode: int) -> str:
+    """The one line that refuses ``path`` (of ``st_mode`` ``mode``, not a regular file)
+    as an input: what it is instead."""
+    if stat.S_ISDIR(mode):
+        kind = "a folder"
+    elif stat.S_ISFIFO(mode):
+        kind = "a FIFO"
+    else:
+        kind = "a device or socket"
+    return f"{path} is {kind}, not a regular file"
+
+
 def open_regular(path: Path) -> BinaryIO:
     """``path`` opened for reading in binary, if it is a regular file; else
     ``NotRegularFileError`` naming it and what it is. Opened without blocking and
@@ -120,16 +132,7 @@ def open_regular(path: Path) -> BinaryIO:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = (
-                "a folder"
-                if stat.S_ISDIR(mode)
-                else "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a device or socket"
-            )
-            raise NotRegularFileError(
-                errno.EINVAL, f"{path} is {kind}, not a regular file", str(path)
-            )
+            raise NotRegularFileError(errno.EINVAL, not_regular(path, mode), str(path))
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

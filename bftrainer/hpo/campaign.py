@@ -114,6 +114,19 @@ def study_lock(state_dir: Path, study: optuna.Study) -> Iterator[None]:
         os.close(fd)
 
 
+def checked_trials(spec: TrialSpec, max_parallel: int | None) -> TrialSpec:
+    """``spec`` with its script's whole path (the daemon starts it from its own
+    directory), or ``CampaignError`` naming what a campaign or a search cannot run."""
+    if max_parallel is not None and max_parallel < 1:
+        raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
+    if not 1 <= spec.min_nodes <= spec.max_nodes:
+        raise CampaignError(f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max")
+    script = Path(spec.script).expanduser().absolute()
+    if not script.is_file():
+        raise CampaignError(f"trial script {script}: no such file")
+    return replace(spec, script=script)
+
+
 class Campaign:
     """``n_trials`` trials of ``study`` over ``space``, each a trainer of ``spec``, on the
     daemon of ``store``; at most ``max_parallel`` at once (None: as the pool allows)."""
@@ -129,12 +142,7 @@ class Campaign:
     ) -> None:
         if n_trials < 1:
             raise CampaignError(f"n_trials {n_trials}: must be at least 1")
-        if max_parallel is not None and max_parallel < 1:
-            raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
-        if not 1 <= spec.min_nodes <= spec.max_nodes:
-            raise CampaignError(
-                f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max"
-            )
+        spec = checked_trials(spec, max_parallel)
         if not space:
             raise CampaignError("the search space is empty: give at least one parameter")
         if len(study.directions) != 1:
@@ -142,11 +150,6 @@ class Campaign:
                 f"study {study.study_name!r} has {len(study.directions)} objectives: a trial "
                 "reports one value (runtime.report), so only single-objective studies run"
             )
-        # The daemon starts the script from its own directory: the path must be whole.
-        script = Path(spec.script).expanduser().absolute()
-        if not script.is_file():
-            raise CampaignError(f"trial script {script}: no such file")
-        spec = replace(spec, script=script)
         self.study, self.space, self.spec, self.store = study, dict(space), spec, store
         self.n_trials, self.max_parallel = n_trials, max_parallel
         self._offsets: dict[int, int] = {}  # trial number -> metrics.jsonl bytes read

@@ -26,13 +26,20 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deephyper.evaluator import Evaluator, Job, JobStatus
 
-from bftrainer.hpo.campaign import TRIAL_OPTION, CampaignError, TrialSpec, room, trainers_by_trial
+from bftrainer.hpo.campaign import (
+    TRIAL_OPTION,
+    CampaignError,
+    TrialSpec,
+    checked_trials,
+    room,
+    trainers_by_trial,
+)
 from bftrainer.hpo.space import as_args
 from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
 from bftrainer.trainers import channel
@@ -77,16 +84,7 @@ class TrainerEvaluator(Evaluator):
             raise CampaignError(f"search name {name!r}: give a name without '#'")
         if not (math.isfinite(budget_samples) and budget_samples > 0):
             raise CampaignError(f"budget_samples {budget_samples!r}: must be > 0")
-        if max_parallel is not None and max_parallel < 1:
-            raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
-        if not 1 <= spec.min_nodes <= spec.max_nodes:
-            raise CampaignError(
-                f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max"
-            )
-        script = Path(spec.script).expanduser().absolute()
-        if not script.is_file():
-            raise CampaignError(f"trial script {script}: no such file")
-        self.spec, self.store, self.name = replace(spec, script=script), store, name
+        self.spec, self.store, self.name = checked_trials(spec, max_parallel), store, name
         self.sign = 1.0 if maximize else -1.0
         self.budget_samples, self.max_parallel, self.poll_s = budget_samples, max_parallel, poll_s
         self._adopt: dict[str, str] = {}  # DeepHyper job id -> the trainer it adopts
