@@ -127,6 +127,22 @@ def checked_trials(spec: TrialSpec, max_parallel: int | None) -> TrialSpec:
     return replace(spec, script=script)
 
 
+def submit_trial(store: Store, spec: TrialSpec, params: list[str], name: str) -> str:
+    """Queue one trial as a trainer of ``spec``: the script's own options, then the
+    trial's parameters (``params``, as options), then ``--trial NAME``; its id."""
+    up_s, down_s = DEFAULT_RESCALE_S[spec.backend]
+    return store.submit(
+        spec.script,
+        [*spec.args, *params, TRIAL_OPTION, name],
+        backend=spec.backend,
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        work_samples=spec.work_samples,
+        rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
+        rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
+    )
+
+
 class Campaign:
     """``n_trials`` trials of ``study`` over ``space``, each a trainer of ``spec``, on the
     daemon of ``store``; at most ``max_parallel`` at once (None: as the pool allows)."""
@@ -221,18 +237,7 @@ class Campaign:
         if existing is not None:
             trainer_id = existing.id
         else:
-            spec = self.spec
-            up_s, down_s = DEFAULT_RESCALE_S[spec.backend]
-            trainer_id = self.store.submit(
-                spec.script,
-                [*spec.args, *as_args(ft.params), TRIAL_OPTION, name],
-                backend=spec.backend,
-                min_nodes=spec.min_nodes,
-                max_nodes=spec.max_nodes,
-                work_samples=spec.work_samples,
-                rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
-                rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
-            )
+            trainer_id = submit_trial(self.store, self.spec, as_args(ft.params), name)
             log.info("trial %d -> trainer %s: %s", ft.number, trainer_id, ft.params)
         trial = trial or optuna.trial.Trial(self.study, ft._trial_id)
         trial.set_user_attr(ATTR_TRAINER, trainer_id)

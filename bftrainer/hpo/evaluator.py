@@ -38,10 +38,11 @@ from bftrainer.hpo.campaign import (
     TrialSpec,
     checked_trials,
     room,
+    submit_trial,
     trainers_by_trial,
 )
 from bftrainer.hpo.space import as_args
-from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
+from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 
 log = logging.getLogger(__name__)
@@ -165,19 +166,8 @@ class TrainerEvaluator(Evaluator):
 
     def _submit(self, params: Mapping[str, Any]) -> str:
         """Queue the configuration's trainer: one commit, so a kill leaves it or not."""
-        spec = self.spec
         name = f"{self.name}#{len(self._trainers())}"
-        up_s, down_s = DEFAULT_RESCALE_S[spec.backend]
-        trainer_id = self.store.submit(
-            spec.script,
-            [*spec.args, *as_args(_plain(params)), TRIAL_OPTION, name],
-            backend=spec.backend,
-            min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes,
-            work_samples=spec.work_samples,
-            rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
-            rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
-        )
+        trainer_id = submit_trial(self.store, self.spec, as_args(_plain(params)), name)
         log.info("%s -> trainer %s: %s", name, trainer_id, dict(params))
         return trainer_id
 
