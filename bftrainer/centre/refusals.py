@@ -120,7 +120,7 @@ class Refusing:
         solve_s = decision.solve_s
         if short:
             capped = [
-                _capped(t, len(nodes[t.id]), refused[t.id]) if t.id in short else t
+                _capped(t, nodes[t.id], refused[t.id]) if t.id in short else t
                 for t in trainers
                 if t.id not in short or nodes[t.id]
             ]
@@ -161,7 +161,10 @@ def _swap_refused(
     return nodes, short
 
 
-def _capped(t: TrainerState, n_max: int, refused: set[str]) -> TrainerState:
-    """``t`` as it can be now: at most ``n_max`` nodes, on those it has and may keep."""
-    kept = tuple(n for n in t.nodes if n not in refused)
-    return replace(t, job=replace(t.job, n_max=n_max), nodes=kept)
+def _capped(t: TrainerState, could: tuple[str, ...], refused: set[str]) -> TrainerState:
+    """``t`` as it can be now: at most as many nodes as it ``could`` have, on those it
+    holds and may keep. It may hold more than that (the others went to peers): it then
+    keeps the ones it could have first, as a shrink would."""
+    mine = [n for n in t.nodes if n not in refused]
+    kept = sorted(mine, key=lambda n: (n not in could, n))[: len(could)]
+    return replace(t, job=replace(t.job, n_max=len(could)), nodes=tuple(sorted(kept)))

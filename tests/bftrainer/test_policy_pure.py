@@ -103,3 +103,26 @@ def test_refusals_come_with_their_times() -> None:
     assert policy.decide(inputs).nodes == {"t0001": ("b", "c")}
     later = PolicyInputs(inputs.pool, inputs.trainers, Churn(), 20.0, {}, inputs.refused_until_s)
     assert policy.decide(later).nodes == {"t0001": ("a", "b")}
+
+
+def test_a_trainer_short_of_nodes_holding_more_than_it_can_keep_is_decided() -> None:
+    """A trainer on the whole pool, one of its nodes refused to its user, while two
+    others wait: it keeps fewer nodes than it held, and deciding again does not fail on
+    a trainer holding more than its cap (CI found it, stop 45)."""
+    pool = ("n00", "n01", "n02", "n03", "n04")
+    curve = ((1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (4.0, 2.0), (5.0, 2.0))
+    big = JobSpec("t0000", "m", 0.0, 1, 5, 5.0, 3.0, 1e9, curve, "alice")
+    small = [
+        JobSpec(f"t000{i}", "m", 0.0, 1, 1, 5.0, 3.0, 1e9, ((1.0, 1.0),), "alice") for i in (1, 2)
+    ]
+    inputs = PolicyInputs(
+        pool,
+        [TrainerState(big, nodes=pool), *(TrainerState(j) for j in small)],
+        Churn(),
+        now_s=0.0,
+        refused_until_s={("alice", "n00"): 1.0},
+    )
+    for name in ("refusing", "refusing-milp"):
+        check_twice(name, inputs)
+        decided = POLICIES[name]().decide(inputs).nodes
+        assert all("n00" not in nodes for nodes in decided.values()), name
