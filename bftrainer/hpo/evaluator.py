@@ -178,6 +178,8 @@ class TrainerEvaluator(Evaluator):
         waiting for room, or ended and not gathered), asked of the search. A model-based
         search asked for one point between two tells proposes the one it proposed last
         (skopt's ``ask``): at least two are asked, and one already in flight is dropped."""
+        if room(self.store) < self.spec.min_nodes:  # as a rule: the pool fits no more
+            return
         in_flight = list(self.job_id_submitted)
         extra = self.num_workers - len(in_flight)
         if self.maximum_num_jobs_submitted > 0:  # max_evals_strict
