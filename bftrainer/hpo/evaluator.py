@@ -180,6 +180,8 @@ class TrainerEvaluator(Evaluator):
         (skopt's ``ask``): at least two are asked, and one already in flight is dropped."""
         if room(self.store) < self.spec.min_nodes:  # as a rule: the pool fits no more
             return
+        if self.time_left is not None and self.time_left <= 0:  # the search's timeout
+            return
         in_flight = list(self.job_id_submitted)
         extra = self.num_workers - len(in_flight)
         if self.maximum_num_jobs_submitted > 0:  # max_evals_strict
