@@ -68,10 +68,20 @@ class MilpPolicy(Admission):
 
     def decide(self, inputs: PolicyInputs) -> Decision:
         c = self.config
+        problem = self.problem(inputs)
+        result = allocate(
+            problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s
+        )
+        return Decision(dict(result.nodes), result.status, result.solve_s, problem.t_fwd_s)
+
+    def problem(self, inputs: PolicyInputs) -> Problem:
+        """The allocator's input (the paper's model, ``bftrainer.milp.Problem``) for
+        ``inputs``: what :meth:`decide` solves."""
+        c = self.config
         pool, trainers, churn = inputs.pool, inputs.trainers, inputs.churn
         t_fwd = auto_t_fwd_s(churn) if c.t_fwd_s == "auto" else float(c.t_fwd_s)
         metric = "goodput" if c.objective == "goodput" else "throughput"
-        problem = Problem(
+        return Problem(
             pool=pool,
             trainers=tuple(
                 TrainerSpec(
@@ -99,10 +109,6 @@ class MilpPolicy(Admission):
             fair_weights=c.fair_weights,
             slots_per_node=c.slots_per_node,
         )
-        result = allocate(
-            problem, formulation=c.formulation, solver=c.solver, time_limit_s=c.time_limit_s
-        )
-        return Decision(dict(result.nodes), result.status, result.solve_s, t_fwd)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ ROOM_EDGES: dict[str, set[str]] = {
     "bftrainer.common": set(),
     "bftrainer.daemon": {
         "bftrainer",
+        "bftrainer.common",
         "bftrainer.holders",
         "bftrainer.idle_monitor",
         "bftrainer.loop",
@@ -77,7 +78,7 @@ ROOM_EDGES: dict[str, set[str]] = {
         "bftrainer.trainers",
     },
     "bftrainer.holders": {"bftrainer.common", "bftrainer.idle_monitor"},
-    "bftrainer.hpo": {"bftrainer.state", "bftrainer.trainers"},
+    "bftrainer.hpo": {"bftrainer.common", "bftrainer.state", "bftrainer.trainers"},
     "bftrainer.idle_monitor": {"bftrainer.common"},
     "bftrainer.loop": {"bftrainer", "bftrainer.idle_monitor"},
     "bftrainer.milp": set(),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from bftrainer.common.promise import promise_error
 from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
 from bftrainer.live import RESTART_BACKOFF_S
 from bftrainer.policy import LIVE_POLICIES
@@ -47,12 +48,19 @@ class DaemonConfig(Config):
     # of the bf partition's nodes (bftrainer/gpu_slots.py); slots_per_node is then 1
     # until the daemon has read it.
     gpu_slots: bool = False
+    # Promise (docs/hpo.md): milp weighs a search trial's objective term by
+    # search_promise ** (the rungs its campaign marked), as [replay] search_promise does;
+    # 1 (the default) is off: every weight 1.
+    search_promise: float = 1.0
 
     def __post_init__(self) -> None:
         if self.slots_per_node == GRES:
             object.__setattr__(self, "slots_per_node", 1)
             object.__setattr__(self, "gpu_slots", True)
         super().__post_init__()
+        promise = promise_error(self.search_promise)
+        if promise is not None:
+            raise ConfigError(promise)
         port = self.metrics_port
         if port is not None and (
             isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
@@ -121,5 +129,11 @@ def load_daemon_config(
         raise ConfigError(
             f"{where}policy = {config.policy!r}: the daemon runs {' or '.join(LIVE_POLICIES)} "
             "(the others are replay baselines)"
+        )
+    if config.search_promise != 1 and config.policy != "milp":
+        where = f"{path}: [daemon] " if path is not None else ""
+        raise ConfigError(
+            f"{where}search_promise = {config.search_promise!r} means nothing without "
+            f"policy = milp (policy = {config.policy!r} weighs no trainer)"
         )
     return config

@@ -44,7 +44,7 @@ from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.live import LiveDriver
 from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import Loop, LoopState, Orders, Policy, Reader, Source, TrainerState, WallClock
-from bftrainer.policy import make_policy
+from bftrainer.policy import MilpPolicy, make_policy
 from bftrainer.reading import HeldReading, MetricsSink, Reading
 from bftrainer.slots import SlotBook
 from bftrainer.state import Store
@@ -95,7 +95,9 @@ class Daemon(LiveService):
             slots_per_node=config.slots_per_node,
             restart_backoff_s=config.restart_backoff_s,
         )
-        self.queue = SubmissionQueue(store, curves=self.driver.curves)
+        self.queue = SubmissionQueue(
+            store, curves=self.driver.curves, promise=config.search_promise
+        )
 
     def restore(self) -> LoopState | None:
         """The loop's state from the store, after reconciling holders with the scheduler
@@ -202,7 +204,7 @@ class Daemon(LiveService):
         sources: list[Source] = [self.pool, self.queue]
         readers: list[Reader] = [self.pool]  # asked before each step's transaction
         # The daemon's own policy; in centre mode the allocator's decisions instead.
-        policy: Policy = make_policy(self.config)
+        policy = own_policy(self.config, self.queue)
         if self.centre is not None:
             sources.append(self.centre)
             readers.append(self.centre)
@@ -306,6 +308,16 @@ class Daemon(LiveService):
         spare = [h.job_id for h in self.store.holders(live_only=True) if h.node not in allocated]
         if spare:
             self.pool.cancel(spare, "released at exit")
+
+
+def own_policy(config: DaemonConfig, queue: SubmissionQueue) -> Policy:
+    """The policy a daemon decides with alone (``make_policy``); with ``search_promise``
+    on, milp weighs each trainer by the promise its campaign marked in the store, which
+    ``queue`` reads at each step (as the replay weighs its search's trials)."""
+    policy = make_policy(config)
+    if isinstance(policy, MilpPolicy) and config.search_promise != 1:
+        policy = replace(policy, weights=queue.weight)
+    return policy
 
 
 # errno values that mean "this file system cannot take the write", not a bug.

@@ -26,6 +26,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from bftrainer.common.promise import rungs_passed
 from bftrainer.hpo.space import as_args
 from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
 from bftrainer.trainers import channel
@@ -286,7 +287,10 @@ class Campaign:
             if r["samples_done"] not in seen:
                 trial.report(float(r["value"]), int(r["samples_done"]))
                 seen.add(r["samples_done"])
-        if row.finished or not trial.should_prune():
+        if row.finished:
+            return False
+        if not trial.should_prune():
+            self._mark(ft, row)
             return False
         trial.set_user_attr(ATTR_PRUNED, {"samples": max(seen), "time_s": time.time()})
         self.store.request_cancel(row.id)
@@ -294,6 +298,14 @@ class Campaign:
             "trial %d pruned at %d samples: trainer %s cancelled", ft.number, max(seen), row.id
         )
         return True
+
+    def _mark(self, ft: FrozenTrial, row: TrainerRow) -> None:
+        """Store the trial's promise with its trainer, the rungs its pruner passed it
+        (bftrainer/common/promise.py): the daemon's milp weighs it if told to."""
+        rungs = rungs_passed(self.study._storage.get_trial_system_attrs(ft._trial_id))
+        if rungs != row.rungs:
+            self.store.set_rungs(row.id, rungs)
+            log.info("trial %d passed %d rung(s): marked on trainer %s", ft.number, rungs, row.id)
 
     def _pruned(self, ft: FrozenTrial, row: TrainerRow) -> None:
         """A pruned trial ends with its trainer: PRUNED once the daemon has cancelled it

@@ -14,9 +14,13 @@ anything else a failure (DeepHyper's ``"F_..."`` objective). So a search runs un
     search.search(max_evals=24)
 
 ``num_workers`` follows the pool: the trials that run plus those its room fits now,
-within ``max_parallel``. A restarted search (``checkpoint_restart=True``) adopts the
-trainers that a killed one started and never told: they run on and are told once
-(docs/hpo.md, "DeepHyper").
+within ``max_parallel``. DeepHyper reads it once, when its search starts, then asks as
+many configurations as ends it gathers; so while :meth:`gather` waits for an end, the
+evaluator asks the search (``search.ask``, public) for the configurations the pool has
+grown to fit (docs/hpo.md, "DeepHyper"). Each trial's promise (the rungs DeepHyper's
+stopper passed it) is stored with its trainer, as an Optuna campaign's. A restarted
+search (``checkpoint_restart=True``) adopts the trainers that a killed one started and
+never told: they run on and are told once (docs/hpo.md, "DeepHyper").
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Any
 
 from deephyper.evaluator import Evaluator, Job, JobStatus
 
+from bftrainer.common.promise import rungs_passed
 from bftrainer.hpo.campaign import (
     TRIAL_OPTION,
     CampaignError,
@@ -90,6 +95,7 @@ class TrainerEvaluator(Evaluator):
         self.budget_samples, self.max_parallel, self.poll_s = budget_samples, max_parallel, poll_s
         self._adopt: dict[str, str] = {}  # DeepHyper job id -> the trainer it adopts
         self._adopted = False
+        self._ended = self._gathered = 0  # executes that returned; results gathered
         super().__init__(run_function=None, callbacks=callbacks)
 
     # -- what DeepHyper asks ---------------------------------------------------------
@@ -121,7 +127,22 @@ class TrainerEvaluator(Evaluator):
                     self._adopt[job.id] = row.id
         super().submit(args_list)
 
+    def gather(self, type: str, size: int = 1) -> Any:
+        """DeepHyper's ``gather``, which waits for an end; meanwhile, more configurations
+        are asked of the search when the pool fits more trials than are in flight."""
+        if type == "BATCH" and self.search is not None and self.loop is not None:
+            self.loop.run_until_complete(self._grow_until_an_end())
+        results = super().gather(type, size)
+        self._gathered += len(results[0] if isinstance(results, tuple) else results)
+        return results
+
     async def execute(self, job: Job) -> Job:
+        try:
+            return await self._execute_trial(job)
+        finally:
+            self._ended += 1
+
+    async def _execute_trial(self, job: Job) -> Job:
         seen = _Followed()
         trainer_id = self._adopt.pop(job.id, None)
         if trainer_id is None:
@@ -144,6 +165,38 @@ class TrainerEvaluator(Evaluator):
         return self._update_job_when_done(job, self._output(row, seen))
 
     # -- inside ------------------------------------------------------------------------
+    async def _grow_until_an_end(self) -> None:
+        """Until a job of this evaluator has ended (what ``gather`` then collects), ask
+        the search every ``poll_s`` for as many configurations as the pool fits beyond
+        those in flight (:meth:`_grow`)."""
+        while self._ended <= self._gathered and self.job_id_submitted:
+            self._grow()
+            await asyncio.sleep(self.poll_s)
+
+    def _grow(self) -> None:
+        """Submit the configurations the pool fits beyond those in flight (running,
+        waiting for room, or ended and not gathered), asked of the search. A model-based
+        search asked for one point between two tells proposes the one it proposed last
+        (skopt's ``ask``): at least two are asked, and one already in flight is dropped."""
+        if room(self.store) < self.spec.min_nodes:  # as a rule: the pool fits no more
+            return
+        if self.time_left is not None and self.time_left <= 0:  # the search's timeout
+            return
+        in_flight = list(self.job_id_submitted)
+        extra = self.num_workers - len(in_flight)
+        if self.maximum_num_jobs_submitted > 0:  # max_evals_strict
+            extra = min(extra, self.maximum_num_jobs_submitted - self.num_jobs_submitted)
+        if extra <= 0 or self.search is None:
+            return
+        flying = [job.args for job in self.jobs if job.id in set(in_flight)]
+        fresh: list[dict[str, Any]] = []
+        for config in self.search.ask(max(extra, 2)):
+            if config not in flying and config not in fresh and len(fresh) < extra:
+                fresh.append(config)
+        if fresh:
+            log.info("the pool fits %d more trial(s): %d configuration(s) asked", extra, len(fresh))
+            self.submit(fresh)
+
     def _trainers(self) -> dict[str, TrainerRow]:
         prefix = f"{self.name}#"
         return {k: r for k, r in trainers_by_trial(self.store).items() if k.startswith(prefix)}
@@ -185,7 +238,10 @@ class TrainerEvaluator(Evaluator):
             seen.last = self.sign * float(r["value"])
             running.record(samples / self.budget_samples, seen.last)
             at_end = self.spec.work_samples is not None and samples >= self.spec.work_samples
-            if running.stopped() and not (seen.stopped or row.finished or at_end):
+            stop = running.stopped()  # once per report: the stopper counts its rungs
+            if not (stop or seen.stopped or row.finished):
+                self._mark(row, running)
+            if stop and not (seen.stopped or row.finished or at_end):
                 seen.stopped = True
                 # The mark first, then the cancel: a restart tells a trainer cancelled
                 # for the stopper (pruned) from one cancelled by hand (failed).
@@ -193,6 +249,14 @@ class TrainerEvaluator(Evaluator):
                 self.store.set_setting(self._marks_key, marks)
                 self.store.request_cancel(row.id)
                 log.info("trainer %s stopped early at %d samples", row.id, samples)
+
+    def _mark(self, row: TrainerRow, running: Any) -> None:
+        """Store the trial's promise with its trainer: the rungs DeepHyper's stopper
+        passed it (``_completed_rung_K`` in the job's metadata), as a campaign does."""
+        metadata = running.storage.load_job(running.id).get("metadata") or {}
+        rungs = rungs_passed(metadata)
+        if rungs != row.rungs:
+            self.store.set_rungs(row.id, rungs)
 
     def _output(self, row: TrainerRow, seen: _Followed) -> dict[str, Any]:
         pruned = row.state == "cancelled" and seen.stopped

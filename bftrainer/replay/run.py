@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bftrainer.common.promise import promise_error
 from bftrainer.config import POLICY_TABLES, Config, ConfigError
 from bftrainer.idle_monitor.trace import Trace, format_time
 from bftrainer.jobs import JobSpec
@@ -115,9 +116,9 @@ class ReplayConfig(Config):
         n = self.search_trials
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"search_trials = {n!r}: expected a whole number >= 1")
-        p = self.search_promise
-        if isinstance(p, bool) or not isinstance(p, int | float) or not (1 <= p <= 100):
-            raise ConfigError(f"search_promise = {p!r}: expected a number from 1 to 100")
+        promise = promise_error(self.search_promise)
+        if promise is not None:
+            raise ConfigError(promise)
         w = self.window_s
         if isinstance(w, bool) or not isinstance(w, int | float) or not (0 < w < math.inf):
             raise ConfigError(f"window_s = {w!r}: expected a finite number > 0")

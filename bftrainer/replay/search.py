@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bftrainer.common.promise import promise_weight, rungs_passed
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, Cancel, Input, LoopView, Polled, TrainerState
 
@@ -163,7 +164,7 @@ class SearchSource:
         ``promise`` to the power of the rungs it has passed, so a trial the pruner let
         on gets nodes before the new ones (1 for any other trainer)."""
         tr = self._trials.get(trainer_id)
-        return 1.0 if tr is None else float(self.promise**tr.rungs)
+        return 1.0 if tr is None else promise_weight(self.promise, tr.rungs)
 
     def summary(self, node_s: dict[str, float]) -> dict[str, object]:
         run = [t for t in self._trials.values() if t.state is not None]
@@ -236,8 +237,7 @@ class SearchSource:
     def _rungs(self, tr: _Trial) -> int:
         """The rungs Optuna's successive halving recorded for the trial (hyperband's
         brackets run it too): ``completed_rung_K`` system attributes (none: 0)."""
-        attrs = self.study._storage.get_trial_system_attrs(tr.trial._trial_id)
-        return sum(1 for key in attrs if "completed_rung_" in key)
+        return rungs_passed(self.study._storage.get_trial_system_attrs(tr.trial._trial_id))
 
     def _ask(self, now_s: float) -> list[Input]:
         out: list[Input] = []

@@ -68,6 +68,9 @@ class TrainerRow:
     # Times the daemon started the trainer's supervisor again after it died or gave up
     # for a reason other than the trainer's own script.
     restarts: int = 0
+    # A search trial's promise: the rungs its pruner has passed it (bftrainer/hpo/; 0 for
+    # any other trainer). The daemon weighs it with [daemon] search_promise.
+    rungs: int = 0
 
     @property
     def finished(self) -> bool:

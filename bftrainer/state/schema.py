@@ -12,7 +12,7 @@ import sqlite3
 
 from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
 # with a table dropped is named at start, not by a traceback at the first write.
 TABLES = ("trainers", "allocations", "holders", "pool_events", "metrics", "settings")
@@ -104,6 +104,10 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT a.trainer_id, a.time_s, a.nodes, a.slots FROM allocations a
         WHERE a.id = (SELECT MAX(b.id) FROM allocations b WHERE b.trainer_id = a.trainer_id);
     """,
+    # 5: a search trial's promise, the rungs its pruner has passed it (bftrainer/hpo/).
+    """
+    ALTER TABLE trainers ADD COLUMN rungs INTEGER NOT NULL DEFAULT 0 CHECK (rungs >= 0);
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -136,6 +140,7 @@ def trainer_from_row(row: sqlite3.Row) -> TrainerRow:
         trainer_dir=row["trainer_dir"],
         supervisor=row["supervisor"],
         restarts=row["restarts"],
+        rungs=row["rungs"],
     )
 
 

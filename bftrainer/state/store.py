@@ -200,6 +200,15 @@ class Store(Database):
             )
             return self.trainer(trainer_id)
 
+    def set_rungs(self, trainer_id: str, rungs: int) -> TrainerRow:
+        """Mark a search trial's promise: the rungs its pruner has passed it."""
+        if isinstance(rungs, bool) or not isinstance(rungs, int) or rungs < 0:
+            raise ValueError(f"trainer {trainer_id}: rungs {rungs!r}, expected a whole number >= 0")
+        with self.transaction():
+            self.trainer(trainer_id)
+            self._conn.execute("UPDATE trainers SET rungs = ? WHERE id = ?", (rungs, trainer_id))
+            return self.trainer(trainer_id)
+
     def update_progress(
         self,
         trainer_id: str,

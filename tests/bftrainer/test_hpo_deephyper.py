@@ -35,18 +35,32 @@ WORK = STEPS[-1]
 class DaemonThread:
     """The scripted daemon stepping every ``every_s`` on its own connection."""
 
-    def __init__(self, state: Path, root: Path, nodes: int, every_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        state: Path,
+        root: Path,
+        nodes: int,
+        every_s: float = 0.05,
+        grow: tuple[int, int] | None = None,
+    ) -> None:
         self.store = Store.open(state)
         self.daemon = ScriptedDaemon(self.store, root, nodes)
         self.every_s, self.stop = every_s, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.most_unfinished = 0  # trainers queued or running at once, seen at each step
+        self.grow = grow  # (after that many trainers ended, the pool has that many nodes)
 
     def _run(self) -> None:
         while not self.stop.wait(self.every_s):
             self.daemon.step()
-            unfinished = sum(1 for r in self.store.trainers() if not r.finished)
+            rows = self.store.trainers()
+            unfinished = sum(1 for r in rows if not r.finished)
             self.most_unfinished = max(self.most_unfinished, unfinished)
+            if self.grow is not None and len(rows) - unfinished >= self.grow[0]:
+                self.daemon.nodes = self.grow[1]
+                pool = {"nodes": {f"n{i}": {} for i in range(self.grow[1])}}
+                self.store.set_setting("pool", pool)
+                self.grow = None
 
     def __enter__(self) -> DaemonThread:
         self.thread.start()
@@ -135,6 +149,32 @@ def test_a_search_stops_its_losers_and_each_result_is_its_trainers_end(
     assert len(results) >= 12
     # The pool had 3 nodes: never more than 3 trainers at once (each asked when room).
     assert 1 <= daemon.most_unfinished <= 3
+
+
+def test_a_search_started_on_a_small_pool_grows_with_it(tmp_path: Path, state: Path) -> None:
+    """DeepHyper reads num_workers once, at the start (1 node: 1 trial), then asks one
+    configuration per end: the evaluator asks the search for one more when the pool grows
+    to 2 nodes, and not one already in flight (CBO, past its first 2 random points,
+    proposes the point it proposed last until it is told a result). Trials DeepHyper's
+    stopper promoted are marked with the rungs they passed."""
+    with DaemonThread(state, tmp_path / "trainers", nodes=1, grow=(3, 2)) as daemon:
+        ev = evaluator(state, tmp_path / "trial.py")
+        search = CBO(
+            problem(),
+            stopper=stopper(),
+            log_dir=str(tmp_path / "dh"),
+            random_state=2,
+            n_initial_points=2,
+            acq_optimizer="sampling",  # fast: its default genetic optimizer takes 1-2 s a tell
+        )
+        results = search.search(ev, max_evals=12)
+    assert daemon.most_unfinished == 2  # 1 before the pool grew
+    with Store.open(state) as store:
+        check_ends(results, store)
+        rungs = [r.rungs for r in store.trainers()]
+    xs = list(results["p:x"])
+    assert len(set(xs)) == len(xs), xs  # no configuration twice
+    assert any(rungs) and set(rungs) <= {0, 1, 2}, rungs  # rungs at budgets 1 and 3
 
 
 def test_num_workers_follow_the_pool(tmp_path: Path, state: Path) -> None:

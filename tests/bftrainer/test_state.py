@@ -180,6 +180,33 @@ def test_a_version_3_database_keeps_its_allocations_and_records_slots(state_dir:
         assert [a.slots for a in store.allocation_history("t1")] == [{}, now.slots]
 
 
+def test_a_version_4_database_keeps_its_trainers_unmarked(state_dir: Path) -> None:
+    """Version 5 adds a search trial's promise (the rungs passed): trainers recorded
+    before are read back with none, and can be marked."""
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    for script in state.MIGRATIONS[:4]:
+        conn.executescript(script)
+    conn.execute(
+        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
+        " rescale_down_s, state, submitted_s, restarts) VALUES"
+        " ('t1', 'x.py', '[\"--trial\", \"s#0\"]', 'torchrun', 1, 2, 1.0, 1.0, 'running',"
+        " 0.0, 1)"
+    )
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    with Store.open(state_dir) as store:
+        old = store.trainer("t1")
+        assert (old.args, old.state, old.restarts, old.rungs) == (
+            ("--trial", "s#0"),
+            "running",
+            1,
+            0,
+        )
+        assert store.set_rungs("t1", 1).rungs == 1
+
+
 def test_not_a_database_is_refused(state_dir: Path) -> None:
     state_dir.mkdir(mode=0o700)
     (state_dir / "state.db").write_bytes(b"this is not sqlite at all, just text\n" * 100)
