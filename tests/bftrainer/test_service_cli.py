@@ -62,7 +62,7 @@ def test_submit_prints_the_id_last_and_queues_the_trainer(state_dir: Path) -> No
         a, b = store.trainer(first), store.trainer(second)
     # Unknown options go to the script; the submit options are taken wherever they stand.
     assert a.args == ("--lr", "0.1")
-    assert (a.max_nodes, a.work_samples, a.state, a.backend) == (4, 1000, "queued", "torchrun")
+    assert (a.n_max, a.work_samples, a.state, a.backend) == (4, 1000, "queued", "torchrun")
     assert (a.rescale_up_s, a.rescale_down_s) == DEFAULT_RESCALE_S["torchrun"]
     assert (b.rescale_up_s, b.rescale_down_s) == (3.0, 1.0)
     assert os.path.isabs(a.script)
