@@ -75,6 +75,11 @@ class Store(Database):
             raise InvalidTrainerError(f"n_min {n_min}: must be at least 1")
         if n_max < n_min:
             raise InvalidTrainerError(f"n_max {n_max} is below n_min {n_min}")
+        if isinstance(work_samples, bool) or not isinstance(work_samples, int | float):
+            raise InvalidTrainerError(
+                f"work_samples {work_samples!r}: expected a number (math.inf: until the "
+                "trainer's own stop)"
+            )
         if not work_samples > 0:
             raise InvalidTrainerError(f"work_samples {work_samples}: must be positive")
         if rescale_up_s < 0 or rescale_down_s < 0:

@@ -317,6 +317,11 @@ def test_submit_rejects_bad_fields(store: Store) -> None:
         store.submit("a.py", backend="mpi")
     with pytest.raises(InvalidTrainerError, match="work_samples -5"):
         store.submit("a.py", work_samples=-5)
+    # Work until the trainer's own stop is math.inf in the record, as in every record.
+    with pytest.raises(
+        InvalidTrainerError, match=r"work_samples None: expected a number \(math.inf"
+    ):
+        store.submit("a.py", work_samples=None)  # type: ignore[arg-type]
     assert store.trainers() == []
 
 
