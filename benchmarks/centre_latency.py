@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -67,12 +68,12 @@ def trainer(j: int, rng: np.random.Generator) -> TrainerReport:
     return TrainerReport(
         id=f"t{j:04d}",
         model=model,
-        submitted_s=0.0,
+        submit_s=0.0,
         n_min=1,
         n_max=64,
         rescale_up_s=float(rng.uniform(17, 19)),
         rescale_down_s=float(rng.uniform(11, 13)),
-        work_samples=None,
+        work_samples=math.inf,
         curves={"throughput": zoo_curve(model)},
     )
 

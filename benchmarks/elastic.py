@@ -260,7 +260,7 @@ def rescale(backend: str, runs: int) -> dict[str, Any]:
                 ),
                 trainer_dir=d,
                 backend=backend,
-                max_hosts=2,
+                n_max=2,
                 python=sys.executable,
             )
             t0 = time.time()

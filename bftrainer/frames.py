@@ -335,9 +335,7 @@ def load_store(
     lo = max(start, first) if start is not None else first
     hi = min(end, last) if end is not None else last
     shown = trainers[(trainers["submitted"] <= hi) & ~(trainers["finished"] < lo)]
-    limits = {
-        r["id"]: (r["min_nodes"], r["max_nodes"]) for r in rows if r["id"] in set(shown["id"])
-    }
+    limits = {r["id"]: (r["n_min"], r["n_max"]) for r in rows if r["id"] in set(shown["id"])}
     return Frames(
         source="daemon",
         label=str(d),
@@ -411,12 +409,12 @@ def _store_trainers(rows: list[dict[str, Any]], allocations: pd.DataFrame) -> pd
     df = pd.DataFrame(
         {
             "id": pd.Series([r["id"] for r in rows], dtype="string"),
-            "submitted": _epoch([r["submitted_s"] for r in rows]),
+            "submitted": _epoch([r["submit_s"] for r in rows]),
             "started": _epoch([r["started_s"] for r in rows]),
             "finished": _epoch([r["finished_s"] for r in rows]),
             "state": pd.Series([r["state"] for r in rows], dtype="string"),
-            "min_nodes": pd.Series([r["min_nodes"] for r in rows], dtype="int64"),
-            "max_nodes": pd.Series([r["max_nodes"] for r in rows], dtype="int64"),
+            "min_nodes": pd.Series([r["n_min"] for r in rows], dtype="int64"),
+            "max_nodes": pd.Series([r["n_max"] for r in rows], dtype="int64"),
             "samples_done": pd.Series([r["samples_done"] for r in rows], dtype="int64"),
             "reason": pd.Series([r["reason"] for r in rows], dtype="string"),
         }
@@ -453,7 +451,7 @@ def _store_holders(holders: list[dict[str, Any]]) -> pd.DataFrame:
             "job_id": pd.Series([h["job_id"] for h in holders], dtype="string"),
             "node": pd.Series([h["node"] for h in holders], dtype="string"),
             "state": pd.Series([h["state"] for h in holders], dtype="string"),
-            "submitted": _epoch([h["submitted_s"] for h in holders]),
+            "submitted": _epoch([h["submit_s"] for h in holders]),
             "started": _epoch([h["started_s"] for h in holders]),
             "ended": _epoch([h["ended_s"] for h in holders]),
             "trainer": pd.Series([h["trainer_id"] for h in holders], dtype="string"),
@@ -467,7 +465,7 @@ def _empty_holders() -> pd.DataFrame:
     return _store_holders(
         [
             dict.fromkeys(
-                ("job_id", "node", "state", "submitted_s", "started_s", "ended_s", "trainer_id")
+                ("job_id", "node", "state", "submit_s", "started_s", "ended_s", "trainer_id")
             )
             | {"reason": "", "limit_s": None}
         ]

@@ -1,4 +1,17 @@
-"""The training job as every part of bftrainer sees it."""
+"""The training job as every part of bftrainer sees it: the trainer record.
+
+One trainer has one set of names from ``bftrainer submit`` to the store
+(``bftrainer.state.TrainerRow``) to the loop and the allocator (``JobSpec`` here;
+``bftrainer.milp.TrainerSpec``) to the centre's protocol
+(``bftrainer.centre.protocol.TrainerReport``): ``n_min``, ``n_max``, ``submit_s``,
+``rescale_up_s``, ``rescale_down_s``, ``work_samples``. Work that only the trainer's own
+stop ends is ``math.inf`` in every record; JSON and SQLite, which have no inf, write
+null, converted in the record's own reader and writer. The converters between the
+records sit beside them: the store's row to a job (:func:`job_of`) and a job to the
+allocator's spec (:meth:`JobSpec.trainer_spec`) here, a job to and from the centre's
+report in ``TrainerReport``; the outside names (``bftrainer status --json``'s
+``min_nodes``, the launcher's ``--min-hosts``) are mapped at the edge that shows them.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +19,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from bftrainer.milp import TrainerSpec
+    from bftrainer.state import TrainerRow
 
 # Whole-node counts whose rate a job tabulates (``JobSpec.rate_sps``); beyond, interpolated.
 RATE_TABLE_MAX = 4096
@@ -18,8 +37,8 @@ class JobSpec:
     """A training job: what it needs, when it arrives, how it scales.
 
     ``curve``: throughput breakpoints ``(nodes, samples/s)``; ``work_samples``: samples to
-    process before it completes. ``user`` and ``account`` own it, for fairness by user
-    or account (empty: the one default owner).
+    process before it completes (``math.inf``: until its own stop). ``user`` and
+    ``account`` own it, for fairness by user or account (empty: the one default owner).
     """
 
     id: str
@@ -59,6 +78,56 @@ class JobSpec:
         xs, ys = self.breakpoints
         return float(np.interp(nodes, xs, ys))
 
+    def trainer_spec(
+        self,
+        curve: tuple[tuple[float, float], ...] | None = None,
+        nodes: tuple[str, ...] = (),
+        spread_curve: tuple[tuple[float, float], ...] | None = None,
+        weight: float = 1.0,
+    ) -> TrainerSpec:
+        """The allocator's view of this job (``bftrainer.milp.TrainerSpec``, checked on
+        construction): its limits, costs and owners, planned on ``curve`` (default: its
+        own) while it holds ``nodes``."""
+        from bftrainer.milp import TrainerSpec
+
+        return TrainerSpec(
+            id=self.id,
+            n_min=self.n_min,
+            n_max=self.n_max,
+            rescale_up_s=self.rescale_up_s,
+            rescale_down_s=self.rescale_down_s,
+            curve=self.curve if curve is None else curve,
+            nodes=nodes,
+            user=self.user,
+            account=self.account,
+            spread_curve=spread_curve,
+            weight=weight,
+        )
+
+
+def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
+    """Linear scaling at one (unit) sample per second per node: the centre allocator's
+    prior before a trainer's agent reports (the daemon's loop plans on
+    :class:`~bftrainer.live_curves.LiveCurves` instead, the replay's rule)."""
+    return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
+
+
+def job_of(row: TrainerRow) -> JobSpec:
+    """The loop's view of a trainer the store holds (its curve: :func:`prior_curve`;
+    :meth:`LiveCurves.prior_job <bftrainer.live_curves.LiveCurves.prior_job>` gives the
+    prior the daemon plans on). The model is the script's name."""
+    return JobSpec(
+        id=row.id,
+        model=Path(row.script).name,
+        submit_s=row.submit_s,
+        n_min=row.n_min,
+        n_max=row.n_max,
+        rescale_up_s=row.rescale_up_s,
+        rescale_down_s=row.rescale_down_s,
+        work_samples=row.work_samples,
+        curve=prior_curve(row.n_max),
+    )
+
 
 def jobs_in_slots(jobs: Sequence[JobSpec], slots_per_node: int) -> list[JobSpec]:
     """Jobs given per node (job files, the zoo) counted in slots of S per node.
@@ -95,7 +164,7 @@ def check_workload(jobs: Sequence[JobSpec]) -> None:
     before the replay starts, rather than when the job first reaches the allocator.
     """
     from bftrainer.idle_monitor.trace import check_epoch_s
-    from bftrainer.milp import ProblemError, TrainerSpec
+    from bftrainer.milp import ProblemError
 
     seen: dict[str, int] = {}
     for i, job in enumerate(jobs):
@@ -109,16 +178,7 @@ def check_workload(jobs: Sequence[JobSpec]) -> None:
             raise JobSpecError(f"{where}: work is {job.work_samples!r} samples, expected > 0")
         try:
             check_epoch_s(job.submit_s)
-            TrainerSpec(
-                id=job.id,
-                n_min=job.n_min,
-                n_max=job.n_max,
-                rescale_up_s=job.rescale_up_s,
-                rescale_down_s=job.rescale_down_s,
-                curve=job.curve,
-                user=job.user,
-                account=job.account,
-            )
+            job.trainer_spec()
         except (ProblemError, ValueError) as e:
             reason = str(e).split(": ", 1)[-1] if str(e).startswith("trainer ") else str(e)
             raise JobSpecError(f"{where}: {reason}") from None

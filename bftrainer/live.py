@@ -36,7 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bftrainer.exec_plan import LOCAL, ExecPlan
-from bftrainer.live_curves import LiveCurves, job_of
+from bftrainer.jobs import job_of
+from bftrainer.live_curves import LiveCurves
 from bftrainer.live_orders import EndLeftovers, Launched, StartAgain, StartFailed, Stop
 from bftrainer.live_reports import record_metrics
 from bftrainer.loop import Completion, CurveReport, NodeChange, Orders, Progress, TrainerState
@@ -432,7 +433,7 @@ class LiveDriver:
         row = self.store.trainer(trainer_id)
         trainer_dir = self.trainers_dir / trainer_id
         args = list(row.args)
-        if row.work_samples is not None:
+        if math.isfinite(row.work_samples):
             args += ["--work-samples", str(row.work_samples)]
         spec = LaunchSpec(
             trainer_id=trainer_id,
@@ -440,8 +441,8 @@ class LiveDriver:
             args=tuple(args),
             trainer_dir=trainer_dir,
             backend=row.backend,
-            min_hosts=row.min_nodes,
-            max_hosts=row.max_nodes,
+            n_min=row.n_min,
+            n_max=row.n_max,
             env=self.env,
         )
         try:

@@ -23,13 +23,11 @@ measured).
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from bftrainer.jobs import JobSpec
 from bftrainer.loop import Curve, CurveReport
-from bftrainer.state import Store, TrainerRow
+from bftrainer.state import Store
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (
     LEVEL_STEP,
@@ -132,26 +130,3 @@ class LiveCurves:
             growth=self.growth,
             prior_points=peers.means() if peers is not None else None,
         ).points
-
-
-def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
-    """Linear scaling at one (unit) sample per second per node: the centre allocator's
-    prior before a trainer's agent reports (the daemon's loop plans on
-    :class:`~bftrainer.live_curves.LiveCurves` instead, the replay's rule)."""
-    return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
-
-
-def job_of(row: TrainerRow) -> JobSpec:
-    """The loop's view of a submitted trainer (its curve: :meth:`LiveCurves.prior_job`
-    gives the prior the daemon plans on)."""
-    return JobSpec(
-        id=row.id,
-        model=Path(row.script).name,
-        submit_s=row.submitted_s,
-        n_min=row.min_nodes,
-        n_max=row.max_nodes,
-        rescale_up_s=row.rescale_up_s,
-        rescale_down_s=row.rescale_down_s,
-        work_samples=math.inf if row.work_samples is None else float(row.work_samples),
-        curve=prior_curve(row.max_nodes),
-    )

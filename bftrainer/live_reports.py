@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
-from bftrainer.live_curves import LiveCurves, job_of
+from bftrainer.jobs import job_of
+from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import CurveReport
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
@@ -39,7 +40,7 @@ def record_metrics(
     if record.throughput is not None:  # goodput: the trainer's own Pollux model
         try:
             model = record.goodput_model()
-            good, thr = model.allocator_curves(row.max_nodes)
+            good, thr = model.allocator_curves(row.n_max)
         except (MetricsRecordError, ValueError) as exc:
             log.warning("trainer %s: no goodput curve from its record: %s", trainer_id, exc)
         else:

@@ -22,7 +22,7 @@ from bftrainer.config import POLICY_NAMES, Config
 from bftrainer.jobs import JobSpec
 from bftrainer.loop.protocols import Policy
 from bftrainer.loop.records import Decision, PolicyInputs, TrainerState
-from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp import Problem, allocate
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.problem import fair_admission, group_key
 from bftrainer.milp.slots import map_slots
@@ -84,16 +84,9 @@ class MilpPolicy(Admission):
         return Problem(
             pool=pool,
             trainers=tuple(
-                TrainerSpec(
-                    id=t.id,
-                    n_min=t.job.n_min,
-                    n_max=t.job.n_max,
-                    rescale_up_s=t.job.rescale_up_s,
-                    rescale_down_s=t.job.rescale_down_s,
+                t.job.trainer_spec(
                     curve=t.curve(metric),
                     nodes=t.nodes,
-                    user=t.job.user,
-                    account=t.job.account,
                     spread_curve=t.reported_curves.get(spread_metric(metric)),
                     weight=1.0 if self.weights is None else self.weights(t.id),
                 )

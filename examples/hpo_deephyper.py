@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-evals", type=int, default=24)
     parser.add_argument("--work-samples", type=int, default=14370, help="a trial, unstopped")
     parser.add_argument("--max-parallel", type=int, default=None)
-    parser.add_argument("--max-nodes", type=int, default=2)
+    parser.add_argument("--max-nodes", dest="n_max", metavar="MAX_NODES", type=int, default=2)
     parser.add_argument("--poll-interval", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=0)
     args, trial_args = parser.parse_known_args(argv)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = TrialSpec(
         TRIAL,
         ("--max-batch", str(BATCH), "--commit-every-steps", str(EVERY), *trial_args),
-        max_nodes=args.max_nodes,
+        n_max=args.n_max,
         work_samples=args.work_samples,
     )
     told = len(pd.read_csv(log_dir / "results.csv")) if (log_dir / "results.csv").exists() else 0

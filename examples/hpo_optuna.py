@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         TRIAL,
         ("--max-batch", "64", "--commit-every-steps", "20"),
         backend="torchrun",
-        min_nodes=1,
-        max_nodes=2,
+        n_min=1,
+        n_max=2,
         work_samples=args.epochs * EPOCH,
     )
     with Store.open(state_dir, create=False) as store, study_lock(state_dir, study):

@@ -146,19 +146,8 @@ class AgentLink:
 
 
 def _report(t: TrainerState) -> TrainerReport:
-    job = t.job
-    return TrainerReport(
-        id=t.id,
-        model=job.model,
-        submitted_s=job.submit_s,
-        n_min=job.n_min,
-        n_max=job.n_max,
-        rescale_up_s=job.rescale_up_s,
-        rescale_down_s=job.rescale_down_s,
-        work_samples=None if math.isinf(job.work_samples) else job.work_samples,
-        nodes=t.nodes,
-        samples_done=t.processed_samples,
-        curves=dict(t.reported_curves),
+    return TrainerReport.of_job(
+        t.job, id=t.id, nodes=t.nodes, samples_done=t.processed_samples, curves=t.reported_curves
     )
 
 

@@ -40,7 +40,6 @@ from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
 from bftrainer.jobs import JobSpec
-from bftrainer.live_curves import prior_curve
 from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import (
     Arrival,
@@ -467,19 +466,7 @@ class Allocator(LiveService):
             gen = self._generation.get(rec.uid, 0)
             loop_id = centre_id(rec.user, t.id) + (f"~{gen}" if gen else "")
             rec.ids[t.id] = loop_id
-            job = JobSpec(
-                id=loop_id,
-                model=t.model,
-                submit_s=t.submitted_s,
-                n_min=t.n_min,
-                n_max=t.n_max,
-                rescale_up_s=t.rescale_up_s,
-                rescale_down_s=t.rescale_down_s,
-                work_samples=math.inf if t.work_samples is None else t.work_samples,
-                curve=prior_curve(t.n_max),
-                user=rec.user,
-                account=rec.account,
-            )
+            job = t.job(loop_id, rec.user, rec.account)
             if self.loop is None:
                 self._restoring[loop_id] = (job, t.nodes)
             else:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bftrainer.centre.transport import RequestRefused
-from bftrainer.milp.problem import ProblemError, TrainerSpec
+from bftrainer.jobs import JobSpec, prior_curve
+from bftrainer.milp.problem import ProblemError
 
 # Request kinds.
 HELLO = "hello"  # an agent (or a user's command) asks for the centre's settings
@@ -33,6 +34,8 @@ NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_TRAINERS_PER_AGENT = 1000
 MAX_NODES = 100_000
 MAX_CURVE_POINTS = 1024
+# The wire's name of TrainerReport.submit_s, as its first release spelled it (compatible).
+WIRE_SUBMIT_S = "submitted_s"
 
 
 def centre_id(user: str, local_id: str) -> str:
@@ -52,30 +55,78 @@ def split_id(trainer: str, default_user: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class TrainerReport:
-    """One unfinished trainer as its agent sees it."""
+    """One unfinished trainer as its agent sees it: the trainer record's fields
+    (``bftrainer.jobs``) under the same names, and what it has now.
+
+    On the wire two keep their first release's spelling, so that an agent and an
+    allocator of either release understand each other (docs/centre.md, "Protocol"):
+    ``submit_s`` is sent as ``submitted_s``, and work until the trainer's own stop
+    (``math.inf`` here) as ``null``."""
 
     id: str
     model: str
-    submitted_s: float
+    submit_s: float
     n_min: int
     n_max: int
     rescale_up_s: float
     rescale_down_s: float
-    work_samples: float | None  # None: the trainer's own stop
+    work_samples: float  # math.inf: the trainer's own stop
     nodes: tuple[str, ...] = ()
     samples_done: float = 0.0
     curves: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of_job(
+        cls,
+        job: JobSpec,
+        *,
+        id: str,
+        nodes: tuple[str, ...] = (),
+        samples_done: float = 0.0,
+        curves: Mapping[str, tuple[tuple[float, float], ...]] | None = None,
+    ) -> TrainerReport:
+        """The report of ``job`` (its agent's trainer ``id``) and what it has now."""
+        return cls(
+            id=id,
+            model=job.model,
+            submit_s=job.submit_s,
+            n_min=job.n_min,
+            n_max=job.n_max,
+            rescale_up_s=job.rescale_up_s,
+            rescale_down_s=job.rescale_down_s,
+            work_samples=job.work_samples,
+            nodes=nodes,
+            samples_done=samples_done,
+            curves=dict(curves or {}),
+        )
+
+    def job(self, id: str, user: str, account: str) -> JobSpec:
+        """The job the centre's loop plans on (``id``: the centre's name of it, owned by
+        ``user`` and ``account``), on the prior curve until its agent reports one."""
+        return JobSpec(
+            id=id,
+            model=self.model,
+            submit_s=self.submit_s,
+            n_min=self.n_min,
+            n_max=self.n_max,
+            rescale_up_s=self.rescale_up_s,
+            rescale_down_s=self.rescale_down_s,
+            work_samples=self.work_samples,
+            curve=prior_curve(self.n_max),
+            user=user,
+            account=account,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "model": self.model,
-            "submitted_s": self.submitted_s,
+            WIRE_SUBMIT_S: self.submit_s,
             "n_min": self.n_min,
             "n_max": self.n_max,
             "rescale_up_s": self.rescale_up_s,
             "rescale_down_s": self.rescale_down_s,
-            "work_samples": self.work_samples,
+            "work_samples": None if math.isinf(self.work_samples) else self.work_samples,
             "nodes": list(self.nodes),
             "samples_done": self.samples_done,
             "curves": {m: [list(p) for p in c] for m, c in self.curves.items()},
@@ -91,8 +142,8 @@ class TrainerReport:
         n_min, n_max = _int(d, "n_min", where, 1), _int(d, "n_max", where, 1)
         if n_max < n_min:
             raise RequestRefused(f"{where}: n_max {n_max} is below n_min {n_min}")
-        work = d.get("work_samples")
-        if work is not None:
+        work = math.inf
+        if d.get("work_samples") is not None:
             work = _num(d, "work_samples", where, 1.0)
         nodes = _nodes(d.get("nodes", []), f"{where}: 'nodes'")
         curves_in = d.get("curves", {})
@@ -106,7 +157,7 @@ class TrainerReport:
         report = cls(
             id=tid,
             model=_str(d, "model", where)[:200],
-            submitted_s=_num(d, "submitted_s", where, 0.0),
+            submit_s=_num(d, WIRE_SUBMIT_S, where, 0.0),
             n_min=n_min,
             n_max=n_max,
             rescale_up_s=_num(d, "rescale_up_s", where, 0.0),
@@ -126,14 +177,8 @@ class TrainerReport:
         where = f"trainer {self.id}"
         for metric, curve in {"throughput": None, **self.curves}.items():
             try:
-                TrainerSpec(
-                    id=self.id,
-                    n_min=self.n_min,
-                    n_max=self.n_max,
-                    rescale_up_s=self.rescale_up_s,
-                    rescale_down_s=self.rescale_down_s,
-                    curve=curve or ((float(self.n_max), float(self.n_max)),),
-                    nodes=self.nodes,
+                self.job(self.id, "", "").trainer_spec(
+                    curve=curve or ((float(self.n_max), float(self.n_max)),), nodes=self.nodes
                 )
             except ProblemError as e:
                 reason = str(e).split(": ", 1)[-1].replace("curve", f"{metric} curve", 1)

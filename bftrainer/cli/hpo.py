@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,8 @@ def make_pruner(name: str, min_resource: int | None, reduction_factor: int) -> A
 )
 @click.option("--reduction-factor", type=Number(integer=True, min=2, max=100), default=3)
 @click.option("--seed", type=SEED, help="The sampler's seed.")
-@click.option("--min-nodes", type=NODES, default=1, show_default=True)
-@click.option("--max-nodes", type=NODES, default=1, show_default=True)
+@click.option("--min-nodes", "n_min", type=NODES, default=1, show_default=True)
+@click.option("--max-nodes", "n_max", type=NODES, default=1, show_default=True)
 @click.option("--work-samples", type=SAMPLES, help="Samples each trial trains if not pruned.")
 @click.option("--backend", type=click.Choice(BACKENDS), default="torchrun", show_default=True)
 @click.option("--max-parallel", type=NODES, help="Trials at once (default: as the pool allows).")
@@ -115,8 +116,8 @@ def hpo_cmd(
     min_resource: int | None,
     reduction_factor: int,
     seed: int | None,
-    min_nodes: int,
-    max_nodes: int,
+    n_min: int,
+    n_max: int,
     work_samples: int | None,
     backend: str,
     max_parallel: int | None,
@@ -146,8 +147,8 @@ def hpo_cmd(
     script = script.expanduser().absolute()
     if not script.is_file():
         raise UsageError(f"trial script {script}: no such file")
-    if max_nodes < min_nodes:
-        raise UsageError(f"--max-nodes {max_nodes} is below --min-nodes {min_nodes}")
+    if n_max < n_min:
+        raise UsageError(f"--max-nodes {n_max} is below --min-nodes {n_min}")
     if backend == "horovod" and importlib.util.find_spec("horovod") is None:
         raise UsageError("--backend horovod: Horovod is not installed here; use torchrun")
     try:
@@ -166,7 +167,8 @@ def hpo_cmd(
             load_if_exists=True,
         )
         study.sampler = resumed_sampler(study, sampler, seed)
-        spec = TrialSpec(script, args, backend, min_nodes, max_nodes, work_samples)
+        work = math.inf if work_samples is None else work_samples
+        spec = TrialSpec(script, args, backend, n_min, n_max, work)
         try:
             campaign = Campaign(study, space, spec, store, n_trials, max_parallel)
             with study_lock(path, study):

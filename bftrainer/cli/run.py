@@ -203,8 +203,8 @@ def _say_waiting(hosts: list[str], hosts_file: Path) -> None:
     is_flag=True,
     help="Start afresh in an existing trainer directory: its earlier run's files go.",
 )
-@click.option("--max-hosts", type=NODES, default=64, show_default=True)
-@click.option("--min-hosts", type=NODES, default=1, show_default=True)
+@click.option("--max-hosts", "n_max", type=NODES, default=64, show_default=True)
+@click.option("--min-hosts", "n_min", type=NODES, default=1, show_default=True)
 @click.option(
     "--exec-mode",
     type=click.Choice(channel.EXEC_MODES),
@@ -226,8 +226,8 @@ def run_cmd(
     trainer_dir: Path | None,
     trainer_id: str | None,
     fresh: bool,
-    max_hosts: int,
-    min_hosts: int,
+    n_max: int,
+    n_min: int,
     exec_mode: str | None,
     ssh_args: tuple[str, ...],
     stop_grace_s: float,
@@ -251,8 +251,8 @@ def run_cmd(
         raise UsageError(f"--hosts-file: {e.strerror}: {hosts_file}") from None
     except channel.ChannelError as e:
         raise UsageError(str(e)) from None
-    if min_hosts > max_hosts:
-        raise UsageError(f"--min-hosts {min_hosts} > --max-hosts {max_hosts}")
+    if n_min > n_max:
+        raise UsageError(f"--min-hosts {n_min} > --max-hosts {n_max}")
     allocation = None
     if exec_mode == "slurm":
         allocation = _allocation()
@@ -273,8 +273,8 @@ def run_cmd(
         args=args,
         trainer_dir=trainer_dir,
         backend=backend,
-        min_hosts=min_hosts,
-        max_hosts=max_hosts,
+        n_min=n_min,
+        n_max=n_max,
         script_sha256=script_sha256,
     )
     earlier = _earlier_run(spec, fresh)

@@ -148,8 +148,8 @@ def _full(path: Path, exc: BaseException) -> str:
 )
 @click.argument("script", type=click.Path(path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--min-nodes", type=NODES, default=1, show_default=True)
-@click.option("--max-nodes", type=NODES, default=1, show_default=True)
+@click.option("--min-nodes", "n_min", type=NODES, default=1, show_default=True)
+@click.option("--max-nodes", "n_max", type=NODES, default=1, show_default=True)
 @click.option(
     "--work-samples",
     type=SAMPLES,
@@ -174,8 +174,8 @@ def _full(path: Path, exc: BaseException) -> str:
 def submit_cmd(
     script: Path,
     args: tuple[str, ...],
-    min_nodes: int,
-    max_nodes: int,
+    n_min: int,
+    n_max: int,
     work_samples: int | None,
     backend: str,
     rescale_up_s: float | None,
@@ -191,8 +191,8 @@ def submit_cmd(
     script = script.expanduser().absolute()
     if not script.is_file():
         raise UsageError(f"trainer script {script}: no such file")
-    if max_nodes < min_nodes:
-        raise UsageError(f"--max-nodes {max_nodes} is below --min-nodes {min_nodes}")
+    if n_max < n_min:
+        raise UsageError(f"--max-nodes {n_max} is below --min-nodes {n_min}")
     if backend == "horovod" and importlib.util.find_spec("horovod") is None:
         raise UsageError(
             "--backend horovod: Horovod is not installed here (`make horovod`, "
@@ -211,9 +211,9 @@ def submit_cmd(
             script,
             args,
             backend=backend,
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            work_samples=work_samples,
+            n_min=n_min,
+            n_max=n_max,
+            work_samples=math.inf if work_samples is None else work_samples,
             rescale_up_s=up_s if rescale_up_s is None else rescale_up_s,
             rescale_down_s=down_s if rescale_down_s is None else rescale_down_s,
         )
@@ -226,24 +226,28 @@ def submit_cmd(
 def trainer_json(
     row: TrainerRow, nodes: tuple[str, ...], slots: Mapping[str, Sequence[int]] | None = None
 ) -> dict[str, Any]:
-    """``nodes`` lists a node once per slot held; ``slots``: which slots of each node
-    when trainers share nodes ({} otherwise)."""
+    """A trainer as ``bftrainer status --json`` shows it: the one place the record's
+    names meet the status's, which keep their first release's spelling (``min_nodes``,
+    ``max_nodes``, ``submitted_s`` for the record's ``n_min``, ``n_max``, ``submit_s``),
+    and work until the trainer's own stop (``math.inf``) is ``null``.
+    ``nodes`` lists a node once per slot held; ``slots``: which slots of each node when
+    trainers share nodes ({} otherwise)."""
     return {
         "id": row.id,
         "state": row.state,
         "nodes": list(nodes),
         "slots": {n: list(s) for n, s in (slots or {}).items()},
         "samples_done": row.samples_done,
-        "work_samples": row.work_samples,
+        "work_samples": None if math.isinf(row.work_samples) else row.work_samples,
         "throughput_sps": row.throughput_sps,
         "goodput_sps": row.goodput_sps,
         "batch_size": row.batch_size,
         "backend": row.backend,
-        "min_nodes": row.min_nodes,
-        "max_nodes": row.max_nodes,
+        "min_nodes": row.n_min,
+        "max_nodes": row.n_max,
         "script": row.script,
         "args": list(row.args),
-        "submitted_s": row.submitted_s,
+        "submitted_s": row.submit_s,
         "started_s": row.started_s,
         "finished_s": row.finished_s,
         "reason": row.reason,
@@ -311,7 +315,7 @@ def _trainer_now(
         from bftrainer.trainers.learned_curve import live_curve
 
         records = (m.record for m in store.metrics(row.id))
-        out["curve"] = live_curve(records, row.max_nodes, row.min_nodes)
+        out["curve"] = live_curve(records, row.n_max, row.n_min)
     exited = _supervisor_exited(row)
     if exited is not None:
         out["state"], out["reason"] = "exited", exited

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bftrainer.common.promise import promise_weight
-from bftrainer.live_curves import LiveCurves, job_of
+from bftrainer.jobs import job_of
+from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Arrival, Cancel, CurveReport, Polled
 from bftrainer.state import Store
 

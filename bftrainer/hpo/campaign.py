@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -46,14 +47,14 @@ class CampaignError(RuntimeError):
 @dataclass(frozen=True)
 class TrialSpec:
     """How every trial of the campaign runs: ``script`` with ``args``, then the trial's
-    parameters as options, on ``min_nodes``..``max_nodes`` nodes (slots)."""
+    parameters as options, on ``n_min``..``n_max`` nodes (slots)."""
 
     script: Path
     args: tuple[str, ...] = ()
     backend: str = "torchrun"
-    min_nodes: int = 1
-    max_nodes: int = 1
-    work_samples: int | None = None
+    n_min: int = 1
+    n_max: int = 1
+    work_samples: float = math.inf  # until the trial's own stop
     rescale_up_s: float | None = None
     rescale_down_s: float | None = None
 
@@ -93,7 +94,7 @@ def room(store: Store) -> int:
     nodes = sum(1 for info in pool["nodes"].values() if not info.get("left_out"))
     slots = store.get_setting("slots_per_node", 1)
     per_node = slots if isinstance(slots, int) and slots >= 1 else 1
-    demand = sum(t.min_nodes for t in store.trainers() if not t.finished)
+    demand = sum(t.n_min for t in store.trainers() if not t.finished)
     return nodes * per_node - demand
 
 
@@ -120,8 +121,8 @@ def checked_trials(spec: TrialSpec, max_parallel: int | None) -> TrialSpec:
     directory), or ``CampaignError`` naming what a campaign or a search cannot run."""
     if max_parallel is not None and max_parallel < 1:
         raise CampaignError(f"max_parallel {max_parallel}: must be at least 1")
-    if not 1 <= spec.min_nodes <= spec.max_nodes:
-        raise CampaignError(f"trial nodes {spec.min_nodes}..{spec.max_nodes}: need 1 <= min <= max")
+    if not 1 <= spec.n_min <= spec.n_max:
+        raise CampaignError(f"trial nodes {spec.n_min}..{spec.n_max}: need 1 <= min <= max")
     script = Path(spec.script).expanduser().absolute()
     if not script.is_file():
         raise CampaignError(f"trial script {script}: no such file")
@@ -136,8 +137,8 @@ def submit_trial(store: Store, spec: TrialSpec, params: list[str], name: str) ->
         spec.script,
         [*spec.args, *params, TRIAL_OPTION, name],
         backend=spec.backend,
-        min_nodes=spec.min_nodes,
-        max_nodes=spec.max_nodes,
+        n_min=spec.n_min,
+        n_max=spec.n_max,
         work_samples=spec.work_samples,
         rescale_up_s=up_s if spec.rescale_up_s is None else spec.rescale_up_s,
         rescale_down_s=down_s if spec.rescale_down_s is None else spec.rescale_down_s,
@@ -227,7 +228,7 @@ class Campaign:
     def _may_start(self, active: int) -> bool:
         if self.max_parallel is not None and active >= self.max_parallel:
             return False
-        return room(self.store) >= self.spec.min_nodes
+        return room(self.store) >= self.spec.n_min
 
     def _submit(self, ft: FrozenTrial, trial: optuna.Trial | None = None) -> str:
         """Queue the trial's trainer, then record its id in the trial. A trainer the

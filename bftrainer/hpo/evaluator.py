@@ -102,7 +102,7 @@ class TrainerEvaluator(Evaluator):
     @property
     def num_workers(self) -> int:
         """The trials that run plus those the pool's room fits now (at least 1)."""
-        fit = len(self._unfinished()) + max(0, room(self.store)) // self.spec.min_nodes
+        fit = len(self._unfinished()) + max(0, room(self.store)) // self.spec.n_min
         if self.max_parallel is not None:
             fit = min(fit, self.max_parallel)
         return max(1, fit)
@@ -178,7 +178,7 @@ class TrainerEvaluator(Evaluator):
         waiting for room, or ended and not gathered), asked of the search. A model-based
         search asked for one point between two tells proposes the one it proposed last
         (skopt's ``ask``): at least two are asked, and one already in flight is dropped."""
-        if room(self.store) < self.spec.min_nodes:  # as a rule: the pool fits no more
+        if room(self.store) < self.spec.n_min:  # as a rule: the pool fits no more
             return
         if self.time_left is not None and self.time_left <= 0:  # the search's timeout
             return
@@ -215,7 +215,7 @@ class TrainerEvaluator(Evaluator):
     def _may_start(self) -> bool:
         if self.max_parallel is not None and len(self._unfinished()) >= self.max_parallel:
             return False
-        return room(self.store) >= self.spec.min_nodes
+        return room(self.store) >= self.spec.n_min
 
     def _submit(self, params: Mapping[str, Any]) -> str:
         """Queue the configuration's trainer: one commit, so a kill leaves it or not."""
@@ -237,7 +237,7 @@ class TrainerEvaluator(Evaluator):
             seen.seen.add(samples)
             seen.last = self.sign * float(r["value"])
             running.record(samples / self.budget_samples, seen.last)
-            at_end = self.spec.work_samples is not None and samples >= self.spec.work_samples
+            at_end = samples >= self.spec.work_samples
             stop = running.stopped()  # once per report: the stopper counts its rungs
             if not (stop or seen.stopped or row.finished):
                 self._mark(row, running)
@@ -272,7 +272,7 @@ class TrainerEvaluator(Evaluator):
         told = {str(j.metadata.get(META_TRAINER)) for j in self._history()}
         told |= set(self._adopt.values())
         out = []
-        for row in sorted(self._trainers().values(), key=lambda r: r.submitted_s):
+        for row in sorted(self._trainers().values(), key=lambda r: r.submit_s):
             if row.id not in told:
                 out.append((params_of(row.args, len(self.spec.args)), row))
         return out

@@ -46,13 +46,13 @@ class TrainerRow:
     script: str
     args: tuple[str, ...]
     backend: str
-    min_nodes: int
-    max_nodes: int
-    work_samples: int | None
+    n_min: int
+    n_max: int
+    work_samples: float  # math.inf: until the trainer's own stop (NULL in the store)
     rescale_up_s: float
     rescale_down_s: float
     state: str
-    submitted_s: float
+    submit_s: float
     started_s: float | None
     finished_s: float | None
     cancel_requested: bool
@@ -96,7 +96,7 @@ class HolderRow:
     job_id: str
     node: str
     state: str
-    submitted_s: float
+    submit_s: float
     started_s: float | None = None
     ended_s: float | None = None
     trainer_id: str | None = None

@@ -8,11 +8,12 @@ by this package.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 
 from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
 # with a table dropped is named at start, not by a traceback at the first write.
 TABLES = ("trainers", "allocations", "holders", "pool_events", "metrics", "settings")
@@ -108,6 +109,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE trainers ADD COLUMN rungs INTEGER NOT NULL DEFAULT 0 CHECK (rungs >= 0);
     """,
+    # 6: one trainer record (issue 43): the columns take the names the allocator, the
+    # centre's protocol and the replay use (SQLite rewrites the CHECKs that name them).
+    """
+    ALTER TABLE trainers RENAME COLUMN min_nodes TO n_min;
+    ALTER TABLE trainers RENAME COLUMN max_nodes TO n_max;
+    ALTER TABLE trainers RENAME COLUMN submitted_s TO submit_s;
+    ALTER TABLE holders RENAME COLUMN submitted_s TO submit_s;
+    """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
@@ -122,13 +131,13 @@ def trainer_from_row(row: sqlite3.Row) -> TrainerRow:
         script=row["script"],
         args=tuple(json.loads(row["args"])),
         backend=row["backend"],
-        min_nodes=row["min_nodes"],
-        max_nodes=row["max_nodes"],
-        work_samples=row["work_samples"],
+        n_min=row["n_min"],
+        n_max=row["n_max"],
+        work_samples=math.inf if row["work_samples"] is None else row["work_samples"],
         rescale_up_s=row["rescale_up_s"],
         rescale_down_s=row["rescale_down_s"],
         state=row["state"],
-        submitted_s=row["submitted_s"],
+        submit_s=row["submit_s"],
         started_s=row["started_s"],
         finished_s=row["finished_s"],
         cancel_requested=bool(row["cancel_requested"]),
@@ -159,7 +168,7 @@ def holder_from_row(row: sqlite3.Row) -> HolderRow:
         job_id=row["job_id"],
         node=row["node"],
         state=row["state"],
-        submitted_s=row["submitted_s"],
+        submit_s=row["submit_s"],
         started_s=row["started_s"],
         ended_s=row["ended_s"],
         trainer_id=row["trainer_id"],

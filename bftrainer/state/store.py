@@ -61,9 +61,9 @@ class Store(Database):
         args: Sequence[str] = (),
         *,
         backend: str = "horovod",
-        min_nodes: int = 1,
-        max_nodes: int = 1,
-        work_samples: int | None = None,
+        n_min: int = 1,
+        n_max: int = 1,
+        work_samples: float = math.inf,
         rescale_up_s: float = 0.0,
         rescale_down_s: float = 0.0,
         now_s: float | None = None,
@@ -71,11 +71,16 @@ class Store(Database):
         """Queue a trainer; returns its id (``t0001``, ...), committed."""
         if backend not in BACKENDS:
             raise InvalidTrainerError(f"backend {backend!r}: expected one of {BACKENDS}")
-        if min_nodes < 1:
-            raise InvalidTrainerError(f"min_nodes {min_nodes}: must be at least 1")
-        if max_nodes < min_nodes:
-            raise InvalidTrainerError(f"max_nodes {max_nodes} is below min_nodes {min_nodes}")
-        if work_samples is not None and work_samples <= 0:
+        if n_min < 1:
+            raise InvalidTrainerError(f"n_min {n_min}: must be at least 1")
+        if n_max < n_min:
+            raise InvalidTrainerError(f"n_max {n_max} is below n_min {n_min}")
+        if isinstance(work_samples, bool) or not isinstance(work_samples, int | float):
+            raise InvalidTrainerError(
+                f"work_samples {work_samples!r}: expected a number (math.inf: until the "
+                "trainer's own stop)"
+            )
+        if not work_samples > 0:
             raise InvalidTrainerError(f"work_samples {work_samples}: must be positive")
         if rescale_up_s < 0 or rescale_down_s < 0:
             raise InvalidTrainerError(
@@ -85,16 +90,16 @@ class Store(Database):
         now = time.time() if now_s is None else now_s
         with self.transaction():
             cur = self._conn.execute(
-                "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes,"
-                " work_samples, rescale_up_s, rescale_down_s, state, submitted_s)"
+                "INSERT INTO trainers (id, script, args, backend, n_min, n_max,"
+                " work_samples, rescale_up_s, rescale_down_s, state, submit_s)"
                 " VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
                 (
                     os.fspath(script),
                     to_json(args),
                     backend,
-                    min_nodes,
-                    max_nodes,
-                    work_samples,
+                    n_min,
+                    n_max,
+                    None if math.isinf(work_samples) else work_samples,
                     float(rescale_up_s),
                     float(rescale_down_s),
                     now,
@@ -313,7 +318,7 @@ class Store(Database):
                 )
             try:
                 self._conn.execute(
-                    "INSERT INTO holders (job_id, node, state, submitted_s, started_s,"
+                    "INSERT INTO holders (job_id, node, state, submit_s, started_s,"
                     " ended_s, trainer_id, limit_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_id,
@@ -339,7 +344,7 @@ class Store(Database):
     def holders(self, *, live_only: bool = True) -> list[HolderRow]:
         """Holders not yet ended (or all of them), oldest first."""
         where = "WHERE state != 'ended'" if live_only else ""
-        rows = self._query(f"SELECT * FROM holders {where} ORDER BY submitted_s, job_id")
+        rows = self._query(f"SELECT * FROM holders {where} ORDER BY submit_s, job_id")
         return [holder_from_row(r) for r in rows]
 
     def set_holder_state(

@@ -47,7 +47,7 @@ def report(tid: str, n_max: int = 8, nodes: tuple[str, ...] = ()) -> TrainerRepo
     return TrainerReport(
         id=tid,
         model="train_mlp.py",
-        submitted_s=0.0,
+        submit_s=0.0,
         n_min=1,
         n_max=n_max,
         # Free rescales: the fairness rule alone decides (with costs, the allocator's

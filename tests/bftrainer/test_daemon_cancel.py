@@ -115,7 +115,7 @@ def test_a_requeued_holder_whose_cancel_is_refused_is_tried_again_at_the_next_po
 def test_the_exit_releases_through_the_same_path_only_what_no_trainer_uses(
     store: Store, tmp_path: Path
 ) -> None:
-    tid = store.submit("train.py", (), backend="torchrun", max_nodes=1)
+    tid = store.submit("train.py", (), backend="torchrun", n_max=1)
     store.set_trainer_state(tid, "running")
     store.record_allocation(tid, ["node1"])
     runner = ReplayRunner({"scontrol": [recorded(PARTITION_BF)], "scancel": [recorded()]})

@@ -36,7 +36,7 @@ def shared_node(state_dir: Path) -> tuple[Store, str, str]:
     for job, node in (("7", "n1"), ("8", "n2")):
         store.add_holder(job, node)
         store.set_holder_state(job, "running")
-    a, b = (store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=3) for _ in range(2))
+    a, b = (store.submit(str(EXAMPLE), (), backend="torchrun", n_max=3) for _ in range(2))
     for tid in (a, b):
         store.set_trainer_state(tid, "running")
     store.record_allocation(a, ["n1", "n2"], slots={"n1": [1], "n2": [0]})

@@ -128,7 +128,7 @@ def test_the_loop_learns_when_held_nodes_leave(
     assert start is not None
     for h in store.holders():
         assert h.limit_s is not None and h.started_s is not None
-        usable = start - h.submitted_s - holders.slack_s
+        usable = start - h.submit_s - holders.slack_s
         assert h.limit_s % 60 == 0 and usable - 61 < h.limit_s <= usable + 1
         leave_by = told.leave_by_s[h.node]
         assert leave_by is not None

@@ -78,7 +78,7 @@ class Cluster:
         for job, node in (("11", "node2"), ("12", "node3")):
             self.store.add_holder(job, node)
             self.store.set_holder_state(job, "running")
-        self.trainer = self.store.submit(str(EXAMPLE), (), backend="horovod", max_nodes=2)
+        self.trainer = self.store.submit(str(EXAMPLE), (), backend="horovod", n_max=2)
         self.store.set_trainer_state(self.trainer, "running")
         self.store.record_allocation(self.trainer, ["node2", "node2"], slots={"node2": [0, 1]})
         self.holders = RunningHolders()

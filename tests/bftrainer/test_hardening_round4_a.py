@@ -38,7 +38,7 @@ def report(tid: str = "t0001", nodes: tuple[str, ...] = (), **fields: object) ->
     body = TrainerReport(
         id=tid,
         model="m.py",
-        submitted_s=0.0,
+        submit_s=0.0,
         n_min=1,
         n_max=4,
         rescale_up_s=1.0,

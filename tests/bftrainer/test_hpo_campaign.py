@@ -116,7 +116,7 @@ def check_ends(s: optuna.Study, store: Store) -> None:
 def test_a_study_prunes_losers_and_tells_each_end(tmp_path: Path, store: Store) -> None:
     daemon = ScriptedDaemon(store, tmp_path / "trainers", nodes=3)
     s = study(tmp_path)
-    spec = TrialSpec(tmp_path / "trial.py", ("--base",), min_nodes=1, max_nodes=2)
+    spec = TrialSpec(tmp_path / "trial.py", ("--base",), n_min=1, n_max=2)
     campaign = Campaign(s, SPACE, spec, store, n_trials=12)
     run(campaign, daemon)
     check_ends(s, store)
@@ -133,7 +133,7 @@ def test_a_study_prunes_losers_and_tells_each_end(tmp_path: Path, store: Store) 
 
 def test_no_trial_is_asked_while_the_pool_has_no_room(tmp_path: Path, store: Store) -> None:
     daemon = ScriptedDaemon(store, tmp_path / "trainers", nodes=2)
-    spec = TrialSpec(tmp_path / "trial.py", min_nodes=2, max_nodes=2)
+    spec = TrialSpec(tmp_path / "trial.py", n_min=2, n_max=2)
     campaign = Campaign(study(tmp_path), SPACE, spec, store, n_trials=5)
     campaign.step()
     assert len(store.trainers()) == 1  # 2 nodes: one trial of min 2 fits
@@ -202,7 +202,7 @@ def test_a_campaign_that_cannot_run_is_refused_in_one_line(tmp_path: Path, store
     with pytest.raises(CampaignError, match="2 objectives"):
         Campaign(two, SPACE, TrialSpec(script), store, 2)
     with pytest.raises(CampaignError, match=r"trial nodes 2\.\.1"):
-        Campaign(study(tmp_path), SPACE, TrialSpec(script, min_nodes=2), store, 2)
+        Campaign(study(tmp_path), SPACE, TrialSpec(script, n_min=2), store, 2)
 
 
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def problem() -> HpProblem:
 
 
 def evaluator(state: Path, script: Path) -> TrainerEvaluator:
-    spec = TrialSpec(script, min_nodes=1, max_nodes=1, work_samples=WORK)
+    spec = TrialSpec(script, n_min=1, n_max=1, work_samples=WORK)
     return TrainerEvaluator(
         spec, Store.open(state), "dh", budget_samples=STEPS[0], poll_s=0.01, max_parallel=3
     )

@@ -51,7 +51,7 @@ def test_a_promoted_trial_is_marked_in_the_store_and_weighed_only_when_on(
 ) -> None:
     daemon = ScriptedDaemon(store, tmp_path / "trainers", nodes=3)
     s = study(tmp_path)  # successive halving, first rung at 100 samples
-    spec = TrialSpec(tmp_path / "trial.py", min_nodes=1, max_nodes=2)
+    spec = TrialSpec(tmp_path / "trial.py", n_min=1, n_max=2)
     campaign = Campaign(s, SPACE, spec, store, n_trials=12)
 
     def marked_and_not() -> bool:

@@ -17,8 +17,9 @@ from bftrainer.churn import Churn
 from bftrainer.cli import cli
 from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
+from bftrainer.jobs import job_of, prior_curve
 from bftrainer.live import LiveDriver
-from bftrainer.live_curves import LiveCurves, job_of, prior_curve
+from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Arrival, CurveReport, PolicyInputs, TrainerState
 from bftrainer.policy import make_policy
 from bftrainer.replay.learning import LearningOptions
@@ -42,7 +43,7 @@ def rates_of(records: list[dict[str, object]]) -> dict[int, float]:
 
 def test_the_daemons_curve_is_the_replays_rule_on_the_measured_rates(tmp_path: Path) -> None:
     with Store.open(ensure_state_dir(tmp_path / "state")) as store:
-        tid = store.submit(str(EXAMPLE), max_nodes=16, backend="torchrun")
+        tid = store.submit(str(EXAMPLE), n_max=16, backend="torchrun")
         job = job_of(store.trainer(tid))
         curves = LiveCurves(store)
         records = records_of_a_trainer_run_at([1, 2])
@@ -65,8 +66,8 @@ def test_a_new_trainer_is_not_starved_by_the_prior(tmp_path: Path) -> None:
     nothing beside a trainer that measured hundreds: the new one never ran, so never
     measured. Valued at the best rate per node measured, it gets a node."""
     with Store.open(ensure_state_dir(tmp_path / "state")) as store:
-        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
-        new = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        ran = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
+        new = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
         curves = LiveCurves(store)
         running = TrainerState(job_of(store.trainer(ran)), nodes=("n1", "n2", "n3", "n4"))
         for rec in records_of_a_trainer_run_at([1, 2]):
@@ -89,7 +90,7 @@ def test_a_new_trainer_is_not_starved_by_the_prior(tmp_path: Path) -> None:
 def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path: Path) -> None:
     state = ensure_state_dir(tmp_path / "state")
     with Store.open(state) as store:
-        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        ran = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
         # The level alone (the trainers share a model: peers would add what ran measured;
         # test_a_trial_plans_on_what_its_peers_measured).
         curves = LiveCurves(store, prior="optimistic")
@@ -97,7 +98,7 @@ def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path:
         first = queue.poll(0.0).inputs
         assert [type(i) for i in first] == [Arrival]
         assert first[0].job.curve == ((1.0, 1.0), (8.0, 1.0)), "nothing measured: 1/s to n_min"
-        waiting = store.submit(str(EXAMPLE), min_nodes=2, max_nodes=8, backend="torchrun")
+        waiting = store.submit(str(EXAMPLE), n_min=2, n_max=8, backend="torchrun")
         queue.poll(1.0)
         for rec in records_of_a_trainer_run_at([1]):
             curves.measured(job_of(store.trainer(ran)), MetricsRecord.from_dict(rec))
@@ -110,7 +111,7 @@ def test_waiting_trainers_hear_of_a_higher_rate_and_a_restart_keeps_it(tmp_path:
         assert not queue.poll(3.0).inputs, "told once"
     # A new daemon on the same store gives a new trainer the same level at once.
     with Store.open(state) as store:
-        late = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        late = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
         again = LiveCurves(store, prior="optimistic")
         arrived = SubmissionQueue(store, curves=again).poll(0.0).inputs
         jobs = {i.job.id: i.job for i in arrived if isinstance(i, Arrival)}
@@ -123,7 +124,7 @@ def test_a_live_trainers_reports_reach_the_loop_as_the_rules_curve(tmp_path: Pat
     throughput curve the driver reports to the loop is the one status shows."""
     state_dir = ensure_state_dir(tmp_path / "state")
     store = Store.open(state_dir)
-    tid = store.submit(str(EXAMPLE), ("--report-every-s", "0.5"), backend="torchrun", max_nodes=4)
+    tid = store.submit(str(EXAMPLE), ("--report-every-s", "0.5"), backend="torchrun", n_max=4)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     driver = LiveDriver(store, state_dir, report_every_s=0.5)
     try:
@@ -154,7 +155,7 @@ def test_status_shows_the_daemons_curve_for_a_trainer_with_a_minimum(tmp_path: P
     state = ensure_state_dir(tmp_path / "state")
     records = records_of_a_trainer_run_at([1])
     with Store.open(state) as store:
-        tid = store.submit(str(EXAMPLE), min_nodes=4, max_nodes=16, backend="torchrun")
+        tid = store.submit(str(EXAMPLE), n_min=4, n_max=16, backend="torchrun")
         store.add_metric(tid, records[0], now_s=1.0)
         record = MetricsRecord.from_dict(records[0])
         daemon = LiveCurves().measured(job_of(store.trainer(tid)), record)
@@ -174,9 +175,9 @@ def test_a_trial_plans_on_what_its_peers_measured(tmp_path: Path) -> None:
     other = tmp_path / "other.py"
     other.write_text("")
     with Store.open(ensure_state_dir(tmp_path / "state")) as store:
-        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
-        new = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
-        stranger = store.submit(str(other), max_nodes=8, backend="torchrun")
+        ran = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
+        new = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
+        stranger = store.submit(str(other), n_max=8, backend="torchrun")
         records = records_of_a_trainer_run_at([1, 2])
         peers, optimistic = LiveCurves(store), LiveCurves(prior="optimistic")
         for curves in (peers, optimistic):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from bftrainer.jobs import job_of
 from bftrainer.live import LiveDriver
-from bftrainer.live_curves import job_of
 from bftrainer.loop import NodeChange, Orders, TrainerState
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
@@ -87,7 +87,7 @@ def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
     state_dir: Path,
 ) -> None:
     store = Store.open(state_dir)
-    tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
+    tid = store.submit(str(EXAMPLE), (), backend="torchrun", n_max=1, work_samples=10**7)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
     start_on(first, trainer)
@@ -112,7 +112,7 @@ def test_a_restart_pending_when_the_daemon_stops_is_done_not_counted_again(
 
 def test_a_live_supervisor_is_re_attached_not_restarted(state_dir: Path) -> None:
     store = Store.open(state_dir)
-    tid = store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=1, work_samples=10**7)
+    tid = store.submit(str(EXAMPLE), (), backend="torchrun", n_max=1, work_samples=10**7)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     first = driver(store, state_dir)
     start_on(first, trainer)
@@ -130,9 +130,7 @@ def test_a_supervisor_killed_more_often_than_the_budget_between_commits_fails_th
     restarts without a new commit, the fourth death fails it, saying why."""
     store = Store.open(state_dir)
     never_commits = ("--commit-every-s", "3600", "--commit-every-steps", "1000000000")
-    tid = store.submit(
-        str(EXAMPLE), never_commits, backend="torchrun", max_nodes=1, work_samples=10**7
-    )
+    tid = store.submit(str(EXAMPLE), never_commits, backend="torchrun", n_max=1, work_samples=10**7)
     trainer = TrainerState(job_of(store.trainer(tid)), nodes=("n0",))
     live = driver(store, state_dir, restart_backoff_s=0.0)
     start_on(live, trainer)

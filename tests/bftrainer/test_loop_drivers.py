@@ -94,8 +94,8 @@ def scripted(tmp: Path) -> DriverCase:
 def live(tmp: Path) -> DriverCase:
     """The daemon's driver on real torchrun trainers of the example, run here ("local"
     exec: the pool's node names are this machine)."""
+    from bftrainer.jobs import job_of
     from bftrainer.live import LiveDriver
-    from bftrainer.live_curves import job_of
     from bftrainer.state import Store, ensure_state_dir
 
     state_dir = ensure_state_dir(tmp / "state")
@@ -108,7 +108,7 @@ def live(tmp: Path) -> DriverCase:
             example,
             ("--report-every-s", "0.5"),
             backend="torchrun",
-            max_nodes=n_max,
+            n_max=n_max,
             work_samples=work,
         )
         jobs.append(replace(job_of(store.trainer(tid)), submit_s=submit_s))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def test_submit_prints_the_id_last_and_queues_the_trainer(state_dir: Path) -> No
         a, b = store.trainer(first), store.trainer(second)
     # Unknown options go to the script; the submit options are taken wherever they stand.
     assert a.args == ("--lr", "0.1")
-    assert (a.max_nodes, a.work_samples, a.state, a.backend) == (4, 1000, "queued", "torchrun")
+    assert (a.n_max, a.work_samples, a.state, a.backend) == (4, 1000, "queued", "torchrun")
     assert (a.rescale_up_s, a.rescale_down_s) == DEFAULT_RESCALE_S["torchrun"]
     assert (b.rescale_up_s, b.rescale_down_s) == (3.0, 1.0)
     assert os.path.isabs(a.script)
@@ -157,6 +158,31 @@ def test_status_json_lists_the_pool_and_every_trainer(state_dir: Path) -> None:
     assert (t["samples_done"], t["throughput_sps"], t["batch_size"]) == (640, 12.5, 64)
     code, out = run("status", "--state-dir", str(state_dir))
     assert code == 0 and tid in out and "640" in out
+
+
+# Each trainer's keys in `status --json`, as the first release wrote them (a contract:
+# docs/deployment.md; the record inside says n_min, n_max, submit_s).
+STATUS_TRAINER_KEYS = {
+    "id", "state", "nodes", "slots", "samples_done", "work_samples", "throughput_sps",
+    "goodput_sps", "batch_size", "backend", "min_nodes", "max_nodes", "script", "args",
+    "submitted_s", "started_s", "finished_s", "reason", "restarts", "curve",
+}  # fmt: skip
+
+
+def test_status_json_keeps_its_names_over_the_trainer_record(state_dir: Path) -> None:
+    before_s = time.time()
+    _, out = submit(state_dir, "--min-nodes", "2", "--max-nodes", "3", "--backend", "torchrun")
+    own_stop = out.strip().splitlines()[-1]
+    _, out = submit(state_dir, "--work-samples", "500", "--backend", "torchrun")
+    fixed = out.strip().splitlines()[-1]
+    code, out = run("status", "--json", "--state-dir", str(state_dir))
+    assert code == 0, out
+    trainers = {t["id"]: t for t in json.loads(out)["trainers"]}
+    assert all(set(t) == STATUS_TRAINER_KEYS for t in trainers.values())
+    a, b = trainers[own_stop], trainers[fixed]
+    assert (a["min_nodes"], a["max_nodes"], a["work_samples"]) == (2, 3, None)
+    assert (b["min_nodes"], b["max_nodes"], b["work_samples"]) == (1, 1, 500)
+    assert before_s <= a["submitted_s"] <= b["submitted_s"] <= time.time()
 
 
 def test_cancel_flags_the_trainer_and_reports_finished_ones(state_dir: Path) -> None:

@@ -207,6 +207,65 @@ def test_a_version_4_database_keeps_its_trainers_unmarked(state_dir: Path) -> No
         assert store.set_rungs("t1", 1).rungs == 1
 
 
+def test_a_version_4_database_reads_every_trainer_back_under_the_records_names(
+    state_dir: Path,
+) -> None:
+    """A state written before issue 43 (columns min_nodes, max_nodes, submitted_s) opens:
+    every trainer and holder reads back whole under the names the record has now, and
+    the renamed columns still refuse what they refused."""
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    for script in state.MIGRATIONS[:4]:
+        conn.executescript(script)
+    conn.executemany(
+        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, work_samples,"
+        " rescale_up_s, rescale_down_s, state, submitted_s, started_s, samples_done, reason,"
+        " restarts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            ("t0001", "a.py", '["--lr","0.1"]', "horovod", 2, 4, 500, 15.0, 5.0, "running",
+             100.0, 101.0, 40, "", 1),
+            ("t0002", "b.py", "[]", "torchrun", 1, 1, None, 20.0, 20.0, "done",
+             200.0, 201.0, 9, "its own stop", 0),
+        ],
+    )  # fmt: skip
+    conn.execute(
+        "INSERT INTO holders (job_id, node, state, submitted_s, started_s, trainer_id, limit_s)"
+        " VALUES ('7', 'node1', 'running', 99.0, 100.0, 't0001', 600.0)"
+    )
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    with Store.open(state_dir) as store:
+        assert store.schema_version == state.SCHEMA_VERSION
+        got = {
+            t.id: (t.script, t.args, t.backend, t.n_min, t.n_max, t.work_samples, t.submit_s)
+            for t in store.trainers()
+        }
+        assert got == {
+            "t0001": ("a.py", ("--lr", "0.1"), "horovod", 2, 4, 500, 100.0),
+            "t0002": ("b.py", (), "torchrun", 1, 1, math.inf, 200.0),
+        }
+        old = store.trainer("t0001")
+        assert (old.state, old.started_s, old.samples_done, old.restarts) == (
+            "running", 101.0, 40, 1
+        )  # fmt: skip
+        assert (store.trainer("t0002").state, store.trainer("t0002").reason) == (
+            "done", "its own stop"
+        )  # fmt: skip
+        holder = store.holder("7")
+        assert (holder.submit_s, holder.trainer_id, holder.limit_s) == (99.0, "t0001", 600.0)
+        assert store.submit("c.py", n_min=3, n_max=5, now_s=300.0) == "t0003"
+        assert (store.trainer("t0003").n_min, store.trainer("t0003").submit_s) == (3, 300.0)
+    conn = sqlite3.connect(state_dir / "state.db")
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        conn.execute(
+            "INSERT INTO trainers (id, script, args, backend, n_min, n_max, rescale_up_s,"
+            " rescale_down_s, state, submit_s) VALUES ('x', 'x.py', '[]', 'horovod', 3, 2,"
+            " 0, 0, 'queued', 0)"
+        )
+    conn.close()
+
+
 def test_not_a_database_is_refused(state_dir: Path) -> None:
     state_dir.mkdir(mode=0o700)
     (state_dir / "state.db").write_bytes(b"this is not sqlite at all, just text\n" * 100)
@@ -225,11 +284,11 @@ def test_foreign_database_is_refused(state_dir: Path) -> None:
 
 def test_reopening_keeps_data(state_dir: Path) -> None:
     with Store.open(state_dir) as s:
-        tid = s.submit("train.py", ["--lr", "0.1"], min_nodes=2, max_nodes=4, work_samples=100)
+        tid = s.submit("train.py", ["--lr", "0.1"], n_min=2, n_max=4, work_samples=100)
         s.set_setting("policy", {"name": "milp"})
     with Store.open(state_dir) as s:
         row = s.trainer(tid)
-        assert (row.args, row.min_nodes, row.max_nodes, row.work_samples) == (
+        assert (row.args, row.n_min, row.n_max, row.work_samples) == (
             ("--lr", "0.1"),
             2,
             4,
@@ -250,14 +309,19 @@ def test_ids_are_short_unique_and_in_submission_order(store: Store) -> None:
 
 
 def test_submit_rejects_bad_fields(store: Store) -> None:
-    with pytest.raises(InvalidTrainerError, match="max_nodes 1 is below min_nodes 2"):
-        store.submit("a.py", min_nodes=2, max_nodes=1)
-    with pytest.raises(InvalidTrainerError, match="min_nodes 0"):
-        store.submit("a.py", min_nodes=0)
+    with pytest.raises(InvalidTrainerError, match="n_max 1 is below n_min 2"):
+        store.submit("a.py", n_min=2, n_max=1)
+    with pytest.raises(InvalidTrainerError, match="n_min 0"):
+        store.submit("a.py", n_min=0)
     with pytest.raises(InvalidTrainerError, match="backend 'mpi'"):
         store.submit("a.py", backend="mpi")
     with pytest.raises(InvalidTrainerError, match="work_samples -5"):
         store.submit("a.py", work_samples=-5)
+    # Work until the trainer's own stop is math.inf in the record, as in every record.
+    with pytest.raises(
+        InvalidTrainerError, match=r"work_samples None: expected a number \(math.inf"
+    ):
+        store.submit("a.py", work_samples=None)  # type: ignore[arg-type]
     assert store.trainers() == []
 
 
@@ -291,7 +355,7 @@ def test_cancel_flags_and_leaves_finished_trainers_alone(store: Store) -> None:
 
 
 def test_progress_allocations_metrics_pool_events(store: Store) -> None:
-    tid = store.submit("a.py", max_nodes=4)
+    tid = store.submit("a.py", n_max=4)
     store.set_launch(tid, trainer_dir="/s/trainers/t0001", supervisor="4242")
     store.update_progress(tid, samples_done=500, throughput_sps=80.0, batch_size=64)
     row = store.update_progress(tid, samples_done=300, goodput_sps=70.0)  # older report

@@ -56,7 +56,7 @@ def write_step(store: Store, trainer_id: str) -> None:
 def with_a_trainer(state_dir: Path) -> Path:
     """A new state with one trainer queued, ``TID``."""
     with Store.open(state_dir) as store:
-        assert store.submit("train.py", ["--lr", "0.1"], max_nodes=2, now_s=NOW_S) == TID
+        assert store.submit("train.py", ["--lr", "0.1"], n_max=2, now_s=NOW_S) == TID
     return state_dir
 
 

@@ -42,10 +42,10 @@ def test_live_curve_labels_the_counts_the_trainer_ran_at() -> None:
 def test_status_shows_measured_and_prior_points(tmp_path: Path) -> None:
     state = ensure_state_dir(tmp_path / "state")
     with Store.open(state) as store:
-        ran = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        ran = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
         for rec in records_of_a_trainer_run_at([1, 2]):
             store.add_metric(ran, rec, now_s=1.0)
-        waiting = store.submit(str(EXAMPLE), max_nodes=8, backend="torchrun")
+        waiting = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
     result = CliRunner().invoke(cli, ["status", "--json", "--state-dir", str(state)])
     assert result.exit_code == 0, result.output
     trainers = {t["id"]: t for t in json.loads(result.output)["trainers"]}

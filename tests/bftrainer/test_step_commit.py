@@ -126,7 +126,7 @@ def run_to_the_end(loop: Loop, store: Store, trainer_id: str, timeout_s: float =
 
 def submit(state_dir: Path) -> str:
     with Store.open(state_dir) as store:
-        return store.submit(str(EXAMPLE), (), backend="torchrun", max_nodes=2, work_samples=WORK)
+        return store.submit(str(EXAMPLE), (), backend="torchrun", n_max=2, work_samples=WORK)
 
 
 def test_a_step_commits_once_and_acts_after_its_commit(state_dir: Path) -> None:

@@ -220,7 +220,7 @@ def start_trainer(
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     name: str = "t",
-    max_hosts: int = 3,
+    n_max: int = 3,
     script: Path = EXAMPLE,
     held: bool = True,
 ) -> Trainer:
@@ -244,7 +244,7 @@ def start_trainer(
         ),
         trainer_dir=trainer_dir,
         backend=backend,
-        max_hosts=max_hosts,
+        n_max=n_max,
         python=sys.executable,
         env={"BFTRAINER_STOP_GRACE_S": "60", **(env or {})},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,22 @@ def test_launcher_refuses_a_missing_script(tmp_path: Path) -> None:
     spec = LaunchSpec("t", tmp_path / "nope.py", (), tmp_path / "t", "torchrun")
     with pytest.raises(LaunchError, match=r"trainer script not found: .*nope\.py"):
         Launcher.start(spec, ["localhost"])
+
+
+def test_a_launch_spec_written_before_issue_43_still_reads(tmp_path: Path) -> None:
+    """A trainer folder's spec.json of an earlier release names the host limits
+    min_hosts, max_hosts; the record's n_min, n_max read them, and a spec written now
+    reads back whole."""
+    script = tmp_path / "s.py"
+    script.write_text("")
+    spec = LaunchSpec("t", script, ("--x",), tmp_path / "t", "torchrun", n_min=2, n_max=5)
+    assert LaunchSpec.from_json(spec.to_json()) == spec
+    old = json.loads(spec.to_json())
+    old["min_hosts"], old["max_hosts"] = old.pop("n_min"), old.pop("n_max")
+    assert LaunchSpec.from_json(json.dumps(old)) == spec
+    old["min_hosts"] = 6
+    with pytest.raises(LaunchError, match="need 1 <= n_min <= n_max, got 6, 5"):
+        LaunchSpec.from_json(json.dumps(old))
 
 
 def test_supervisor_fails_when_the_script_went_away(tmp_path: Path) -> None:

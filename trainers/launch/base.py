@@ -46,8 +46,8 @@ class LaunchSpec:
     args: tuple[str, ...]  # its arguments (the runtime's --work-samples etc. among them)
     trainer_dir: Path
     backend: str  # "horovod" | "torchrun"
-    min_hosts: int = 1
-    max_hosts: int = 1
+    n_min: int = 1
+    n_max: int = 1
     python: str = sys.executable
     env: Mapping[str, str] = field(default_factory=dict)
     # The script's content when launched (hex SHA-256; "": not recorded): part of the
@@ -74,8 +74,9 @@ class LaunchSpec:
                 args=tuple(str(a) for a in d["args"]),
                 trainer_dir=Path(d["trainer_dir"]),
                 backend=str(d["backend"]),
-                min_hosts=int(d["min_hosts"]),
-                max_hosts=int(d["max_hosts"]),
+                # A spec written before issue 43 names them min_hosts, max_hosts.
+                n_min=int(d["n_min"] if "n_min" in d else d["min_hosts"]),
+                n_max=int(d["n_max"] if "n_max" in d else d["max_hosts"]),
                 python=str(d["python"]),
                 env={str(k): str(v) for k, v in d["env"].items()},
                 script_sha256=str(d.get("script_sha256", "")),
@@ -93,10 +94,8 @@ class LaunchSpec:
             raise LaunchError(str(e)) from None
         if self.backend not in BACKENDS:
             raise LaunchError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if not 1 <= self.min_hosts <= self.max_hosts:
-            raise LaunchError(
-                f"need 1 <= min_hosts <= max_hosts, got {self.min_hosts}, {self.max_hosts}"
-            )
+        if not 1 <= self.n_min <= self.n_max:
+            raise LaunchError(f"need 1 <= n_min <= n_max, got {self.n_min}, {self.n_max}")
         if not Path(self.script).is_file():
             raise LaunchError(f"trainer script not found: {self.script}")
 

@@ -250,7 +250,7 @@ class HorovodBackend(Backend):
         self.hosts = list(hosts)
         self.nic = self._choose_nic(hosts)
         slots = max(s for _, s in hosts)
-        max_np = max(self.spec.max_hosts, len(hosts)) * slots
+        max_np = max(self.spec.n_max, len(hosts)) * slots
         np_ = min(sum(s for _, s in hosts), max_np)
         cooldown = _setting("BFTRAINER_BLACKLIST_COOLDOWN_S", "5 10").split()
         argv = [
@@ -258,7 +258,7 @@ class HorovodBackend(Backend):
             "-np",
             str(np_),
             "--min-np",
-            str(min(self.spec.min_hosts, np_)),
+            str(min(self.spec.n_min, np_)),
             "--max-np",
             str(max_np),
             "--host-discovery-script",
@@ -307,7 +307,7 @@ class TorchrunBackend(Backend):
         self._records_from = 0  # where this generation's records begin in metrics.jsonl
 
     def start(self, hosts: Hosts) -> None:
-        hosts = hosts[: max(self.spec.max_hosts, 1)]
+        hosts = hosts[: max(self.spec.n_max, 1)]
         try:
             self._records_from = (self.dir / channel.METRICS).stat().st_size
         except FileNotFoundError:
@@ -422,7 +422,7 @@ class Supervisor:
                 logger.error("%s; keeping %s", e, previous)
                 self._bad_hosts_logged = str(e)
             return previous
-        return hosts[: self.spec.max_hosts]
+        return hosts[: self.spec.n_max]
 
     def _failure(self) -> str | None:
         data = channel.read_json(self.dir / FAILURE)
