@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import optuna
@@ -93,13 +95,27 @@ def told(service: Service) -> int:
     return len(pd.read_csv(path)) if path.exists() else 0
 
 
-def ended(service: Service) -> int:
-    if not (service.state_dir / "hpo.db").exists():
-        return 0
+def created(service: Service) -> bool:
+    """Whether the campaign has created its study, read without writing: Optuna's storage
+    writes its version rows when it opens a database that has none, so a reader opening
+    it while the campaign creates it races the campaign ("UNIQUE constraint failed:
+    alembic_version", seen once)."""
+    path = service.state_dir / "hpo.db"
+    if not path.exists():
+        return False
     try:
-        return sum(t.state.is_finished() for t in study(service).trials)
-    except KeyError:  # the study is not created yet
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            version = db.execute("SELECT 1 FROM alembic_version").fetchone()
+            named = db.execute("SELECT 1 FROM studies WHERE study_name = 'e2e'").fetchone()
+    except sqlite3.OperationalError:  # its tables are not there yet
+        return False
+    return version is not None and named is not None
+
+
+def ended(service: Service) -> int:
+    if not created(service):
         return 0
+    return sum(t.state.is_finished() for t in study(service).trials)
 
 
 def test_a_study_and_a_search_prune_their_losers_and_survive_kill9s(service: Service) -> None:
