@@ -39,7 +39,7 @@ from bftrainer.exec_plan import LOCAL, ExecPlan
 from bftrainer.jobs import job_of
 from bftrainer.live_curves import LiveCurves
 from bftrainer.live_orders import EndLeftovers, Launched, StartAgain, StartFailed, Stop
-from bftrainer.live_reports import record_metrics
+from bftrainer.live_reports import ReportReader
 from bftrainer.loop import Completion, CurveReport, NodeChange, Orders, Progress, TrainerState
 from bftrainer.slots import SlotBook, SlotMap, host_counts
 from bftrainer.state import Store, TrainerRow
@@ -91,11 +91,10 @@ class LiveDriver:
         self.launchers: dict[str, Launcher] = {}
         # Trainers whose supervisor is to be started again: when, and why.
         self._restarts: dict[str, tuple[float, str]] = {}
-        self._offsets: dict[str, int] = {}
-        self._samples: dict[str, int] = {}
         self._reports: list[CurveReport | Completion] = []
         # The throughput curves the loop plans on: the replay's rule (bftrainer.live_curves).
         self.curves = LiveCurves(store)
+        self.reader = ReportReader(store, self.curves)  # how far each one's reports are read
         # Node-count changes made by decisions since the start (logged "rescaled"), for
         # the daemon's metrics; starts and preemptions are not rescales.
         self.rescales = 0
@@ -173,8 +172,7 @@ class LiveDriver:
     def _adopt(self, row: TrainerRow, launcher: Launcher) -> None:
         self.launchers[row.id] = launcher
         # Re-read the reports from the start: the store keeps only the latest figures.
-        self._samples[row.id] = row.samples_done
-        self._offsets[row.id] = 0
+        self.reader.from_start(row.id, row.samples_done)
 
     def stop_cancelled(self) -> tuple[Stop, ...]:
         """Orders to stop the supervisors of cancelled trainers that still run: an
@@ -218,7 +216,8 @@ class LiveDriver:
                 self._restart_later(trainer_id, why, now_s)
                 continue
             ended = launcher.poll()
-            gained = self._read_reports(trainer_id, launcher.trainer_dir)
+            gained, curves = self.reader.read(trainer_id, launcher.trainer_dir)
+            self._reports += curves
             if trainer_id in running:  # the loop's progress counts running trainers
                 running[trainer_id].processed_samples += gained
                 processed += gained
@@ -462,11 +461,10 @@ class LiveDriver:
             learnt.append(StartFailed(trainer_id, f"cannot start: {exc}", again=False))
             return
         self.launchers[trainer_id] = launcher
-        if not (trainer_dir / channel.METRICS).exists():  # new, or its directory was deleted
-            self._offsets[trainer_id] = 0
         if not restart:  # a restart reads on from where the dead supervisor's reports were
-            self._offsets[trainer_id] = 0
-            self._samples[trainer_id] = row.samples_done
+            self.reader.from_start(trainer_id, row.samples_done)
+        elif not (trainer_dir / channel.METRICS).exists():  # its directory was deleted
+            self.reader.from_start(trainer_id)
         learnt.append(Launched(trainer_id, trainer_dir, str(launcher.pid)))
         if restart:
             log.info(
@@ -532,33 +530,8 @@ class LiveDriver:
                 raise
             # its directory was deleted meanwhile: the next look starts it over
 
-    def _read_reports(self, trainer_id: str, trainer_dir: Path) -> float:
-        """New lines of the trainer's ``metrics.jsonl``: progress, batch size, curves."""
-        records, self._offsets[trainer_id] = channel.read_metrics(
-            trainer_dir, self._offsets.get(trainer_id, 0)
-        )
-        before = self._samples.get(trainer_id, 0)
-        row = self.store.trainer(trainer_id)
-        for rec in records:
-            kind = rec.get("kind")
-            if kind == "reset":
-                batch = rec.get("batch_size")
-                if isinstance(batch, int):
-                    self.store.update_progress(trainer_id, batch_size=batch)
-            elif kind == "metrics":
-                self._metrics(trainer_id, row, rec)
-        return float(max(0, self._samples.get(trainer_id, 0) - before))
-
-    def _metrics(self, trainer_id: str, row: TrainerRow, rec: Mapping[str, object]) -> None:
-        samples = rec.get("samples_done")
-        if isinstance(samples, int):
-            self._samples[trainer_id] = max(self._samples.get(trainer_id, 0), samples)
-        self._reports += record_metrics(
-            self.store, self.curves, row, rec, self._samples.get(trainer_id)
-        )
-
     def _finish(self, trainer_id: str, state: str, reason: str) -> None:
-        self._forget(trainer_id)
+        self.reader.forget(trainer_id)  # the store keeps its figures
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, state, reason=reason)
@@ -576,20 +549,13 @@ class LiveDriver:
 
     def _fail(self, trainer_id: str, reason: str) -> None:
         self.launchers.pop(trainer_id, None)
-        self._forget(trainer_id)
+        self.reader.forget(trainer_id)  # the store keeps its figures
         row = self.store.trainer(trainer_id)
         if not row.finished:
             self.store.set_trainer_state(trainer_id, "failed", reason=reason)
         self._record(trainer_id, ())
         self._reports.append(Completion(trainer_id))
         log.warning("trainer %s failed: %s", trainer_id, reason)
-
-    def _forget(self, trainer_id: str) -> None:
-        """Drop what was read of a finished trainer (the store keeps its figures): a
-        daemon's memory does not grow with every trainer it ever ran."""
-        self._offsets.pop(trainer_id, None)
-        self._samples.pop(trainer_id, None)
-        self.curves.forget(trainer_id)
 
 
 def _names(nodes: Sequence[str]) -> str:
