@@ -37,8 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bftrainer.centre.transport import OUTCOMES
-from bftrainer.reading import AgentsReading, HeldReading, Reading
+from bftrainer.reading import OUTCOMES, AgentsReading, HeldReading, Reading
 
 log = logging.getLogger(__name__)
 

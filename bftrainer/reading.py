@@ -15,6 +15,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# What became of each request or connection, as the centre's server counts it
+# (bftrainer.centre.transport; the allocator's metrics export every one, 0 included): a
+# reply (``answered``; ``refused`` with the handler's reason; ``failed``: internal
+# error), or a drop with one log line.
+OUTCOMES = (
+    "answered",
+    "refused",
+    "failed",
+    "malformed",
+    "rate_limited",
+    "no_account",
+    "too_many_connections",
+    "no_credentials",
+)
+
 
 @dataclass
 class HoldCounts:
@@ -57,7 +72,7 @@ class AgentsReading:
 
     agents: int  # agents registered (synced within their lease)
     users: Mapping[str, UserReading]  # by user, every registered agent's
-    requests: Mapping[str, int]  # by outcome (bftrainer.centre.transport.OUTCOMES)
+    requests: Mapping[str, int]  # by outcome (OUTCOMES)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ daemon does. Two things differ, both through :class:`AgentLink`:
 - the allocator decides. The link is a source of the agent's loop: every
   ``sync_every_s`` it reports the user's unfinished trainers (their nodes, curves,
   progress) and brings back the nodes the allocator gives each; when they changed, the
-  loop decides again with :class:`FollowPolicy`, which hands each trainer its assigned
-  nodes whose holder runs;
+  loop decides again with :class:`~bftrainer.centre.follow.FollowPolicy`, which hands
+  each trainer its assigned nodes whose holder runs;
 - the holders follow the assignment (``acquisition.plan_assigned``), not a demand.
 
 While the allocator is unreachable (killed, restarting) nothing moves: the trainers keep
@@ -26,42 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from bftrainer.centre import protocol
+from bftrainer.centre.follow import FollowPolicy
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport
 from bftrainer.centre.transport import SOCKET_NAME, RequestRefused, TransportError, call
-from bftrainer.loop import Assignment, Decision, LoopView, PolicyInputs, Polled, TrainerState
-from bftrainer.policy import Admission
+from bftrainer.loop import Assignment, LoopView, Polled, TrainerState
 from bftrainer.state import Store, UnknownTrainerError
 
 log = logging.getLogger(__name__)
 
 # A sync waits this long for the allocator's reply: the agent's loop waits with it.
 SYNC_TIMEOUT_S = 5.0
-
-
-class FollowPolicy(Admission):
-    """The agent's policy: each trainer gets the nodes the allocator assigned it
-    (``inputs.assignment``, which the link's poll hands the loop as an
-    :class:`~bftrainer.loop.Assignment`), those whose holder runs (in ``pool``); fewer
-    than its minimum is none yet. A trainer the allocator has not decided on (new, or the
-    allocator restarting) keeps what it has. The holders keep every node assigned to
-    these trainers (``Decision.hold``)."""
-
-    name = "centre"
-
-    def decide(self, inputs: PolicyInputs) -> Decision:
-        free = set(inputs.pool)
-        out: dict[str, tuple[str, ...]] = {}
-        hold: set[str] = set()
-        assignment = inputs.assignment
-        for t in inputs.trainers:
-            wanted = assignment.get(t.id, t.nodes)
-            hold.update(assignment.get(t.id, ()))
-            mine = tuple(n for n in wanted if n in free)
-            if len(mine) < t.job.n_min:
-                mine = ()
-            free -= set(mine)
-            out[t.id] = mine
-        return Decision(out, status="assigned", hold=frozenset(hold))
 
 
 class AgentLink:

@@ -35,7 +35,8 @@ from typing import Any, Protocol
 
 from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport, centre_id, split_id
-from bftrainer.centre.refusals import Refusals, Refusing
+from bftrainer.centre.refusals import Refusals
+from bftrainer.centre.refusing import Refusing
 from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource

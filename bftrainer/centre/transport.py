@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bftrainer.reading import OUTCOMES
+
 log = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
@@ -66,19 +68,6 @@ MAX_CONNECTIONS_PER_UID = 16
 MAX_CONNECTIONS = 256
 KIND_MAX_CHARS = 64
 _HEADER = struct.Struct(">I")
-# What became of each request or connection, as the server counts it (the allocator's
-# metrics export every one, 0 included): a reply (``answered``; ``refused`` with the
-# handler's reason; ``failed``: internal error), or a drop with one log line.
-OUTCOMES = (
-    "answered",
-    "refused",
-    "failed",
-    "malformed",
-    "rate_limited",
-    "no_account",
-    "too_many_connections",
-    "no_credentials",
-)
 
 
 class TransportError(OSError):

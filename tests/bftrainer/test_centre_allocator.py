@@ -12,8 +12,8 @@ import pytest
 
 from bftrainer.acquisition import plan_assigned
 from bftrainer.centre import protocol
-from bftrainer.centre.agent import FollowPolicy
 from bftrainer.centre.allocator import Allocator, CentreSettings
+from bftrainer.centre.follow import FollowPolicy
 from bftrainer.centre.protocol import SyncRequest, TrainerReport
 from bftrainer.centre.transport import Peer, Request, RequestRefused, call
 from bftrainer.churn import Churn

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bftrainer.centre.agent import FollowPolicy
-from bftrainer.centre.refusals import Refusing
+from bftrainer.centre.follow import FollowPolicy
+from bftrainer.centre.refusing import Refusing
 from bftrainer.churn import Churn
 from bftrainer.config import Config
 from bftrainer.jobs import JobSpec
