@@ -36,9 +36,9 @@ from bftrainer.centre import protocol
 from bftrainer.centre.allocator import Allocator, CentreSettings
 from bftrainer.centre.protocol import SyncRequest, TrainerReport
 from bftrainer.centre.transport import Peer, call
-from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.loop import Polled, PoolChange, VirtualClock
+from bftrainer.policies.config import Config
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
 
 GOAL_P95_MS = 100.0

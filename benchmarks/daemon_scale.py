@@ -47,12 +47,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.decision_latency import measure as decision_latency  # noqa: E402
-from bftrainer.acquisition import plan_holders  # noqa: E402
-from bftrainer.config import Config  # noqa: E402
+from bftrainer.daemon.hold_plan import plan_holders  # noqa: E402
 from bftrainer.holders.slurm import SUBMIT_WORKERS, SlurmHolders  # noqa: E402
 from bftrainer.idle_monitor.runner import LocalRunner  # noqa: E402
 from bftrainer.idle_monitor.slurm import SlurmScheduler  # noqa: E402
 from bftrainer.idle_monitor.source import LivePoolSource  # noqa: E402
+from bftrainer.policies.config import Config  # noqa: E402
 from bftrainer.trainers.channel import renew_lease  # noqa: E402
 
 JOB_NAME = "bftrainer-scale"  # not the daemon's: never touch a daemon's holders

@@ -31,9 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec, jobs_in_slots
 from bftrainer.loop import (
     Arrival,
     Input,
@@ -44,7 +42,9 @@ from bftrainer.loop import (
     TimedSource,
     VirtualClock,
 )
-from bftrainer.policy import make_policy
+from bftrainer.loop.jobs import JobSpec, jobs_in_slots
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
 

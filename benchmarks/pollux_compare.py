@@ -47,10 +47,10 @@ from typing import Any
 
 from bftrainer.idle_monitor.trace import Trace, load_trace, parse_time_s
 from bftrainer.loop import TrainerState
-from bftrainer.replay.pollux_output import pollux_summary
-from bftrainer.replay.pollux_plots import plot_completion, plot_efficiency
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxReport, PolluxSimOptions
-from bftrainer.replay.pollux_workload import (
+from bftrainer.replay.pollux.output import pollux_summary
+from bftrainer.replay.pollux.plots import plot_completion, plot_efficiency
+from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxReport, PolluxSimOptions
+from bftrainer.replay.pollux.workload import (
     PolluxWorkload,
     read_pollux_workload,
     resolve_data_dir,

@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.replay.pollux_output import pollux_summary
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimOptions
-from bftrainer.replay.pollux_workload import read_pollux_workload, resolve_data_dir
+from bftrainer.replay.pollux.output import pollux_summary
+from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxSimOptions
+from bftrainer.replay.pollux.workload import read_pollux_workload, resolve_data_dir
 from bftrainer.replay.run import ReplayConfig, replay
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,4 +1,4 @@
-"""``bftrainer report`` and ``bftrainer.frames``: time, memory and size, in one run.
+"""``bftrainer report`` and ``bftrainer.report.frames``: time, memory and size, in one run.
 
 Replays the demo (``make demo``'s replay: 512 synthetic nodes, a day, 1,000 trials, milp
 and equal) and, when the data is here, the Summit week (1,024 nodes, the 1,000-trial
@@ -34,7 +34,7 @@ GOAL_FRAMES_S = 3.0
 LOAD_FRAMES = """
 import sys, time
 t0 = time.perf_counter()
-from bftrainer.frames import load_replay
+from bftrainer.report.frames import load_replay
 t1 = time.perf_counter()
 f = load_replay(sys.argv[1])
 t2 = time.perf_counter()

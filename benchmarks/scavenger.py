@@ -28,7 +28,7 @@ from typing import Any
 
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.run import ReplayConfig, ReplayResult, replay
 from bftrainer.replay.workload import hpo_workload, read_paper_jobs
 

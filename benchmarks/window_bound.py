@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from bftrainer.idle_monitor.trace import Trace, load_trace
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import TrainerState
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.metrics import (
     baseline_samples,
     best_split_sps,

@@ -28,7 +28,7 @@ from bftrainer.milp.objective import (
     objective_of_holdings,
 )
 from bftrainer.milp.problem import Problem
-from bftrainer.milp.slots import map_slots
+from bftrainer.milp.slot_packing import map_slots
 from bftrainer.milp.solvers import DEFAULT_MIP_GAP, MILP_SOLVERS, SolveStatus
 from bftrainer.milp.solvers.stdout_guard import solver_stdout_to_log
 from bftrainer.milp.windows import allocate_windows, has_windows

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bftrainer.milp.problem import Problem, TrainerSpec, fair_admission
-from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed, packable_counts
+from bftrainer.milp.slot_packing import DEFAULT_SPREAD_PENALTY, is_packed, packable_counts
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def write_exec(
     holder lease file, which the supervisor renews for ``lease_s`` while it runs there;
     ``slots``: when trainers share nodes (``slots_per_node`` > 1), the trainer's slots of
     each host in the order it got them (a worker of local rank r runs on the r-th,
-    bftrainer.trainers.launch.slots)."""
+    bftrainer.trainers.launch.slot_pin)."""
     if mode not in EXEC_MODES:
         raise ChannelError(f"exec mode must be one of {EXEC_MODES}, got {mode!r}")
     data: dict[str, Any] = {"mode": mode, "slurm_jobs": dict(slurm_jobs or {})}

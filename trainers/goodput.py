@@ -343,7 +343,7 @@ def retune_choice(
 ) -> GoodputConfig | None:
     """Pollux's re-tuning between rescales: the configuration to move to at the same
     size, or None to stay. The one rule of the live runtime (``PolluxAgent.retune``) and
-    of the replay's simulated trainers (``replay/pollux_sim.py``).
+    of the replay's simulated trainers (``replay/pollux/sim.py``).
 
     ``best`` is the model's best configuration at (``nodes``, ``replicas``) when the
     caller has it already. It is taken when its goodput exceeds the current

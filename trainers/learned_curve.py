@@ -19,7 +19,7 @@ status`` to say which points of a live trainer's curve are measured (docs/alloca
   nothing measured, perfect scaling at ``unmeasured_sps`` per node up to ``n_min`` (the
   cap of nothing seen).
 
-The daemon plans on the same curve for a live trainer (``bftrainer/live_curves.py``):
+The daemon plans on the same curve for a live trainer (``bftrainer/service/curves.py``):
 its measured points are the rates its metrics records measured at each count it ran
 (:func:`measured_rate_sps`), the prior the replay's default; :func:`point_sources`
 labels a curve's breakpoints by the same rule either way.
@@ -189,7 +189,7 @@ def live_curve(
     ``records`` are the trainer's metrics records (trainers/metrics.py), oldest first: a
     node count is measured once a record at it carries a measured step time, its point
     the latest such record's rate (:func:`measured_rate_sps`); the curve is
-    :func:`learned_curve` of those points, as ``bftrainer.live_curves`` gives the loop.
+    :func:`learned_curve` of those points, as ``bftrainer.service.curves`` gives the loop.
     None before the first measured step (the daemon then plans on the prior of a
     trainer with nothing measured, which needs every trainer's rates).
     """

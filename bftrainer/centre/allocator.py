@@ -13,7 +13,7 @@ as the single-user daemon and the replay, with
   a restarting agent keeps its trainers' nodes for that long);
 - :class:`RemoteDriver`: a decision is not acted on here; after each step the node sets
   are published, and each agent reads its trainers' at its next sync and acts with its
-  user's rights (bftrainer.centre.agent).
+  user's rights (bftrainer.centre.agent_link).
 
 Identity comes from the kernel (``SO_PEERCRED``): a trainer is named ``user/t0001`` by the
 uid that reported it, and a request about another user's trainer is refused. The
@@ -36,12 +36,9 @@ from typing import Any, Protocol
 from bftrainer.centre import protocol
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport, centre_id, split_id
 from bftrainer.centre.refusals import Refusals
-from bftrainer.centre.refusing import Refusing
 from bftrainer.centre.transport import Peer, Request, RequestRefused, Server
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
-from bftrainer.jobs import JobSpec
-from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import (
     Arrival,
     Cancel,
@@ -60,9 +57,12 @@ from bftrainer.loop import (
     TrainerState,
     WallClock,
 )
-from bftrainer.policy import make_policy
-from bftrainer.pool_changes import PoolChanges
-from bftrainer.reading import AgentsReading, MetricsSink, Reading, UserReading
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.refusing import Refusing
+from bftrainer.policies.registry import make_policy
+from bftrainer.service.base import LiveService, StepObserver
+from bftrainer.service.pool_changes import PoolChanges
+from bftrainer.service.reading import AgentsReading, MetricsSink, Reading, UserReading
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class Allocator(LiveService):
         self,
         socket_dir: Path,
         pool: PoolFeed,
-        config: Any,  # bftrainer.config.Config (the loop's settings)
+        config: Any,  # bftrainer.policies.config.Config (the loop's settings)
         settings: CentreSettings,
         hello: Mapping[str, Any],
         *,

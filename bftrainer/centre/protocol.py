@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bftrainer.centre.transport import RequestRefused
-from bftrainer.jobs import JobSpec, prior_curve
+from bftrainer.loop.jobs import JobSpec, prior_curve
 from bftrainer.milp.problem import ProblemError
 
 # Request kinds.
@@ -56,7 +56,7 @@ def split_id(trainer: str, default_user: str) -> tuple[str, str]:
 @dataclass(frozen=True)
 class TrainerReport:
     """One unfinished trainer as its agent sees it: the trainer record's fields
-    (``bftrainer.jobs``) under the same names, and what it has now.
+    (``bftrainer.loop.jobs``) under the same names, and what it has now.
 
     On the wire two keep their first release's spelling, so that an agent and an
     allocator of either release understand each other (docs/centre.md, "Protocol"):

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bftrainer.reading import OUTCOMES
+from bftrainer.service.reading import OUTCOMES
 
 log = logging.getLogger(__name__)
 

@@ -27,17 +27,17 @@ class UsageError(click.ClickException):
 COMMANDS: dict[str, str] = {
     "agent": "bftrainer.cli.agent:agent_cmd",
     "allocate": "bftrainer.cli.allocate:allocate_cmd",
-    "cancel": "bftrainer.cli.service:cancel_cmd",
+    "cancel": "bftrainer.cli.user_commands:cancel_cmd",
     "daemon": "bftrainer.cli.daemon:daemon_cmd",
     "goodput": "bftrainer.cli.goodput:goodput",
     "hpo": "bftrainer.cli.hpo:hpo_cmd",
-    "logs": "bftrainer.cli.service:logs_cmd",
+    "logs": "bftrainer.cli.user_commands:logs_cmd",
     "pool": "bftrainer.cli.pool:pool_cmd",
     "replay": "bftrainer.cli.replay:replay_cmd",
     "report": "bftrainer.cli.report:report_cmd",
     "run": "bftrainer.cli.run:run_cmd",
-    "status": "bftrainer.cli.service:status_cmd",
-    "submit": "bftrainer.cli.service:submit_cmd",
+    "status": "bftrainer.cli.user_commands:status_cmd",
+    "submit": "bftrainer.cli.user_commands:submit_cmd",
     "trace": "bftrainer.cli.trace:trace",
 }
 

@@ -27,7 +27,7 @@ def agent_cmd(socket_dir: Path | None, state_dir: Path | None) -> None:
     It holds your nodes with holder jobs in your name and runs your trainers, as the
     allocator decides; it keeps your state directory, as `bftrainer daemon` does.
     """
-    from bftrainer.centre.agent import AgentLink, hello
+    from bftrainer.centre.agent_link import AgentLink, hello
     from bftrainer.cli.daemon import holder_factory, serve
     from bftrainer.daemon import DaemonConfig
 

@@ -21,7 +21,7 @@ from bftrainer.cli.options import require_socket_dir
 
 if TYPE_CHECKING:
     from bftrainer.daemon import DaemonConfig
-    from bftrainer.daemon_metrics import DaemonMetrics
+    from bftrainer.service.metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from bftrainer.cli.options import socket_dir_option, state_dir_option
 from bftrainer.cli.params import POSITIVE, SECONDS, InputFile, Number, SlotsPerNode
 from bftrainer.cli.policy_options import FLAG_NAMES, policy_flags, policy_options
 from bftrainer.cli.pool import build_source, parse_env, source_options
-from bftrainer.config import ConfigError
 from bftrainer.holders.base import DEFAULT_JOB_NAME, WINDOW_SLACK_S, Holders, check_job_name
 from bftrainer.idle_monitor.runner import CommandRunner
-from bftrainer.policy import LIVE_POLICIES
+from bftrainer.policies.config import ConfigError
+from bftrainer.policies.registry import LIVE_POLICIES
 from bftrainer.state import (
     DaemonLock,
     DaemonRunningError,
@@ -38,7 +38,7 @@ from bftrainer.state import (
 
 if TYPE_CHECKING:
     from bftrainer.daemon import CentreLink, DaemonConfig
-    from bftrainer.daemon_metrics import DaemonMetrics
+    from bftrainer.service.metrics import DaemonMetrics
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def serve(
     until SIGTERM or Ctrl-C."""
     from bftrainer import __version__
     from bftrainer.daemon import Daemon, state_unwritable
-    from bftrainer.gpu_slots import GresError
+    from bftrainer.daemon.gpu_slots import GresError
 
     try:
         ensure_state_dir(path)
@@ -304,7 +304,7 @@ def _open_metrics(config: DaemonConfig) -> DaemonMetrics | None:
     """The metrics asked for (None: none; prometheus_client is then never imported)."""
     if config.metrics_textfile is None and config.metrics_port is None:
         return None
-    from bftrainer.daemon_metrics import DaemonMetrics, MetricsError
+    from bftrainer.service.metrics import DaemonMetrics, MetricsError
 
     try:
         return DaemonMetrics.open(config.metrics_textfile, config.metrics_port)

@@ -18,7 +18,7 @@ import click
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, SEED, Number
-from bftrainer.cli.service import open_store
+from bftrainer.cli.user_commands import open_store
 from bftrainer.common import strict_json
 from bftrainer.state import BACKENDS, resolve_state_dir
 

@@ -1,6 +1,6 @@
 """The allocation-policy flags shared by ``bftrainer replay`` and ``bftrainer daemon``.
 
-Each flag overrides one field of :class:`bftrainer.config.Config` (after a ``--config``
+Each flag overrides one field of :class:`bftrainer.policies.config.Config` (after a ``--config``
 file): one definition here, so the two commands take the same flags with the same checks.
 """
 
@@ -12,16 +12,16 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli.params import Number
-from bftrainer.config import MAX_TRAINERS, Config
 from bftrainer.milp import FORMULATIONS, SOLVERS
 from bftrainer.milp.problem import FAIR_BY, FAIRNESS_P_RANGE, OBJECTIVES, T_FWD_MAX_S
+from bftrainer.policies.config import MAX_TRAINERS, Config
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT = Config()
 
 
 class TFwd(Number):
-    """T_fwd: ``auto`` (from the pool's churn, bftrainer/churn.py) or seconds."""
+    """T_fwd: ``auto`` (from the pool's churn, bftrainer/loop/churn.py) or seconds."""
 
     def describe(self) -> str:
         return f"auto or {super().describe()}"

@@ -27,20 +27,20 @@ from bftrainer.cli.params import (
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
 from bftrainer.cli.policy_options import T_FWD, policy_flags, policy_options
 from bftrainer.cli.trace import load_trace_or_log, parse_node_range, parse_time_option
-from bftrainer.config import (
+from bftrainer.idle_monitor.trace import Trace
+from bftrainer.loop.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
+from bftrainer.policies.config import (
     ConfigError,
     given_fields,
     load_config,
     refuse_unused,
     with_overrides,
 )
-from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
 from bftrainer.replay.executors import run_all, run_on_slurm
 from bftrainer.replay.inputs import pollux_jobs, replay_trace, workload_jobs, workload_record
 from bftrainer.replay.learning import CURVES, PRIORS
 from bftrainer.replay.output import summary_table
-from bftrainer.replay.pollux_output import pollux_summary, pollux_table
+from bftrainer.replay.pollux.output import pollux_summary, pollux_table
 from bftrainer.replay.run import POLICIES, REPLAY_TABLES, ReplayConfig, ReplayError
 from bftrainer.replay.runs_output import write_outputs
 from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES

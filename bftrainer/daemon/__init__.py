@@ -6,7 +6,7 @@ One module per part, so that each reads on its own:
 - :mod:`~bftrainer.daemon.held_pool`: the pool source, the nodes whose holder runs, and
   the holders' record (submit, cancel, leases, counts);
 - :mod:`~bftrainer.daemon.queue`: trainers submitted and cancels requested;
-- :mod:`~bftrainer.daemon.service`: the :class:`Daemon` that wires them to the loop,
+- :mod:`~bftrainer.daemon.daemon`: the :class:`Daemon` that wires them to the loop,
   restores after a restart and stops cleanly;
 - :mod:`~bftrainer.daemon.centre_link`: what a centre agent plugs in.
 
@@ -15,9 +15,9 @@ The names callers use are exported here.
 
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import DAEMON_TABLES, GRES, DaemonConfig, load_daemon_config
+from bftrainer.daemon.daemon import Daemon, state_unwritable
 from bftrainer.daemon.held_pool import HeldPool, leave_by_s
 from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
-from bftrainer.daemon.service import Daemon, state_unwritable
 
 __all__ = [
     "DAEMON_TABLES",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bftrainer.daemon.held_pool import HeldPool
-from bftrainer.live import LiveDriver
+from bftrainer.daemon.live_driver import LiveDriver
 from bftrainer.loop import Orders
 
 

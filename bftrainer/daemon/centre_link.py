@@ -1,6 +1,6 @@
 """The daemon's tie to a centre allocator, as the service sees it.
 
-A protocol only: :mod:`bftrainer.centre.agent` implements it, and the service takes one
+A protocol only: :mod:`bftrainer.centre.agent_link` implements it, and the service takes one
 without importing the centre (a daemon on its own never loads it).
 """
 
@@ -13,7 +13,7 @@ from bftrainer.state import Store
 
 
 class CentreLink(Protocol):
-    """A centre agent's tie to the allocator (bftrainer.centre.agent): a source of the
+    """A centre agent's tie to the allocator (bftrainer.centre.agent_link): a source of the
     agent's loop that reports its trainers (the loop hands them to ``read``) and brings
     back the allocator's assignment, and the policy that follows it (its decisions say
     which nodes the holders keep: ``Decision.hold``)."""

@@ -12,9 +12,15 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from bftrainer.common.promise import promise_error
-from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
-from bftrainer.live import RESTART_BACKOFF_S
-from bftrainer.policy import LIVE_POLICIES
+from bftrainer.daemon.live_driver import RESTART_BACKOFF_S
+from bftrainer.policies.config import (
+    POLICY_TABLES,
+    Config,
+    ConfigError,
+    load_config,
+    with_overrides,
+)
+from bftrainer.policies.registry import LIVE_POLICIES
 
 GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
 
@@ -30,7 +36,7 @@ class DaemonConfig(Config):
     # stays held for nobody when the daemon is gone.
     holder_lease_s: float = 300.0
     # A supervisor that died is started again after restart_backoff_s * 2**k seconds
-    # for its k-th restart (bftrainer.live).
+    # for its k-th restart (bftrainer.daemon.live_driver).
     restart_backoff_s: float = RESTART_BACKOFF_S
     # Centre mode (bftrainer.centre): how often agents sync with the allocator, and how
     # long an agent may stay silent before the allocator gives its trainers' nodes away.
@@ -40,12 +46,12 @@ class DaemonConfig(Config):
     # refused to that user for refused_for_s (bftrainer.centre.refusals).
     hold_grace_s: float = 120.0
     refused_for_s: float = 600.0
-    # Opt-in metrics (bftrainer.daemon_metrics, docs/deployment.md): a node_exporter
+    # Opt-in metrics (bftrainer.service.metrics, docs/deployment.md): a node_exporter
     # textfile (a path ending in .prom) and/or an HTTP port on 127.0.0.1. None: off.
     metrics_textfile: str | None = None
     metrics_port: int | None = None
     # slots_per_node = "gres" (the flag or [daemon]): S is read at start from the GPUs
-    # of the bf partition's nodes (bftrainer/gpu_slots.py); slots_per_node is then 1
+    # of the bf partition's nodes (bftrainer/daemon/gpu_slots.py); slots_per_node is then 1
     # until the daemon has read it.
     gpu_slots: bool = False
     # Promise (docs/hpo.md): milp weighs a search trial's objective term by

@@ -5,7 +5,7 @@
 with their windows) and the state of our holder jobs in one status call, and tells the
 loop which nodes became usable (a holder runs) or were lost (a holder ended: preempted by
 the main scheduler, or released). On the step's decision (:meth:`HeldPool.plan`) it
-plans which holders to submit and cancel (:mod:`bftrainer.acquisition`: only what the
+plans which holders to submit and cancel (:mod:`bftrainer.daemon.hold_plan`: only what the
 admitted trainers can use, the loop's ``Demand``). The loop only ever sees nodes we hold.
 
 It never waits on the scheduler inside the step's transaction: :meth:`HeldPool.read` asks
@@ -32,19 +32,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bftrainer.acquisition import plan_assigned, plan_holders
+from bftrainer.daemon.exec_plan import ExecPlan
+from bftrainer.daemon.gpu_slots import GpuSlotGate
 from bftrainer.daemon.hold_orders import Acquire, Ended, EndHolders, HoldOrder, Submitted
+from bftrainer.daemon.hold_plan import plan_assigned, plan_holders
 from bftrainer.daemon.left_running import holding
 from bftrainer.daemon.pool_status import publish_pool
-from bftrainer.exec_plan import ExecPlan
-from bftrainer.gpu_slots import GpuSlotGate
 from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
 from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.loop import Demand, LoopView, Planned, Polled, PoolChange
-from bftrainer.pool_changes import PoolChanges
-from bftrainer.reading import HoldCounts
+from bftrainer.service.pool_changes import PoolChanges
+from bftrainer.service.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
 from bftrainer.trainers.channel import renew_lease
 
@@ -70,7 +70,7 @@ class HeldPool:
         self.holders = holders
         self.store = store
         # A centre agent holds exactly the nodes the allocator gave its trainers (the
-        # decision's ``hold``, acquisition.plan_assigned); else the demand's hold plan.
+        # decision's ``hold``, hold_plan.plan_assigned); else the demand's hold plan.
         self.follow_assignment = follow_assignment
         self._loop_view: LoopView | None = None  # the step's, for the GPU check
         self.poll_interval_s = poll_interval_s

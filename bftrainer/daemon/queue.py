@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bftrainer.common.promise import promise_weight
-from bftrainer.jobs import job_of
-from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import Arrival, Cancel, CurveReport, Polled
+from bftrainer.loop.jobs import job_of
+from bftrainer.service.curves import LiveCurves
 from bftrainer.state import Store
 
 UNFINISHED = ("queued", "running", "waiting")

@@ -23,7 +23,7 @@ modes differ only in what is plugged in:
 - **Policy** (:class:`Policy`): pure; admits the trainers that take part, and decides
   their node sets from :class:`PolicyInputs`, all of which the loop hands it: the pool,
   the admitted trainers with their curves, the pool's churn
-  (:class:`~bftrainer.churn.Churn`: the loop's rolling window of the pool changes it
+  (:class:`~bftrainer.loop.churn.Churn`: the loop's rolling window of the pool changes it
   applied, the same in both modes; the milp policy's ``t_fwd_s = "auto"`` reads it), the
   loop's time, and what came as inputs (:class:`Assignment` to follow, :class:`Refused`
   nodes with their times).
@@ -34,8 +34,8 @@ The package shows those parts: ``records`` (the data a step exchanges), ``protoc
 from ``bftrainer.loop``: every public name is here.
 
 **For the daemon.** Build a :class:`Loop` with the live sources, the live driver, a
-:class:`WallClock`, the :class:`~bftrainer.config.Config` and the policy
-(``bftrainer.policy.make_policy(config)``); call ``loop.run()`` (until
+:class:`WallClock`, the :class:`~bftrainer.policies.config.Config` and the policy
+(``bftrainer.policies.registry.make_policy(config)``); call ``loop.run()`` (until
 ``request_stop()``, e.g. from a SIGTERM handler, which also wakes the clock) or
 ``loop.step()`` for one step. The observer's ``step`` is the place to persist: after it,
 ``loop.state()`` is a :class:`LoopState` (time, pool, unfinished trainers with their

@@ -30,7 +30,7 @@ after it leaves a record that a restart carries out.
 
 The loop is given its policy: it builds none. Whoever builds a loop (the replay, the
 daemon, the centre, a test) builds the policy from the configuration with
-``bftrainer.policy.make_policy`` or passes its own.
+``bftrainer.policies.registry.make_policy`` or passes its own.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from bftrainer.churn import ChurnWindow
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.churn import ChurnWindow
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.loop.protocols import (
     Actuator,
     Clock,
@@ -82,7 +82,7 @@ from bftrainer.loop.records import (
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
 
 if TYPE_CHECKING:
-    from bftrainer.config import Config
+    from bftrainer.policies.config import Config
 
 log = logging.getLogger(__name__)
 

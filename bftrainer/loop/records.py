@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bftrainer.churn import Churn
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import JobSpec
 
 Curve = tuple[tuple[float, float], ...]
 

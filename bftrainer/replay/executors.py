@@ -22,8 +22,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxReport
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxReport
 from bftrainer.replay.run import ReplayConfig, ReplayError, ReplayResult, replay
 from bftrainer.trainers import lifeline
 

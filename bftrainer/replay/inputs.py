@@ -19,9 +19,9 @@ from bftrainer.idle_monitor.trace import (
     TraceRangeError,
     load_trace,
 )
-from bftrainer.jobs import JobSpec
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimOptions
-from bftrainer.replay.pollux_workload import (
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxSimOptions
+from bftrainer.replay.pollux.workload import (
     PolluxWorkloadError,
     generate_pollux_workload,
     read_pollux_workload,

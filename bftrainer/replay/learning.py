@@ -12,7 +12,7 @@ curves by):
   the truth times a seeded log-normal factor ``exp(noise x z)``; every further
   ``observe_s`` adds one more (the point is their geometric mean). A node count measured
   for the first time is a curve report, and the loop re-decides at most every
-  ``redecide_every_s`` (``bftrainer.config.Config``).
+  ``redecide_every_s`` (``bftrainer.policies.config.Config``).
 * **Optimistic prior** (Pollux): perfect scaling past the largest count run, capped at
   ``growth`` x it. A trainer with nothing measured scales perfectly at the best rate per
   node any trainer has measured so far (the best of their points, each a mean of its
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, CurveReport, Input, Polled, Progress, TimedSource, TrainerState
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.milp.problem import CURVE_VALUE_MAX
 from bftrainer.replay.simulator import SimulatedDriver, capped_cost
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH

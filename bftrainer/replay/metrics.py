@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Step
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.milp.dp import best_values
 from bftrainer.milp.objective import TrainerTerms
 

@@ -4,7 +4,7 @@ A centre's scavenger partition runs fixed-size jobs that checkpoint now and then
 the main scheduler takes back any node of one, the job is killed and requeued: the
 training since its last checkpoint is lost, and when it starts again it first spends a
 restart (launch, reading the checkpoint back) on its nodes. This driver keeps that
-accounting; who runs where is the policy's (``bftrainer.policy.ScavengerPolicy``).
+accounting; who runs where is the policy's (``bftrainer.policies.registry.ScavengerPolicy``).
 
 - A job checkpoints every ``checkpoint_every_s`` seconds of training since it (re)started
   training; a kill loses ``rate x`` the training time since the last one.
@@ -23,8 +23,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Completion, Progress, TrainerState
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.simulator import DONE_RTOL, Waste
 
 DEFAULT_CHECKPOINT_EVERY_S = 600.0

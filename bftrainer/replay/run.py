@@ -14,9 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bftrainer.common.promise import promise_error
-from bftrainer.config import POLICY_TABLES, Config, ConfigError
 from bftrainer.idle_monitor.trace import Trace, format_time
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
     Arrival,
     Loop,
@@ -29,8 +27,10 @@ from bftrainer.loop import (
     TrainerState,
     VirtualClock,
 )
-from bftrainer.policy import POLICIES as POLICY_REGISTRY
-from bftrainer.policy import MilpPolicy, ScavengerPolicy, make_policy
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import POLICY_TABLES, Config, ConfigError
+from bftrainer.policies.registry import POLICIES as POLICY_REGISTRY
+from bftrainer.policies.registry import MilpPolicy, ScavengerPolicy, make_policy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
 from bftrainer.replay.learning import (
     CURVES,

@@ -17,9 +17,9 @@ from typing import Any
 from bftrainer.common import strict_json
 from bftrainer.replay.output import write_result
 from bftrainer.replay.plots import plot_costs, plot_sweep, plot_windows
-from bftrainer.replay.pollux_output import write_pollux_outputs
-from bftrainer.replay.pollux_plots import plot_efficiency
-from bftrainer.replay.pollux_sim import PolluxReport
+from bftrainer.replay.pollux.output import write_pollux_outputs
+from bftrainer.replay.pollux.plots import plot_efficiency
+from bftrainer.replay.pollux.sim import PolluxReport
 from bftrainer.replay.run import ReplayResult
 from bftrainer.replay.sweep import run_label
 

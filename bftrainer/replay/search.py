@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bftrainer.common.promise import promise_weight, rungs_passed
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, Cancel, Input, LoopView, Polled, TrainerState
+from bftrainer.loop.jobs import JobSpec
 
 if TYPE_CHECKING:
     import optuna

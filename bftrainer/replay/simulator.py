@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bftrainer.loop import Completion, Progress, TrainerState
-from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, is_packed
+from bftrainer.milp.slot_packing import DEFAULT_SPREAD_PENALTY, is_packed
 
 DONE_RTOL = 1e-9
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from bftrainer.idle_monitor.trace import parse_time_s
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
 
 DEFAULT_WORK_SAMPLES = 130_000_000.0  # about 100 ImageNet epochs, as the paper's job sets

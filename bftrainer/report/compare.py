@@ -17,8 +17,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter
 
-from bftrainer.frames import Frames
 from bftrainer.report.figures import FONT, PALETTE, duration, panels, plot_times, time_axis
+from bftrainer.report.frames import Frames
 from bftrainer.report.headline import span
 
 NAME = "compare.png"

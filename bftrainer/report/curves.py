@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from bftrainer.frames import Frames
+from bftrainer.report.frames import Frames
 from bftrainer.trainers.learned_curve import MEASURED
 
 TITLE = "Curves the allocator planned on"

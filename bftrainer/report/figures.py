@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from bftrainer.frames import Frames
+from bftrainer.report.frames import Frames
 from bftrainer.report.series import (
     Grid,
     binned_mean,

@@ -1,6 +1,6 @@
 """The figures a centre quotes, one column per replay run or daemon, for the page's top.
 
-Everything is computed from the frames (bftrainer/frames.py); a replay's U and its limit
+Everything is computed from the frames (bftrainer/report/frames.py); a replay's U and its limit
 are read from its summary, where the replay computed them from what the frames do not
 hold (the workload's throughput curves).
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from bftrainer.frames import Frames
+from bftrainer.report.frames import Frames
 from bftrainer.report.series import Grid, binned_mean, seconds, total_allocated
 
 Row = tuple[str, list[str]]

@@ -17,10 +17,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bftrainer import __version__
-from bftrainer.frames import Frames
 from bftrainer.report import compare, figures
 from bftrainer.report.curves import curves_table
 from bftrainer.report.figures import View, colours_for
+from bftrainer.report.frames import Frames
 from bftrainer.report.headline import headline, span
 from bftrainer.report.series import Grid, busiest, node_seconds, total_allocated
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from bftrainer.cli.service import open_store, status_json
+from bftrainer.cli.user_commands import open_store, status_json
 from bftrainer.common import strict_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel

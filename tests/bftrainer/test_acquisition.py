@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bftrainer.acquisition import plan_holders
+from bftrainer.daemon.hold_plan import plan_holders
 
 NODES = [f"n{i}" for i in range(12)]
 

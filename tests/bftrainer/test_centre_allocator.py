@@ -10,17 +10,17 @@ import pwd
 
 import pytest
 
-from bftrainer.acquisition import plan_assigned
 from bftrainer.centre import protocol
 from bftrainer.centre.allocator import Allocator, CentreSettings
-from bftrainer.centre.follow import FollowPolicy
 from bftrainer.centre.protocol import SyncRequest, TrainerReport
 from bftrainer.centre.transport import Peer, Request, RequestRefused, call
-from bftrainer.churn import Churn
-from bftrainer.config import Config
+from bftrainer.daemon.hold_plan import plan_assigned
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import PolicyInputs, Polled, PoolChange, TrainerState, VirtualClock
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config
+from bftrainer.policies.follow import FollowPolicy
 
 ALICE = Peer(uid=50001, gid=50001, pid=1, user="alice")
 BOB = Peer(uid=50002, gid=50002, pid=2, user="bob")
@@ -248,7 +248,7 @@ def test_a_silent_agent_loses_its_nodes_after_the_lease_never_before(tmp_path) -
 def test_a_restarted_allocator_keeps_what_the_agents_report(tmp_path) -> None:
     allocator, clock = make(tmp_path)
     # Before the loop exists: the agents' first syncs after a restart (each says the
-    # nodes its holders run on, as the agent does: bftrainer.centre.agent).
+    # nodes its holders run on, as the agent does: bftrainer.centre.agent_link).
     for peer, mine in ((ALICE, NODES[:5]), (BOB, NODES[5:])):
         request = SyncRequest((report("t0001", nodes=mine),), held=mine)
         assert allocator.sync(peer, request).assignment == {}

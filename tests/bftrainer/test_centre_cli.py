@@ -11,12 +11,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from bftrainer.centre.agent import AgentLink
+from bftrainer.centre.agent_link import AgentLink
 from bftrainer.centre.allocator import Allocator, CentreSettings
-from bftrainer.churn import Churn
 from bftrainer.cli import cli
-from bftrainer.config import Config
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
     Assignment,
     Loop,
@@ -26,6 +23,9 @@ from bftrainer.loop import (
     TrainerState,
     VirtualClock,
 )
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config
 from bftrainer.state import Store, ensure_state_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"

@@ -16,9 +16,9 @@ from bftrainer.centre import protocol
 from bftrainer.centre.allocator import Allocator, CentreSettings
 from bftrainer.centre.protocol import SyncRequest
 from bftrainer.centre.transport import OUTCOMES, RequestRefused, call
-from bftrainer.config import Config
-from bftrainer.daemon_metrics import DaemonMetrics
 from bftrainer.loop import VirtualClock
+from bftrainer.policies.config import Config
+from bftrainer.service.metrics import DaemonMetrics
 from tests.bftrainer.test_centre_allocator import BOB, NODES, FixedPool, report, sync
 from tests.bftrainer.test_daemon_metrics import free_port, parse, scrape, value
 

@@ -11,7 +11,7 @@ from typing import Any
 from bftrainer.centre.allocator import Allocator
 from bftrainer.centre.protocol import SyncRequest, TrainerReport
 from bftrainer.centre.transport import Request
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.jobs import JobSpec
 from tests.bftrainer.test_centre_allocator import ALICE, make, step
 
 # TrainerReport.to_dict's keys as the first release of the centre wrote them: what an

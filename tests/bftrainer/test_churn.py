@@ -1,4 +1,4 @@
-"""T_fwd from the pool's churn (bftrainer/churn.py): the rule on scripted event
+"""T_fwd from the pool's churn (bftrainer/loop/churn.py): the rule on scripted event
 sequences, causality in the replay, parsing of ``auto``, and the Summit week's U."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bftrainer.churn import (
+from bftrainer.cli import cli
+from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
+from bftrainer.loop.churn import (
     T_FWD_FIRST_S,
     T_FWD_MAX_S,
     T_FWD_MIN_S,
@@ -19,9 +21,7 @@ from bftrainer.churn import (
     K,
     auto_t_fwd_s,
 )
-from bftrainer.cli import cli
-from bftrainer.config import Config, ConfigError, load_config, with_overrides
-from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
+from bftrainer.policies.config import Config, ConfigError, load_config, with_overrides
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import hpo_workload, read_paper_jobs
 from tests.shared_data import SHARED

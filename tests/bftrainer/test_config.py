@@ -11,8 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 from bftrainer.cli import cli
-from bftrainer.config import POLICY_TABLES, Config, ConfigError, load_config, with_overrides
-from bftrainer.policy import POLICIES, EqualSharePolicy, MilpPolicy, make_policy
+from bftrainer.policies.config import (
+    POLICY_TABLES,
+    Config,
+    ConfigError,
+    load_config,
+    with_overrides,
+)
+from bftrainer.policies.registry import POLICIES, EqualSharePolicy, MilpPolicy, make_policy
 from bftrainer.replay.run import REPLAY_TABLES, ReplayConfig
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.gpu_slots import slots_from_gpus
+from bftrainer.daemon.gpu_slots import slots_from_gpus
 from bftrainer.idle_monitor.slurm import parse_sinfo_gpus
 from bftrainer.state import Store
 from bftrainer.trainers import channel

@@ -1,4 +1,4 @@
-"""The daemon's Prometheus metrics (bftrainer/daemon_metrics.py, docs/deployment.md).
+"""The daemon's Prometheus metrics (bftrainer/service/metrics.py, docs/deployment.md).
 
 What an operator relies on: the textfile and the HTTP endpoint parse with Prometheus's
 own parser and say what ``bftrainer status --json`` and ``squeue`` say, on a real daemon
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bftrainer.config import ConfigError
 from bftrainer.daemon import load_daemon_config
-from bftrainer.daemon_metrics import COMMAND_ERROR_KINDS, DaemonMetrics, MetricsError
-from bftrainer.reading import HeldReading, HoldCounts, Reading
+from bftrainer.policies.config import ConfigError
+from bftrainer.service.metrics import COMMAND_ERROR_KINDS, DaemonMetrics, MetricsError
+from bftrainer.service.reading import HeldReading, HoldCounts, Reading
 from bftrainer.state import TRAINER_STATES
 from tests.bftrainer.daemon_service import BFTRAINER, Service, service_in
 from tests.conftest import SlurmCluster, wait_until
@@ -131,7 +131,7 @@ def test_a_pool_never_read_has_an_infinite_age(tmp_path: Path) -> None:
 def test_a_textfile_that_cannot_be_written_later_is_logged_once_and_the_daemon_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="bftrainer.daemon_metrics")
+    caplog.set_level(logging.INFO, logger="bftrainer.service.metrics")
     folder = tmp_path / "textfile"
     folder.mkdir()
     metrics = DaemonMetrics.open(folder / "b.prom", None)

@@ -23,7 +23,7 @@ import pytest
 from bftrainer.state import Store
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import remote
-from bftrainer.trainers.launch.slots import share
+from bftrainer.trainers.launch.slot_pin import share
 from tests.bftrainer.daemon_service import (
     MAIN_START_LIMIT_S,
     Service,

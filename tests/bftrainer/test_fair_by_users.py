@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.config import Config, ConfigError, load_config
 from bftrainer.idle_monitor.trace_reader import load_trace
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, Input
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config, ConfigError, load_config
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import read_paper_jobs
 from tests.bftrainer.test_loop import make_loop

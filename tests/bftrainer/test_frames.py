@@ -1,4 +1,4 @@
-"""A replay's outputs and a daemon's store as DataFrames (bftrainer/frames.py)."""
+"""A replay's outputs and a daemon's store as DataFrames (bftrainer/report/frames.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bftrainer.frames import FramesError, load_replay, load_store, replay_runs
+from bftrainer.report.frames import FramesError, load_replay, load_store, replay_runs
 from bftrainer.state import Store
 
 T0 = 1_700_000_000.0

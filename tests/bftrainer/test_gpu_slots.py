@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.cli.service import status_json
-from bftrainer.config import Config, ConfigError
+from bftrainer.cli.user_commands import status_json
 from bftrainer.daemon import Daemon, load_daemon_config
-from bftrainer.gpu_slots import GresError, slots_from_gpus
+from bftrainer.daemon.gpu_slots import GresError, slots_from_gpus
 from bftrainer.holders.base import HolderStatus, ReconcileResult
 from bftrainer.idle_monitor.runner import CommandResult, ReplayRunner, recorded
 from bftrainer.idle_monitor.slurm import SlurmScheduler
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Demand, LoopView, PoolChange, TrainerState
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config, ConfigError
 from bftrainer.state import Store, ensure_state_dir
 
 FIXTURES = Path(__file__).resolve().parents[2] / "idle_monitor" / "fixtures"

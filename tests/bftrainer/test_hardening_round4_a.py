@@ -18,8 +18,8 @@ from bftrainer.centre import protocol
 from bftrainer.centre.allocator import Allocator, CentreSettings
 from bftrainer.centre.protocol import TrainerReport
 from bftrainer.centre.transport import Peer, Request, RequestRefused, Server, call
-from bftrainer.config import Config
 from bftrainer.loop import Polled, VirtualClock
+from bftrainer.policies.config import Config
 
 ALICE = Peer(uid=50001, gid=50001, pid=1, user="alice")
 BOB = Peer(uid=50002, gid=50002, pid=2, user="bob")
@@ -185,7 +185,7 @@ def churny_trace(length_s: float = 2000.0):
 
 
 def costly_job(jid: str, curve=((1.0, 10.0), (4.0, 40.0)), rescale_s: float = 1e6):
-    from bftrainer.jobs import JobSpec
+    from bftrainer.loop.jobs import JobSpec
 
     return JobSpec(jid, "m", 0.0, 1, 4, rescale_s, rescale_s, 1e12, curve)
 
@@ -234,7 +234,7 @@ def still_trace(start_s: float = 1.6e9, length_s: float = 600.0):
     ids=["zero-at-1", "drops-to-zero", "zero-at-n_max", "subnormal"],
 )
 def test_a_curve_a_trainer_cannot_measure_is_refused_in_one_line(curve, what) -> None:
-    from bftrainer.jobs import JobSpec
+    from bftrainer.loop.jobs import JobSpec
     from bftrainer.replay.run import ReplayConfig, ReplayError, replay
 
     job = JobSpec("j", "m", 1.6e9, 1, 4, 1.0, 1.0, 1e9, curve)
@@ -245,7 +245,7 @@ def test_a_curve_a_trainer_cannot_measure_is_refused_in_one_line(curve, what) ->
 
 @pytest.mark.parametrize("prior", ["optimistic", "profile", "peers"])
 def test_a_learned_curve_past_the_allocators_limit_is_capped_there(prior) -> None:
-    from bftrainer.jobs import JobSpec
+    from bftrainer.loop.jobs import JobSpec
     from bftrainer.replay.run import ReplayConfig, replay
 
     top = ((1.0, 5e11), (8.0, 1e12))  # within the limit; the learned beliefs are not
@@ -264,7 +264,7 @@ def test_learned_curves_values_never_pass_the_allocators_limit() -> None:
 
 
 def test_a_millisecond_observation_window_at_trace_times_does_not_stall() -> None:
-    from bftrainer.jobs import JobSpec
+    from bftrainer.loop.jobs import JobSpec
     from bftrainer.replay.run import ReplayConfig, replay
 
     job = JobSpec("j", "m", 1.6e9, 1, 4, 1.0, 1.0, 1e12, ((1.0, 10.0), (4.0, 40.0)))
@@ -315,8 +315,8 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
     ],
 )
 def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, table, line, what):
-    from bftrainer.config import ConfigError
     from bftrainer.daemon.config import load_daemon_config
+    from bftrainer.policies.config import ConfigError
 
     (tmp_path / "m.prom").mkdir()
     path = tmp_path / "d.toml"

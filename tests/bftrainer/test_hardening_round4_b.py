@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bftrainer.common.names import NotRegularFileError, read_bytes
+from bftrainer.daemon.slot_book import SlotBook, SlotError
 from bftrainer.holders.slurm import parse_squeue_holders
 from bftrainer.idle_monitor.slurm import (
     HostlistError,
@@ -26,7 +27,6 @@ from bftrainer.idle_monitor.slurm import (
     parse_running,
     parse_squeue_start,
 )
-from bftrainer.slots import SlotBook, SlotError
 from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensure_state_dir
 from bftrainer.trainers.channel import ChannelError, parse_hosts, read_exit, read_hosts
 from bftrainer.trainers.launch.base import LaunchSpec
@@ -100,7 +100,10 @@ def test_status_takes_a_recycled_supervisor_pid_for_no_supervisor(tmp_path: Path
 
 def test_status_imports_no_numpy() -> None:
     """status runs often: trainers.channel (read by status) must not pull numpy in."""
-    code = "import sys; from bftrainer.cli.service import status_cmd; print('numpy' in sys.modules)"
+    code = (
+        "import sys; from bftrainer.cli.user_commands import status_cmd; "
+        "print('numpy' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
 

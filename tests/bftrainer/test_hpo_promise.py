@@ -13,13 +13,13 @@ import optuna
 import pytest
 
 from bftrainer.common.promise import promise_error, promise_weight, rungs_passed
-from bftrainer.config import ConfigError
 from bftrainer.daemon import DaemonConfig, load_daemon_config
+from bftrainer.daemon.daemon import own_policy
 from bftrainer.daemon.queue import SubmissionQueue
-from bftrainer.daemon.service import own_policy
 from bftrainer.hpo import ATTR_PRUNED, Campaign, TrialSpec, trainers_by_trial
 from bftrainer.loop import Arrival, PolicyInputs, TrainerState
-from bftrainer.policy import MilpPolicy
+from bftrainer.policies.config import ConfigError
+from bftrainer.policies.registry import MilpPolicy
 from bftrainer.state import Store
 from tests.bftrainer.test_hpo_campaign import SPACE, ScriptedDaemon, study
 

@@ -1,7 +1,7 @@
 """The daemon learns with the replay's rule: the curve its loop plans on for a trainer
 is ``learned_curve`` of the rates the trainer measured, with the replay's default prior,
 and a trainer that measured nothing yet is valued at the best rate per node measured
-(bftrainer/live_curves.py, docs/allocator.md)."""
+(bftrainer/service/curves.py, docs/allocator.md)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bftrainer.churn import Churn
 from bftrainer.cli import cli
-from bftrainer.config import Config
 from bftrainer.daemon import SubmissionQueue
-from bftrainer.jobs import job_of, prior_curve
-from bftrainer.live import LiveDriver
-from bftrainer.live_curves import LiveCurves
+from bftrainer.daemon.live_driver import LiveDriver
 from bftrainer.loop import Arrival, CurveReport, PolicyInputs, TrainerState
-from bftrainer.policy import make_policy
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import job_of, prior_curve
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import make_policy
 from bftrainer.replay.learning import LearningOptions
+from bftrainer.service.curves import LiveCurves
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 from bftrainer.trainers.learned_curve import MEASURED, learned_curve, live_curve

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.jobs import job_of
-from bftrainer.live import LiveDriver
+from bftrainer.daemon.live_driver import LiveDriver
 from bftrainer.loop import NodeChange, Orders, TrainerState
+from bftrainer.loop.jobs import job_of
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch.base import Launcher, LaunchError
 

@@ -21,9 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
     Arrival,
     Cancel,
@@ -47,8 +45,10 @@ from bftrainer.loop import (
     WallClock,
     run,
 )
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.milp.mapping import map_counts
-from bftrainer.policy import Admission, equal_share_counts, make_policy
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import Admission, equal_share_counts, make_policy
 from bftrainer.replay.simulator import SimulatedDriver
 
 REPO = Path(__file__).resolve().parents[2]

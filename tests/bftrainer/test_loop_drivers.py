@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import (
     Actuator,
     Arrival,
@@ -38,8 +36,10 @@ from bftrainer.loop import (
     VirtualClock,
     WallClock,
 )
-from bftrainer.policy import make_policy
-from bftrainer.replay.pollux_sim import PolluxSimDriver, PolluxSimOptions
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import make_policy
+from bftrainer.replay.pollux.sim import PolluxSimDriver, PolluxSimOptions
 from bftrainer.replay.rigid import CheckpointRestartDriver
 from bftrainer.replay.simulator import SimulatedDriver
 from tests.bftrainer.test_loop import ScriptedDriver, job
@@ -94,8 +94,8 @@ def scripted(tmp: Path) -> DriverCase:
 def live(tmp: Path) -> DriverCase:
     """The daemon's driver on real torchrun trainers of the example, run here ("local"
     exec: the pool's node names are this machine)."""
-    from bftrainer.jobs import job_of
-    from bftrainer.live import LiveDriver
+    from bftrainer.daemon.live_driver import LiveDriver
+    from bftrainer.loop.jobs import job_of
     from bftrainer.state import Store, ensure_state_dir
 
     state_dir = ensure_state_dir(tmp / "state")

@@ -11,7 +11,6 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 
-from bftrainer.config import Config
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.loop import (
     Arrival,
@@ -30,7 +29,8 @@ from bftrainer.loop import (
     TrainerState,
     VirtualClock,
 )
-from bftrainer.policy import make_policy
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import make_policy
 from tests.bftrainer.test_loop import job
 
 # What may run inside a step's transaction: reads that record, the recording of the

@@ -9,13 +9,13 @@ from collections.abc import Callable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bftrainer.centre.follow import FollowPolicy
-from bftrainer.centre.refusing import Refusing
-from bftrainer.churn import Churn
-from bftrainer.config import Config
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Decision, Policy, PolicyInputs, TrainerState
-from bftrainer.policy import EqualSharePolicy, MilpPolicy, ScavengerPolicy
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import Config
+from bftrainer.policies.follow import FollowPolicy
+from bftrainer.policies.refusing import Refusing
+from bftrainer.policies.registry import EqualSharePolicy, MilpPolicy, ScavengerPolicy
 
 USERS = ("alice", "bob")
 

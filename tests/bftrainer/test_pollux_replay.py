@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from bftrainer.cli import cli
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec
-from bftrainer.replay.pollux_app import PolluxJob, SimApp, sim_app
-from bftrainer.replay.pollux_output import completion_summary, write_pollux_outputs
-from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimDriver, PolluxSimOptions
-from bftrainer.replay.pollux_workload import (
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.replay.pollux.app import PolluxJob, SimApp, sim_app
+from bftrainer.replay.pollux.output import completion_summary, write_pollux_outputs
+from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxSimDriver, PolluxSimOptions
+from bftrainer.replay.pollux.workload import (
     APPLICATIONS,
     PolluxWorkloadError,
     generate_pollux_workload,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bftrainer.loop import WINDOW_TOLERANCE_S
-from bftrainer.pool_changes import PoolChanges
+from bftrainer.service.pool_changes import PoolChanges
 
 
 def test_joins_leaves_and_moved_departures_are_told_once() -> None:

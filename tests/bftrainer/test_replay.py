@@ -13,8 +13,8 @@ from bftrainer.cli import cli
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec
-from bftrainer.policy import equal_share_counts
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.registry import equal_share_counts
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import hpo_workload
 

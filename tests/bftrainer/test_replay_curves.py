@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from bftrainer.cli import cli as cli_main
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Decision, Policy, PolicyInputs
-from bftrainer.policy import Admission, make_policy
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.registry import Admission, make_policy
 from bftrainer.replay.learning import LearningDriver
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import diverse_workload, hpo_workload, read_paper_jobs

@@ -14,7 +14,7 @@ from bftrainer.cli import cli
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.synthetic import synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.workload import hpo_workload, read_paper_jobs
 from tests.shared_data import SHARED

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from bftrainer.cli import cli
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.trace import Trace
-from bftrainer.jobs import JobSpec, jobs_in_slots
+from bftrainer.loop.jobs import JobSpec, jobs_in_slots
 from bftrainer.replay.run import ReplayConfig, ReplayError, replay
 from tests.shared_data import SHARED
 
@@ -115,8 +115,8 @@ def test_a_placements_file_that_does_not_match_the_slots_is_one_usage_line(
 
 @pytest.mark.skipif(not (POLLUX / "traces").is_dir(), reason="no Pollux data")
 def test_pollux_jobs_share_nodes_at_their_placements_measured_rates() -> None:
-    from bftrainer.replay.pollux_sim import PolluxDriverFactory, PolluxSimOptions
-    from bftrainer.replay.pollux_workload import generate_pollux_workload
+    from bftrainer.replay.pollux.sim import PolluxDriverFactory, PolluxSimOptions
+    from bftrainer.replay.pollux.workload import generate_pollux_workload
 
     w = generate_pollux_workload(4, 0.0, POLLUX, mean_interarrival_s=0.0, slots_per_node=4)
     assert all(j.n_max > 16 for j in w.jobs if j.model == "cifar10")  # replicas, not nodes
@@ -135,7 +135,7 @@ def test_pollux_jobs_share_nodes_at_their_placements_measured_rates() -> None:
 
 
 def test_slots_per_node_is_a_replay_setting_of_the_configuration_file(tmp_path: Path) -> None:
-    from bftrainer.config import ConfigError, load_config
+    from bftrainer.policies.config import ConfigError, load_config
     from bftrainer.replay.run import REPLAY_TABLES
 
     good = tmp_path / "good.toml"

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from bftrainer.cli import cli
-from bftrainer.config import ConfigError
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Arrival, Loop, LoopState, PoolChange, TimedSource, VirtualClock
-from bftrainer.policy import make_policy
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.config import ConfigError
+from bftrainer.policies.registry import make_policy
 from bftrainer.replay.run import ReplayConfig, replay
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.replay.windows import WindowKnowledge, events_with_windows

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from matplotlib.lines import Line2D
 
-from bftrainer.frames import load_replay, replay_runs
 from bftrainer.report.compare import comparison
+from bftrainer.report.frames import load_replay, replay_runs
 
 POLICIES = ("milp-tfwdauto", "equal", "scavenger")
 

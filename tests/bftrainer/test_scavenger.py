@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.churn import Churn
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.synthetic import SyntheticConfig, synthetic_trace
 from bftrainer.idle_monitor.trace import Trace, load_trace
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import PolicyInputs, TrainerState
-from bftrainer.policy import ScavengerPolicy, rigid_size
+from bftrainer.loop.churn import Churn
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.policies.registry import ScavengerPolicy, rigid_size
 from bftrainer.replay.rigid import CheckpointRestartDriver, RigidJobError
 from bftrainer.replay.run import ReplayConfig, ReplayError, replay
 from bftrainer.replay.simulator import SimulatedDriver

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from bftrainer.config import Config
+from bftrainer.daemon.slot_book import SlotBook, SlotError, host_counts
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.loop import (
     Arrival,
@@ -20,8 +20,8 @@ from bftrainer.loop import (
     TimedSource,
     VirtualClock,
 )
-from bftrainer.policy import Admission
-from bftrainer.slots import SlotBook, SlotError, host_counts
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import Admission
 from tests.bftrainer.test_loop import ScriptedDriver, job
 
 

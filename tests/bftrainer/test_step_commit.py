@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.config import Config
 from bftrainer.daemon import UNFINISHED, SubmissionQueue
-from bftrainer.live import LiveDriver
-from bftrainer.live_orders import Launched, StartFailed
+from bftrainer.daemon.live_driver import LiveDriver
+from bftrainer.daemon.live_orders import Launched, StartFailed
 from bftrainer.loop import Loop, LoopState, Orders, WallClock
-from bftrainer.policy import make_policy
+from bftrainer.policies.config import Config
+from bftrainer.policies.registry import make_policy
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.launch import remote
 from bftrainer.trainers.launch.base import SUPERVISOR_MODULE, Launcher, LaunchError

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
-from bftrainer.milp.slots import DEFAULT_SPREAD_PENALTY, map_slots
+from bftrainer.milp.slot_packing import DEFAULT_SPREAD_PENALTY, map_slots
 from tests.milp.oracle import admitted, owner
 from tests.milp.strategies import curves
 
@@ -323,7 +323,7 @@ def test_the_pruned_dp_reaches_the_full_dps_optimum(problem: Problem, low: bool)
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from("abcd"), max_size=9), st.integers(1, 12), st.integers(2, 4))
 def test_packable_counts_is_packable_at_every_count(holding: list[str], top: int, s: int) -> None:
-    from bftrainer.milp.slots import packable, packable_counts
+    from bftrainer.milp.slot_packing import packable, packable_counts
 
     assert packable_counts(holding, top, s).tolist() == [
         packable(holding, k, s) for k in range(top + 1)

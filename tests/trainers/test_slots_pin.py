@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bftrainer.trainers import channel
-from bftrainer.trainers.launch.slots import node_gpus, share
+from bftrainer.trainers.launch.slot_pin import node_gpus, share
 
 REPO = Path(__file__).resolve().parents[2]
 # What the user's script sees: its CPUs (from the kernel) and its environment.

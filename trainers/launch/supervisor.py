@@ -327,7 +327,7 @@ class TorchrunBackend(Backend):
         ]
         self.running_on = []
         for i, (host, slots) in enumerate(hosts):
-            # Its workers find their slots of a shared node by this name (launch/slots.py).
+            # Its workers find their slots of a shared node by this name (launch/slot_pin.py).
             host_env = {**env, "BFTRAINER_HOST": host}
             command = remote.wrap_command(host, resident, config, env=host_env, cwd=str(self.dir))
             agent = self.residents.get(

@@ -3,7 +3,7 @@
 ``python -m bftrainer.trainers.launch.worker SCRIPT [ARGS]`` runs SCRIPT as
 ``__main__`` (torchrun's agent runs this file in the workers it forks). When trainers
 share nodes it first gives itself its slot's CPUs and GPUs
-(:mod:`~bftrainer.trainers.launch.slots`), before the script runs, and says so in one
+(:mod:`~bftrainer.trainers.launch.slot_pin`), before the script runs, and says so in one
 line. An exception from the script (at import, from its options, at step N)
 is printed with its traceback (to the supervisor's log) and its last line is written to
 ``TRAINER_DIR/failure.json``, so the supervisor fails the trainer at once rather than
@@ -28,7 +28,7 @@ from typing import NoReturn
 
 from bftrainer.trainers import channel
 from bftrainer.trainers.comm import WorkerLeaving
-from bftrainer.trainers.launch import slots
+from bftrainer.trainers.launch import slot_pin
 
 FAILURE = "failure.json"
 LEFT_EXIT_CODE = 143  # 128 + SIGTERM: a worker that left on preemption
@@ -85,7 +85,7 @@ def pin_to_slot() -> None:
     if not trainer_dir:
         return
     try:
-        pinned = slots.pin(Path(trainer_dir), os.environ)
+        pinned = slot_pin.pin(Path(trainer_dir), os.environ)
     except (ValueError, OSError) as e:
         print(f"bftrainer: running on the whole node, its slot unknown: {e}", file=sys.stderr)
         return

@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from bftrainer.jobs import JobSpec
 from bftrainer.loop import Curve, CurveReport
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.state import Store
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (

@@ -3,7 +3,7 @@
 :class:`Daemon` plugs three parts into :class:`bftrainer.loop.Loop` (the loop the replay
 runs): the :class:`~bftrainer.daemon.held_pool.HeldPool` (the pool source), the
 :class:`~bftrainer.daemon.queue.SubmissionQueue` (trainers submitted and cancels
-requested) and the :class:`~bftrainer.live.LiveDriver` (starts and rescales the real
+requested) and the :class:`~bftrainer.daemon.live_driver.LiveDriver` (starts and rescales the real
 trainers); in centre mode a :class:`~bftrainer.daemon.centre_link.CentreLink` too.
 
 Everything the daemon knows is in the SQLite store of its state directory, written
@@ -34,19 +34,19 @@ from pathlib import Path
 from bftrainer.daemon.actuator import StepActuator
 from bftrainer.daemon.centre_link import CentreLink
 from bftrainer.daemon.config import GRES, DaemonConfig
+from bftrainer.daemon.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
 from bftrainer.daemon.held_pool import HeldPool
 from bftrainer.daemon.left_running import say_left_running
+from bftrainer.daemon.live_driver import LiveDriver
 from bftrainer.daemon.queue import UNFINISHED, SubmissionQueue
-from bftrainer.gpu_slots import GpuSlotGate, GresError, slots_from_gpus
+from bftrainer.daemon.slot_book import SlotBook
 from bftrainer.holders.base import HolderError, Holders
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource
-from bftrainer.live import LiveDriver
-from bftrainer.live_service import LiveService, StepObserver
 from bftrainer.loop import Loop, LoopState, Orders, Policy, Reader, Source, TrainerState, WallClock
-from bftrainer.policy import MilpPolicy, make_policy
-from bftrainer.reading import HeldReading, MetricsSink, Reading
-from bftrainer.slots import SlotBook
+from bftrainer.policies.registry import MilpPolicy, make_policy
+from bftrainer.service.base import LiveService, StepObserver
+from bftrainer.service.reading import HeldReading, MetricsSink, Reading
 from bftrainer.state import Store
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class Daemon(LiveService):
             self._publish_metrics(None)
 
     def reading(self) -> Reading:
-        """The daemon's figures now (see :class:`~bftrainer.reading.Reading`)."""
+        """The daemon's figures now (see :class:`~bftrainer.service.reading.Reading`)."""
         view = self.pool.view
         last = self.monitor.last_reading
         trainers = self.loop.trainers.values() if self.loop is not None else ()

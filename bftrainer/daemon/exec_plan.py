@@ -15,7 +15,7 @@ class ExecPlan:
     """How the trainers' workers reach their nodes: ``mode`` of ``exec.json``, in
     ``slurm`` mode the holder job of each node, and each node's holder lease (which the
     supervisor renews for ``lease_s`` while it runs there); when trainers share nodes,
-    the trainer's slots of each node (``bftrainer/slots.py``)."""
+    the trainer's slots of each node (``bftrainer/daemon/slot_book.py``)."""
 
     mode: str
     jobs: Mapping[str, str]

@@ -19,8 +19,8 @@ import numpy as np
 from bftrainer.idle_monitor.trace import format_time
 from bftrainer.loop import TrainerState
 from bftrainer.replay.output import align_columns
-from bftrainer.replay.pollux_plots import plot_efficiency
-from bftrainer.replay.pollux_trainer import PolluxReport
+from bftrainer.replay.pollux.plots import plot_efficiency
+from bftrainer.replay.pollux.trainer import PolluxReport
 
 
 def completion_summary(trainers: Sequence[TrainerState], end_s: float) -> dict[str, Any]:

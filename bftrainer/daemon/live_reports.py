@@ -10,9 +10,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bftrainer.jobs import job_of
-from bftrainer.live_curves import LiveCurves
 from bftrainer.loop import CurveReport
+from bftrainer.loop.jobs import job_of
+from bftrainer.service.curves import LiveCurves
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError

@@ -3,7 +3,7 @@
 With S slots per node (``--slots-per-node``, docs/allocator.md "Slots") the allocator
 gives a trainer slot *counts* per node: its ``nodes`` list a node once per slot. Its
 workers need slot *indices*: slot k of a node is the k-th share of the node's GPUs, or
-of its CPUs where it has none (``bftrainer.trainers.launch.slots``). A worker is pinned
+of its CPUs where it has none (``bftrainer.trainers.launch.slot_pin``). A worker is pinned
 to its slot when it starts, so indices must not move: one trainer's rescale never hands
 it a slot another trainer's worker runs on, nor moves another trainer's workers.
 

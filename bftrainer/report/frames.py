@@ -17,7 +17,7 @@ integers, and each kind of record is one frame:
   breakpoint: trainer, nodes, throughput_sps, source (``measured`` or ``prior``, by
   ``bftrainer.trainers.learned_curve``; empty for a replay, whose outputs keep none).
 
-    from bftrainer.frames import load_replay
+    from bftrainer.report.frames import load_replay
     f = load_replay("out/demo/milp-tfwdauto")
 """
 

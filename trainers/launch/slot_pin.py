@@ -1,7 +1,7 @@
 """A worker's share of its node when trainers share nodes: its slot's GPUs and CPUs.
 
 With S slots per node the daemon writes in ``exec.json`` the trainer's ``slots_per_node``
-and, per host, its slot indices in the order it got them (``bftrainer/slots.py``). The
+and, per host, its slot indices in the order it got them (``bftrainer/daemon/slot_book.py``). The
 worker of local rank r on host h (``HOROVOD_LOCAL_RANK`` / ``LOCAL_RANK``) runs on slot
 ``slots[h][r]``: Horovod keeps a worker's local rank while its host stays and stops the
 highest ranks when the host's slots shrink, torchrun restarts every worker at each

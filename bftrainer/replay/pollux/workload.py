@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bftrainer.jobs import JobSpec
-from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp, sim_app
+from bftrainer.loop.jobs import JobSpec
+from bftrainer.replay.pollux.app import PolluxJob, PolluxSimError, SimApp, sim_app
 from bftrainer.trainers.pollux_profiles import (
     ENV_POLLUX_DATA,
     ProfileFormatError,

@@ -38,7 +38,7 @@ efficiency series ``pollux_series.py``; outputs and plots ``pollux_output.py`` a
 The driver learns the clock from ``advance(trainers, now_s)``. Its reports are inputs of
 the core loop (``CurveReport``, ``Completion``), never written into the trainers' records:
 a reported curve asks the loop for a new decision, at most every ``redecide_every_s``
-(``bftrainer.config.Config``). ``next_wakeup_s`` is the next completion and, with
+(``bftrainer.policies.config.Config``). ``next_wakeup_s`` is the next completion and, with
 adaptation on, the next report time of a running trainer, so that the loop wakes it to
 re-pick its batch size between pool events; a wake-up is not an event (``events.csv``
 records a step only when an input came or a decision was made).
@@ -58,11 +58,11 @@ from pathlib import Path
 import numpy as np
 
 from bftrainer.loop import Completion, Curve, CurveReport, Progress, TrainerState
-from bftrainer.policy import spread_metric
-from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, sim_app
-from bftrainer.replay.pollux_curves import best_at, node_curves, slot_curves
-from bftrainer.replay.pollux_series import EfficiencySeries, ratio
-from bftrainer.replay.pollux_trainer import PolluxReport, PolluxSimOptions, SimTrainer
+from bftrainer.policies.registry import spread_metric
+from bftrainer.replay.pollux.app import PolluxJob, PolluxSimError, sim_app
+from bftrainer.replay.pollux.curves import best_at, node_curves, slot_curves
+from bftrainer.replay.pollux.series import EfficiencySeries, ratio
+from bftrainer.replay.pollux.trainer import PolluxReport, PolluxSimOptions, SimTrainer
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.gns import GradientSample
 from bftrainer.trainers.goodput import (

@@ -108,13 +108,13 @@ class JobSpec:
 def prior_curve(n_max: int) -> tuple[tuple[float, float], ...]:
     """Linear scaling at one (unit) sample per second per node: the centre allocator's
     prior before a trainer's agent reports (the daemon's loop plans on
-    :class:`~bftrainer.live_curves.LiveCurves` instead, the replay's rule)."""
+    :class:`~bftrainer.service.curves.LiveCurves` instead, the replay's rule)."""
     return ((1.0, 1.0), (float(n_max), float(n_max))) if n_max > 1 else ((1.0, 1.0),)
 
 
 def job_of(row: TrainerRow) -> JobSpec:
     """The loop's view of a trainer the store holds (its curve: :func:`prior_curve`;
-    :meth:`LiveCurves.prior_job <bftrainer.live_curves.LiveCurves.prior_job>` gives the
+    :meth:`LiveCurves.prior_job <bftrainer.service.curves.LiveCurves.prior_job>` gives the
     prior the daemon plans on). The model is the script's name."""
     return JobSpec(
         id=row.id,

@@ -4,12 +4,12 @@
 A file has a ``[policy]`` table with any of :class:`Config`'s fields::
 
     [policy]
-    policy = "milp"            # milp | equal | scavenger (bftrainer.policy.POLICIES)
+    policy = "milp"            # milp | equal | scavenger (bftrainer.policies.registry.POLICIES)
     objective = "throughput"   # throughput | speedup | goodput
     formulation = "count"      # count | node
     solver = "highs"           # highs | cbc | gurobi | dp
     t_fwd_s = "auto"           # the allocator's look-ahead T_fwd, s; "auto": from the
-                               # pool's churn (bftrainer/churn.py)
+                               # pool's churn (bftrainer/loop/churn.py)
     time_limit_s = 10.0        # solver limit per decision
     fairness_p = 1.0           # Pollux's fairness knob, -10..1
     fair_share_speedup = false
@@ -47,7 +47,7 @@ from bftrainer.milp.problem import (
 MAX_TRAINERS = 2**53
 
 # The policies' names. The record checks them as it checks the solvers' and objectives'
-# names; bftrainer.policy builds each from this record (POLICIES, make_policy) and
+# names; bftrainer.policies.registry builds each from this record (POLICIES, make_policy) and
 # refuses to load if its registry and these names differ. The names live here, not
 # there, so that the record imports neither the policies nor the loop.
 POLICY_NAMES = ("milp", "equal", "scavenger")
@@ -81,7 +81,7 @@ class Config:
     objective: str = "throughput"
     formulation: str = "count"
     solver: str = "highs"
-    t_fwd_s: float | str = "auto"  # seconds, or "auto" (bftrainer/churn.py)
+    t_fwd_s: float | str = "auto"  # seconds, or "auto" (bftrainer/loop/churn.py)
     time_limit_s: float = 10.0
     fairness_p: float = 1.0
     fair_share_speedup: bool = False
@@ -92,11 +92,12 @@ class Config:
     max_trainers: int = DEFAULT_MAX_TRAINERS
     redecide_every_s: float = 60.0
     # The scavenger baseline's rigid size for every job, within its [n_min, n_max];
-    # None: each job's n_max (bftrainer/policy.py, ScavengerPolicy).
+    # None: each job's n_max (bftrainer/policies/registry.py, ScavengerPolicy).
     scavenger_size: int | None = None
     # S: slots (GPUs) per pool node, the unit of allocation (docs/allocator.md, "Slots").
     # Set by the replay ([replay], --slots-per-node) and the daemon ([daemon],
-    # --slots-per-node: a number, or "gres" read from the nodes' GPUs, bftrainer/gpu_slots.py).
+    # --slots-per-node: a number, or "gres" read from the nodes' GPUs,
+    # bftrainer/daemon/gpu_slots.py).
     slots_per_node: int = 1
 
     def __post_init__(self) -> None:

@@ -9,9 +9,9 @@ daemon does. Two things differ, both through :class:`AgentLink`:
 - the allocator decides. The link is a source of the agent's loop: every
   ``sync_every_s`` it reports the user's unfinished trainers (their nodes, curves,
   progress) and brings back the nodes the allocator gives each; when they changed, the
-  loop decides again with :class:`~bftrainer.centre.follow.FollowPolicy`, which hands
+  loop decides again with :class:`~bftrainer.policies.follow.FollowPolicy`, which hands
   each trainer its assigned nodes whose holder runs;
-- the holders follow the assignment (``acquisition.plan_assigned``), not a demand.
+- the holders follow the assignment (``hold_plan.plan_assigned``), not a demand.
 
 While the allocator is unreachable (killed, restarting) nothing moves: the trainers keep
 the nodes they have, and the next sync after it returns registers them again.
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bftrainer.centre import protocol
-from bftrainer.centre.follow import FollowPolicy
 from bftrainer.centre.protocol import SyncReply, SyncRequest, TrainerReport
 from bftrainer.centre.transport import SOCKET_NAME, RequestRefused, TransportError, call
 from bftrainer.loop import Assignment, LoopView, Polled, TrainerState
+from bftrainer.policies.follow import FollowPolicy
 from bftrainer.state import Store, UnknownTrainerError
 
 log = logging.getLogger(__name__)

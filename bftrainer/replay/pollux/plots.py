@@ -12,7 +12,7 @@ import numpy as np
 from bftrainer.loop import TrainerState
 
 if TYPE_CHECKING:
-    from bftrainer.replay.pollux_trainer import PolluxReport
+    from bftrainer.replay.pollux.trainer import PolluxReport
 
 
 def plot_efficiency(runs: Sequence[tuple[str, PolluxReport]], path: Path) -> None:

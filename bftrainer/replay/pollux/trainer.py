@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bftrainer.replay.pollux_app import PolluxJob, PolluxSimError, SimApp
+from bftrainer.replay.pollux.app import PolluxJob, PolluxSimError, SimApp
 from bftrainer.trainers.agent import PolluxAgent, TrainerConfig
 from bftrainer.trainers.goodput import DEFAULT_SWITCH_GAIN
 from bftrainer.trainers.retune_cadence import RetuneCadence

@@ -6,10 +6,10 @@ no clock and no table that anything else writes, so the same inputs give the sam
 decision in the daemon, the centre and the replay.
 
 ``POLICIES`` is the registry (as ``milp.solvers`` has of solvers): a name -> a factory
-that builds the policy from the configuration record (``bftrainer.config.Config``);
+that builds the policy from the configuration record (``bftrainer.policies.config.Config``);
 :func:`make_policy` builds the one a record names, for whoever builds a loop (the loop
 builds none). A new policy is a class here, a line in the registry and its name in
-``bftrainer.config.POLICY_NAMES`` (which the record checks names against).
+``bftrainer.policies.config.POLICY_NAMES`` (which the record checks names against).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from bftrainer.churn import auto_t_fwd_s
-from bftrainer.config import POLICY_NAMES, Config
-from bftrainer.jobs import JobSpec
+from bftrainer.loop.churn import auto_t_fwd_s
+from bftrainer.loop.jobs import JobSpec
 from bftrainer.loop.protocols import Policy
 from bftrainer.loop.records import Decision, PolicyInputs, TrainerState
 from bftrainer.milp import Problem, allocate
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.problem import fair_admission, group_key
-from bftrainer.milp.slots import map_slots
+from bftrainer.milp.slot_packing import map_slots
+from bftrainer.policies.config import POLICY_NAMES, Config
 
 
 def admit(trainers: Iterable[TrainerState], limit: int, fair_by: str) -> list[TrainerState]:
@@ -58,7 +58,7 @@ class Admission:
 class MilpPolicy(Admission):
     """The BFTrainer allocator (``docs/allocator.md``) at every event, with the
     settings of ``config`` (T_fwd, objective, formulation, solver, time limit, fairness).
-    ``t_fwd_s = "auto"``: T_fwd from the pool's churn (bftrainer/churn.py)."""
+    ``t_fwd_s = "auto"``: T_fwd from the pool's churn (bftrainer/loop/churn.py)."""
 
     config: Config
     name: str = "milp"
@@ -179,7 +179,8 @@ POLICIES: dict[str, Callable[[Config], Policy]] = {
 }
 if tuple(POLICIES) != POLICY_NAMES:  # one list of names, checked where both are seen
     raise ImportError(
-        f"bftrainer.policy.POLICIES {tuple(POLICIES)} and bftrainer.config.POLICY_NAMES "
+        f"bftrainer.policies.registry.POLICIES {tuple(POLICIES)} and "
+        "bftrainer.policies.config.POLICY_NAMES "
         f"{POLICY_NAMES} differ: name each policy in both, in the same order"
     )
 # The policies the daemon can carry out on real, elastic trainers. The scavenger baseline

@@ -35,13 +35,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bftrainer.exec_plan import LOCAL, ExecPlan
-from bftrainer.jobs import job_of
-from bftrainer.live_curves import LiveCurves
-from bftrainer.live_orders import EndLeftovers, Launched, StartAgain, StartFailed, Stop
-from bftrainer.live_reports import ReportReader
+from bftrainer.daemon.exec_plan import LOCAL, ExecPlan
+from bftrainer.daemon.live_orders import EndLeftovers, Launched, StartAgain, StartFailed, Stop
+from bftrainer.daemon.live_reports import ReportReader
+from bftrainer.daemon.slot_book import SlotBook, SlotMap, host_counts
 from bftrainer.loop import Completion, CurveReport, NodeChange, Orders, Progress, TrainerState
-from bftrainer.slots import SlotBook, SlotMap, host_counts
+from bftrainer.loop.jobs import job_of
+from bftrainer.service.curves import LiveCurves
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch import restarts
@@ -92,7 +92,7 @@ class LiveDriver:
         # Trainers whose supervisor is to be started again: when, and why.
         self._restarts: dict[str, tuple[float, str]] = {}
         self._reports: list[CurveReport | Completion] = []
-        # The throughput curves the loop plans on: the replay's rule (bftrainer.live_curves).
+        # The throughput curves the loop plans on: the replay's rule (bftrainer.service.curves).
         self.curves = LiveCurves(store)
         self.reader = ReportReader(store, self.curves)  # how far each one's reports are read
         # Node-count changes made by decisions since the start (logged "rescaled"), for
@@ -314,7 +314,8 @@ class LiveDriver:
             else:
                 if c.why == "decide" and not placed:
                     # The decision's slots are given for all at once, the freed ones
-                    # first (bftrainer.slots): the slot one frees is the one another gets.
+                    # first (bftrainer.daemon.slot_book): the slot one frees is the one
+                    # another gets.
                     self.book.place(orders.decided)
                     placed = True
                 if tid in self.launchers or tid in starting:

@@ -6,7 +6,7 @@ nothing that another thread writes."""
 from __future__ import annotations
 
 from bftrainer.loop import Decision, PolicyInputs
-from bftrainer.policy import Admission
+from bftrainer.policies.registry import Admission
 
 
 class FollowPolicy(Admission):

@@ -1,7 +1,7 @@
 """The daemon's Prometheus metrics: opt-in, as a node_exporter textfile and/or on an
 HTTP port bound to 127.0.0.1 (docs/deployment.md lists the metrics).
 
-The daemon hands :class:`DaemonMetrics` a :class:`~bftrainer.reading.Reading` (plain
+The daemon hands :class:`DaemonMetrics` a :class:`~bftrainer.service.reading.Reading` (plain
 numbers it keeps anyway) at every wake-up of its loop, and the latency of each decision;
 the centre's allocator (``daemon --centre``) hands it one after each step of its loop.
 The figures both have are rendered once; each one's own part after them.
@@ -37,7 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bftrainer.reading import OUTCOMES, AgentsReading, HeldReading, Reading
+from bftrainer.service.reading import OUTCOMES, AgentsReading, HeldReading, Reading
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 
 class DaemonMetrics:
-    """A service's :class:`~bftrainer.reading.MetricsSink` for Prometheus: rewrites the
+    """A service's :class:`~bftrainer.service.reading.MetricsSink` for Prometheus: rewrites the
     textfile (atomically) at each update and/or serves the metrics over HTTP.
 
     Use :meth:`open`: it checks the settings at start, where a mistake gives one line.

@@ -1,5 +1,5 @@
 """What a live service's metrics read: one :class:`Reading`, the daemon's and the centre
-allocator's, as plain data (``bftrainer.daemon_metrics`` renders it for Prometheus).
+allocator's, as plain data (``bftrainer.service.metrics`` renders it for Prometheus).
 
 Both read the same pool from the same scheduler, so they share its figures (the pool, the
 nodes given to trainers, failed scheduler operations, the pool's age); what only one of

@@ -2,7 +2,7 @@
 
 A step's :class:`~bftrainer.loop.Orders` carry the driver's orders (``Orders.driver``:
 what ``LiveDriver.advance`` found due) next to the loop's; ``LiveDriver.act`` returns what
-it learnt, which ``LiveDriver.learn`` records at the next step (bftrainer/live.py).
+it learnt, which ``LiveDriver.learn`` records at the next step (bftrainer/daemon/live_driver.py).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from bftrainer.loop import Curve, TrainerState
-from bftrainer.replay.pollux_app import PolluxSimError
-from bftrainer.replay.pollux_trainer import PolluxSimOptions, SimTrainer
+from bftrainer.replay.pollux.app import PolluxSimError
+from bftrainer.replay.pollux.trainer import PolluxSimOptions, SimTrainer
 from bftrainer.trainers.goodput import EXPLORATION_GROWTH, GoodputConfig, GoodputModel
 from bftrainer.trainers.throughput import predict_step_time
 
