@@ -105,6 +105,8 @@ ROOM_EDGES: dict[str, set[str]] = {
     "bftrainer.state": set(),
     "bftrainer.trainers": {"bftrainer.common", "bftrainer.milp"},
 }
+# Folders that hold modules only inside packages: no module may sit loose in them.
+NO_LOOSE_MODULES = {"bftrainer": {"__init__.py", "__main__.py"}}
 
 
 def project_modules() -> dict[str, Path]:
@@ -301,6 +303,22 @@ def test_rooms_import_each_other_only_along_the_listed_edges() -> None:
         for b in sorted(ROOM_EDGES[a] - found.get(a, set()))
     ]
     assert not gone, "ROOM_EDGES lists edges no import uses:\n" + "\n".join(gone)
+
+
+def test_no_module_sits_loose_in_bftrainer() -> None:
+    """Every module of bftrainer/ is in a room (issue 43): a new one goes into the room
+    of the part it belongs to, or into a new package that says what it holds."""
+    for folder, allowed in NO_LOOSE_MODULES.items():
+        loose = sorted(p.name for p in (ROOT / folder).glob("*.py") if p.name not in allowed)
+        assert not loose, f"modules loose in {folder}/: {', '.join(loose)}"
+
+
+def test_rooms_import_each_other_one_way() -> None:
+    """The rooms are layers: no room reaches itself through the others (the package
+    itself is left out: its __main__ runs the command line, which reads its version)."""
+    edges = {a: b - {"bftrainer"} for a, b in room_edges().items() if a != "bftrainer"}
+    found = [" -> ".join(circle_in(edges, knot)) for knot in knots(edges)]
+    assert not found, "rooms that import each other:\n" + "\n".join(found)
 
 
 def test_the_room_walk_tells_a_package_from_a_loose_module() -> None:
