@@ -346,48 +346,51 @@ class Loop:
 
     def _apply(self, item: Input) -> bool:
         """Apply one input; True if it is an event to record (curve reports are not)."""
-        if isinstance(item, PoolChange):
-            return self._pool_change(item.event)
-        elif isinstance(item, Arrival):
-            self._arrive(item.job)
-        elif isinstance(item, Completion):
-            t = self._retire(item.trainer_id, "completion")
-            if t is None:
+        match item:
+            case PoolChange():
+                return self._pool_change(item.event)
+            case Arrival():
+                self._arrive(item.job)
+            case Completion():
+                t = self._retire(item.trainer_id, "completion")
+                if t is None:
+                    return False
+                t.finished_s = self.now_s
+                self._add("completions", 1)
+            case Cancel():
+                held = (
+                    len(self.trainers[item.trainer_id].nodes)
+                    if item.trainer_id in self.trainers
+                    else 0
+                )
+                t = self._retire(item.trainer_id, "cancel")
+                if t is None:
+                    return False
+                self._changes.append(NodeChange(t.id, (), "cancel", held))
+                t.cancelled_s = self.now_s
+                self.driver.cancel(t)
+                self._add("cancels", 1)
+            case Redecide():
+                self._dirty = True
                 return False
-            t.finished_s = self.now_s
-            self._add("completions", 1)
-        elif isinstance(item, Cancel):
-            held = (
-                len(self.trainers[item.trainer_id].nodes) if item.trainer_id in self.trainers else 0
-            )
-            t = self._retire(item.trainer_id, "cancel")
-            if t is None:
+            case Assignment():
+                self.assignment = dict(item.nodes)
+                self._dirty = True
                 return False
-            self._changes.append(NodeChange(t.id, (), "cancel", held))
-            t.cancelled_s = self.now_s
-            self.driver.cancel(t)
-            self._add("cancels", 1)
-        elif isinstance(item, Redecide):
-            self._dirty = True
-            return False
-        elif isinstance(item, Assignment):
-            self.assignment = dict(item.nodes)
-            self._dirty = True
-            return False
-        elif isinstance(item, Refused):
-            self.refused_until_s = dict(item.until_s)
-            self._dirty = True
-            return False
-        elif isinstance(item, CurveReport):
-            t = self.trainers.get(item.trainer_id)
-            if t is None:
-                log.warning("curve report for unknown trainer %r ignored", item.trainer_id)
+            case Refused():
+                self.refused_until_s = dict(item.until_s)
+                self._dirty = True
                 return False
-            t.reported_curves[item.metric] = item.curve
-            self._curves_changed = True
-            return False
-        else:
-            raise LoopError(f"not a loop input: {item!r}")
+            case CurveReport():
+                t = self.trainers.get(item.trainer_id)
+                if t is None:
+                    log.warning("curve report for unknown trainer %r ignored", item.trainer_id)
+                    return False
+                t.reported_curves[item.metric] = item.curve
+                self._curves_changed = True
+                return False
+            case _:
+                raise LoopError(f"not a loop input: {item!r}")
         return True
 
     def _pool_change(self, event: PoolEvent) -> bool:
