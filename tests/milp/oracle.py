@@ -98,8 +98,17 @@ def brute_force(
     """The best ``value`` (Eq. 16 by default) over every feasible node map (waiting
     trainers get none)."""
     taking_part = [t.id for t in admitted(problem)]
+    # A count outside n_min..n_max is one of the violations: skipping such a map before
+    # ``violations`` judges it changes no answer, and most maps of a small pool are such.
+    limits = {t.id: (t.n_min, t.n_max) for t in problem.trainers}
+    count_ok = problem.slots_per_node == 1
     best = float("-inf")
     for owners in itertools.product([None, *taking_part], repeat=len(problem.pool)):
+        if count_ok and any(
+            owners.count(t) > 0 and not limits[t][0] <= owners.count(t) <= limits[t][1]
+            for t in taking_part
+        ):
+            continue
         nodes: dict[str, list[str]] = {t: [] for t in taking_part}
         for node, owner in zip(problem.pool, owners, strict=True):
             if owner is not None:
