@@ -114,27 +114,73 @@ class PoolFlips:
     flips: list[Flip]
     source: str
 
-    def trace(self) -> Trace:
-        """The pool as a ``Trace`` (windows as the plan stated them)."""
+    def trace(self, start_s: float | None = None, end_s: float | None = None) -> Trace:
+        """The pool as a ``Trace`` (windows as the plan stated them), from ``start_s`` to
+        ``end_s`` when given: the same trace as ``trace().slice(start_s=, end_s=)``, but
+        only the range's events are made (a week of a year: 1/52 of its node changes).
+        The state at ``start_s`` is folded from the flips before it as arrays."""
         names = self.machine.names
-        first, rest = self.flips[0], self.flips[1:]
+        whole = Trace(names, frozenset(), self.start_s, self.end_s, (), source=self.source)
+        if start_s is not None or end_s is not None:  # the slice's own range checks
+            whole.slice(start_s=start_s, end_s=end_s)
+        lo = self.start_s if start_s is None else start_s
+        hi = self.end_s if end_s is None else min(end_s, self.end_s)
+        first = self.flips[0]
+        if lo <= self.start_s:
+            initial_idle = frozenset(names[k] for k in first.joined)
+            initial_windows = _windows(first, names)
+            rest = self.flips[1:]
+        else:
+            initial_idle, initial_windows, after = self._state_at(lo)
+            rest = self.flips[after:]
+        events = []
+        for f in rest:
+            if f.time_s > hi:
+                break
+            joined = frozenset(names[k] for k in f.joined)
+            events.append(
+                PoolEvent(f.time_s, joined, frozenset(names[k] for k in f.left), _windows(f, names))
+            )
         return Trace(
             nodes=names,
-            initial_idle=frozenset(names[k] for k in first.joined),
-            start_s=self.start_s,
-            end_s=self.end_s,
-            events=tuple(
-                PoolEvent(
-                    f.time_s,
-                    frozenset(names[k] for k in f.joined),
-                    frozenset(names[k] for k in f.left),
-                    _windows(f, names),
-                )
-                for f in rest
-            ),
-            initial_windows_s=_windows(first, names),
+            initial_idle=initial_idle,
+            start_s=lo,
+            end_s=hi,
+            events=tuple(events),
+            initial_windows_s=initial_windows,
             source=self.source,
         )
+
+    def _state_at(self, lo: float) -> tuple[frozenset[str], dict[str, float | None], int]:
+        """The idle nodes at ``lo`` (a flip at ``lo`` included), their windows carried
+        forward to ``lo`` in the order ``Trace.slice`` gives them (by the flip that
+        stated them, then node), and the index of the first flip after ``lo``."""
+        names = self.machine.names
+        size = len(names)
+        idle = np.zeros(size, bool)
+        window = np.full(size, np.nan)  # the window stated at the node's join, if any
+        stated_s = np.zeros(size)
+        stated_at = np.full(size, -1, np.int64)  # the flip that stated it
+        after = len(self.flips)
+        for i, f in enumerate(self.flips):
+            if f.time_s > lo and i:
+                after = i
+                break
+            idle[f.joined] = True
+            idle[f.left] = False
+            window[f.left] = np.nan
+            if f.window_s is not None:
+                told = f.joined[f.joined <= f.window_upto]
+                window[told] = f.window_s
+                stated_s[told] = f.time_s
+                stated_at[told] = i
+        have = np.flatnonzero(idle & ~np.isnan(window))
+        have = have[np.lexsort((have, stated_at[have]))]
+        carried = np.maximum(0.0, window[have] - (lo - stated_s[have]))
+        windows: dict[str, float | None] = {
+            names[k]: float(x) for k, x in zip(have.tolist(), carried.tolist(), strict=True)
+        }
+        return frozenset(names[k] for k in np.flatnonzero(idle)), windows, after
 
 
 def _windows(f: Flip, names: tuple[str, ...]) -> dict[str, float | None]:

@@ -158,6 +158,41 @@ def _sorted_value(
     return value, later
 
 
+class _TableCache:
+    """score_table's answers within one allocation, by everything they read: trainers
+    alike (one model, no nodes: most of a queue at P_jmax 100) with the same windows
+    offered share one table, computed once (the same array, not a near copy)."""
+
+    def __init__(self, t_fwd_s: float) -> None:
+        self.t_fwd_s = t_fwd_s
+        self._keys: dict[str, tuple[object, ...]] = {}
+        self._tables: dict[tuple[object, ...], np.ndarray] = {}
+
+    def table(self, t: TrainerTerms, own: np.ndarray, growth: np.ndarray) -> np.ndarray:
+        kind = self._keys.get(t.id)
+        if kind is None:
+            arrays = (t.bp_nodes, t.bp_value, t.packed_value, t.spread_value, t.can_pack)
+            kind = (
+                t.n_min,
+                t.n_max,
+                t.c,
+                t.rescale_up_s,
+                t.rescale_down_s,
+                t.runnable,
+                t.current_value,
+                t.slots_per_node,
+                *(None if a is None else (a.dtype.str, a.tobytes()) for a in arrays),
+            )
+            self._keys[t.id] = kind
+        key = (kind, own.tobytes(), growth[: max(t.n_max - len(own), 0)].tobytes())
+        found = self._tables.get(key)
+        if found is None:
+            found = score_table(t, own, growth, self.t_fwd_s)
+            found.flags.writeable = False
+            self._tables[key] = found
+        return found
+
+
 def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: float) -> np.ndarray:
     """V_j at every count 0..n_max: count k <= C_j keeps the k longest of ``own``
     (sorted longest first); k > C_j adds the first k - C_j windows of ``growth``. The
@@ -202,7 +237,10 @@ def _layout(
     pool: Sequence[str],
     w: Mapping[str, float],
     keep_longest: bool = True,
+    by_window: bool = False,
 ) -> _Layout:
+    """``by_window``: ``pool`` is already in window order (longest first, stable), so the
+    free nodes are read off it in that order instead of sorted again."""
     kept: dict[str, tuple[str, ...]] = {}
     held: set[str] = set()
     growers = []
@@ -214,7 +252,10 @@ def _layout(
         held |= keep
         if k > t.c:
             growers.append(t.id)
-    free = sorted((n for n in pool if n not in held), key=lambda n: -w[n])  # stable: pool order
+    if by_window:
+        free = [n for n in pool if n not in held]
+    else:
+        free = sorted((n for n in pool if n not in held), key=lambda n: -w[n])  # stable
     return _Layout(kept, free, growers)
 
 
@@ -239,10 +280,12 @@ def map_windows(
     pool: Sequence[str],
     w: Mapping[str, float],
     t_fwd_s: float,
+    by_window: bool = False,
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
     """Node sets for ``counts`` (step 1 of the module docstring): the best by V of the
     grower orders, with shrinkers keeping their longest windows or (releasing those to
-    the growers) their shortest; and each grower's offset in the free list."""
+    the growers) their shortest; and each grower's offset in the free list.
+    ``by_window``: ``pool`` is in window order (``_layout``)."""
     by_id = {t.id: t for t in terms}
     o = {t.id: _values(t).tolist() for t in terms}
 
@@ -254,7 +297,7 @@ def map_windows(
     shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
     moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
     for keep_longest in (True, False) if shrinking else (True,):
-        layout = _layout(terms, counts, pool, w, keep_longest)
+        layout = _layout(terms, counts, pool, w, keep_longest, by_window)
         orders: list[Sequence[str]] = (
             list(itertools.permutations(layout.growers))
             if len(layout.growers) <= MAX_PERMUTED
@@ -317,7 +360,13 @@ class _Tabled(TrainerTerms):
 
 def _tabled(t: TrainerTerms, table: np.ndarray) -> _Tabled:
     """``t`` with ``table`` as its scores (every field of ``t`` carried over)."""
-    return _Tabled(**{f.name: getattr(t, f.name) for f in fields(t) if f.init}, table=table)
+    names = _INIT_FIELDS.get(type(t))
+    if names is None:
+        names = _INIT_FIELDS[type(t)] = tuple(f.name for f in fields(t) if f.init)
+    return _Tabled(**{name: getattr(t, name) for name in names}, table=table)
+
+
+_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def allocate_windows(
@@ -337,8 +386,11 @@ def allocate_windows(
     pool = problem.pool
     maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]] = []
 
+    # The pool longest window first (stable), once: each layout's free nodes in order.
+    ordered = sorted(pool, key=lambda n: -raw[n])
+
     def consider(counts: Mapping[str, int]) -> dict[str, int]:
-        nodes, offsets = map_windows(terms, counts, pool, raw, t_fwd)
+        nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)
         if all(m[1] != nodes for m in maps):
             maps.append((_pair_value(terms, nodes, raw, t_fwd), nodes))
         return offsets
@@ -350,17 +402,18 @@ def allocate_windows(
     held = {n for t in terms for n in t.current}
     free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
     own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
-    others = {
-        t.id: np.array(sorted(w[n] for u in terms if u.id != t.id for n in u.current))
-        for t in terms
-    }
+    # The windows the others hold, per trainer, shortest first: all held windows less
+    # the trainer's own (the same sorted values as sorting the others' afresh).
+    every = sorted(w[n] for u in terms for n in u.current)
+    others = {t.id: np.array(_without(every, [w[n] for n in t.current])) for t in terms}
     # (Only when some trainer could grow past the free nodes.)
     variants = [others, {k: v[::-1] for k, v in others.items()}]
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
+    cache = _TableCache(t_fwd)
     for released in variants:
         growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
-        _rounds(terms, pool, raw, t_fwd, own, growth, consider)
+        _rounds(terms, ordered, raw, cache, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
     maps.sort(key=lambda m: (-m[0][0], m[0][1]))
     best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
@@ -372,26 +425,37 @@ def allocate_windows(
     return best[0], best[1][0]
 
 
+def _without(ascending: list[float], values: list[float]) -> list[float]:
+    """``ascending`` (sorted) with one occurrence of each of ``values`` removed."""
+    if not values:
+        return ascending
+    out = list(ascending)
+    for x in values:
+        del out[bisect.bisect_left(out, x)]
+    return out
+
+
 def _rounds(
     terms: list[TrainerTerms],
     pool: Sequence[str],
     w: Mapping[str, float],
-    t_fwd: float,
+    cache: _TableCache,
     own: Mapping[str, np.ndarray],
     growth: dict[str, np.ndarray],
     consider: Callable[[Mapping[str, int]], dict[str, int]],
 ) -> None:
     """Step 2: the count DP on window-aware tables, each round with the growth offsets
-    the previous round's mapping gave, until the counts repeat."""
+    the previous round's mapping gave, until the counts repeat (``pool`` in window
+    order, ``_layout``)."""
     seen: list[dict[str, int]] = []
     for _ in range(ROUNDS):
-        tables = [_tabled(t, score_table(t, own[t.id], growth[t.id], t_fwd)) for t in terms]
-        counts, _ = solve_counts(tables, len(pool), t_fwd)
+        tables = [_tabled(t, cache.table(t, own[t.id], growth[t.id])) for t in terms]
+        counts, _ = solve_counts(tables, len(pool), cache.t_fwd_s)
         if counts in seen:
             break
         seen.append(counts)
         offsets = consider(counts)
-        layout = _layout(terms, counts, pool, w)
+        layout = _layout(terms, counts, pool, w, by_window=True)
         avail = np.array([w[n] for n in layout.free])
         end = sum(counts[g] - len(layout.kept[g]) for g in layout.growers)
         growth = {t.id: avail[offsets[t.id] :] if t.id in offsets else avail[end:] for t in terms}
@@ -420,6 +484,7 @@ def improve_by_swaps(
     wins = {tid: sorted(w[n] for n in ns) for tid, ns in sets.items()}
     val = {tid: _sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
     scale = 1e-9 * max(1.0, sum(abs(v[0]) for v in val.values() if math.isfinite(v[0])))
+    seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
@@ -440,7 +505,12 @@ def improve_by_swaps(
             ws.remove(w[out])
         if into is not None:
             bisect.insort(ws, w[into])
-        return (tid, out, into, ws, _sorted_value(by_id[tid], o[tid], ws, t_fwd_s), e, m)
+        # The same sets come back after each improvement (the search starts over).
+        key = (tid, tuple(ws))
+        v = seen.get(key)
+        if v is None:
+            v = seen[key] = _sorted_value(by_id[tid], o[tid], ws, t_fwd_s)
+        return (tid, out, into, ws, v, e, m)
 
     holders: list[str | None] = [None, *sets]
 

@@ -147,10 +147,9 @@ def load_trace_or_log(
             return load_trace(path, nodes=nodes, start_s=start_s, end_s=end_s), False
         pool = read_log_pool(path, options)
         click.echo(pool.summary_line, err=True)
-        whole = pool.pool.trace()
-        if nodes is None and start_s is None and end_s is None:
-            return whole, True
-        return whole.slice(nodes=nodes, start_s=start_s, end_s=end_s), True
+        if nodes is None:  # only the range's events are made
+            return pool.pool.trace(start_s, end_s), True
+        return pool.pool.trace().slice(nodes=nodes, start_s=start_s, end_s=end_s), True
     except (TraceFormatError, TraceRangeError) as exc:
         raise UsageError(str(exc)) from None
 

@@ -139,6 +139,7 @@ class Loop:
         self._next_arrival = 0
         self._holding: dict[str, TrainerState] = {}  # trainers with nodes, any order
         self._running: list[TrainerState] | None = []  # _holding in arrival order
+        self._held = 0  # nodes (slots) the holders hold, summed: the step's record reads it
         self.last_decision_s = state.last_decision_s
         held: dict[str, str] = {}
         slots: dict[str, int] = {}  # with S slots per node, a node once per slot held
@@ -506,6 +507,7 @@ class Loop:
         if t.nodes:
             self._holding[t.id] = t
             self._running = None
+            self._held += len(t.nodes)
 
     def _set_nodes(self, t: TrainerState, nodes: tuple[str, ...]) -> None:
         """The one place the loop changes a trainer's nodes: keeps the holders' index."""
@@ -515,6 +517,7 @@ class Loop:
             else:
                 self._holding.pop(t.id, None)
             self._running = None
+        self._held += len(nodes) - len(t.nodes)
         t.nodes = nodes
 
     def _add(self, key: str, value: float) -> None:
@@ -526,8 +529,11 @@ class Loop:
         step = Step(
             time_s=self.now_s,
             pool_nodes=len(self.pool),
-            # Nodes holding a slot at least (with S = 1 every held node once).
-            allocated_nodes=len({n for t in self._holding.values() for n in t.nodes}),
+            # Nodes holding a slot at least (with S = 1 every held node once: no node has
+            # two holders, so the count kept is that number, without a set of them).
+            allocated_nodes=self._held
+            if self.config.slots_per_node == 1
+            else len({n for t in self._holding.values() for n in t.nodes}),
             running=running,
             waiting=len(self.trainers) - running,
             joined=int(p.get("joined", 0)),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import csv
 import math
+import operator
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,13 @@ def write_result(result: ReplayResult, out_dir: Path) -> None:
     (out_dir / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     with (out_dir / "events.csv").open("w", newline="") as f:
         names = [f.name for f in fields(Step)]
+        # A step's fields are plain numbers and strings: read as they are (asdict deep-
+        # copies each: 2.9 s of 22,000 steps under cProfile; a year has 571,000).
+        values = operator.attrgetter(*names)
         w = csv.writer(f)
         w.writerow(["time", *names])
         for s in result.metrics.steps:
-            row = asdict(s)
-            w.writerow([format_time(s.time_s), *(row[n] for n in names)])
+            w.writerow([format_time(s.time_s), *values(s)])
     with (out_dir / "trainers.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(TRAINER_COLUMNS)

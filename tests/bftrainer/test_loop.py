@@ -609,3 +609,38 @@ def test_a_replay_gives_the_same_figures_at_any_hash_seed() -> None:
         out.append(json.loads(proc.stdout))
     assert out[0] == out[1]
     assert out[0]["preemption_cost_samples"] > 0  # nodes left and joined: order mattered
+
+
+def test_the_held_count_is_the_nodes_the_trainers_hold_at_every_step() -> None:
+    """A step's ``allocated_nodes`` is kept as a count (no set of the held nodes is built
+    each step): it equals the nodes the trainers hold, through arrivals (with every slot
+    taken too), completions, cancels, joins and preemptions."""
+    import random
+
+    rng = random.Random(3)
+    names = [f"n{i}" for i in range(12)]
+    script: list[tuple[float, Input]] = []
+    idle = set(names[:6])
+    for k in range(60):
+        t = float(k)
+        script.append((t, Arrival(job(f"j{k}", work=rng.choice([5.0, 40.0, 1e9]), submit_s=t))))
+        if k % 3 == 0:
+            left = frozenset(rng.sample(sorted(idle), min(len(idle), rng.randint(0, 3))))
+            joined = frozenset(rng.sample(sorted(set(names) - idle), rng.randint(0, 3)))
+            idle = (idle - left) | joined
+            script.append((t + 0.5, PoolChange(PoolEvent(t + 0.5, joined, left))))
+        if k % 7 == 6:
+            script.append((t + 0.25, Cancel(f"j{k - 3}")))
+    script.sort(key=lambda s: s[0])
+    loop, _, _, _ = make_loop(script, pool=tuple(names[:6]), config=Config(max_trainers=3))
+    seen: list[tuple[int, int]] = []
+
+    class Check(Steps):
+        def step(self, step: Step) -> None:
+            held = {n for t in loop.trainers.values() for n in t.nodes}
+            seen.append((step.allocated_nodes, len(held)))
+
+    loop.observer = Check()
+    loop.run(until_s=70.0)
+    assert len(seen) > 60 and any(a for a, _ in seen)
+    assert all(a == b for a, b in seen)

@@ -284,3 +284,31 @@ def test_stats_and_replay_read_a_job_log(tmp_path: Path) -> None:
     assert summary["windows"] == "trace"  # a job log's planned windows, by default
     refused = bftrainer("replay", str(log), "--jobs", str(job_set), "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "before" in refused.stderr
+
+
+@pytest.mark.parametrize("fmt", ["sacct", "swf"])
+def test_a_range_of_the_log_is_the_slice_of_its_whole_trace(fmt: str, tmp_path: Path) -> None:
+    """A replay of a week reads only the week's events (``PoolFlips.trace(start, end)``):
+    the same snapshot, windows (values and order) and events as slicing the whole
+    trace, at every instant of the log and between them."""
+    from bftrainer.idle_monitor.joblog import pool_from_log
+
+    jobs = w.random_jobs(5, MACHINE, 80, overcommit=True)  # some with a plan's window
+    log = tmp_path / ("log.txt" if fmt == "sacct" else "log.swf")
+    log.write_text(w.sacct(jobs) if fmt == "sacct" else w.swf(jobs, MACHINE))
+    pool = pool_from_log(log, nodes=MACHINE if fmt == "sacct" else None).pool
+    whole = pool.trace()
+    times = [f.time_s for f in pool.flips]
+    ranges = [(t + d, t + d + h) for t in times for d in (0.0, 0.5) for h in (60.0, 1e9)]
+    carried = 0
+    for lo, hi in [(None, None), (None, times[3]), (times[2], None), *ranges]:
+        if lo is not None and lo > pool.end_s:
+            continue
+        got, want = pool.trace(lo, hi), whole.slice(start_s=lo, end_s=hi)
+        carried += bool(got.initial_windows_s)
+        assert got == want
+        assert list(got.initial_windows_s.items()) == list(want.initial_windows_s.items())
+        assert [list(e.windows_s.items()) for e in got.events] == [
+            list(e.windows_s.items()) for e in want.events
+        ]
+    assert carried  # some range starts while a stated window runs

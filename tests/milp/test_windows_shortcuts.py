@@ -1,0 +1,115 @@
+"""The window-aware allocator's shortcuts (issue 39: a year replayed in minutes) change
+no decision: what they skip gives what running it gives, to the last bit.
+
+- per-count tables shared by alike trainers (``_TableCache``) against each computed;
+- the others' windows as all held windows less one's own (``_without``) against sorting
+  the others' afresh;
+- free nodes read off the pool sorted once (``_layout(by_window=True)``) against sorting
+  them each time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+
+import numpy as np
+import pytest
+
+import bftrainer.milp.windows as win
+from bftrainer.milp import Problem, TrainerSpec, allocate
+from bftrainer.milp.objective import build_terms
+
+
+def queue_problem(seed: int) -> Problem:
+    """A replay's queue: a few trainers hold nodes, the rest of one model wait; some
+    nodes leave at a few shared instants within the horizon."""
+    rng = random.Random(seed)
+    pool = tuple(f"n{i:02d}" for i in range(rng.randint(20, 48)))
+    free = list(pool)
+    rng.shuffle(free)
+    curve = ((1.0, 100.0), (8.0, 700.0), (16.0, 1200.0))
+    trainers = []
+    for k in range(rng.randint(6, 16)):
+        held = 0 if k >= 4 else rng.randint(0, 8)
+        nodes, free = tuple(sorted(free[:held])), free[held:]
+        trainers.append(
+            TrainerSpec(
+                id=f"t{k:02d}",
+                n_min=rng.choice([1, 1, 2]),
+                n_max=16,
+                rescale_up_s=18.0,
+                rescale_down_s=12.0,
+                curve=curve,
+                nodes=nodes,
+            )
+        )
+    instants = [None, None, None, 30.0, 90.0, 400.0, 2000.0, 5000.0]
+    windows = {n: rng.choice(instants) for n in pool}
+    return Problem(pool=pool, trainers=tuple(trainers), t_fwd_s=120.0, windows_s=windows)
+
+
+def computed_each_time(
+    self: win._TableCache, t: object, own: np.ndarray, growth: np.ndarray
+) -> np.ndarray:
+    return win.score_table(t, own, growth, self.t_fwd_s)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_shared_tables_give_the_allocation_of_tables_computed_each_time(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = queue_problem(seed)
+    assert win.has_windows(problem)
+    shared = allocate(problem, solver="dp")
+    monkeypatch.setattr(win._TableCache, "table", computed_each_time)
+    each = allocate(problem, solver="dp")
+    assert shared.status == each.status == "windows"
+    assert dict(shared.nodes) == dict(each.nodes)
+    assert shared.objective == each.objective
+
+
+def test_a_shared_table_is_the_table_computed_afresh() -> None:
+    problem = queue_problem(1)
+    terms = build_terms(problem)
+    cache = win._TableCache(120.0)
+    growth = np.array([np.inf, np.inf, 5000.0, 400.0, 400.0, 90.0, 30.0] * 4)
+    waiting = [t for t in terms if not t.current]
+    tables = {t.id: cache.table(t, np.array([], float), growth) for t in waiting}
+    for t in waiting:  # alike (the same n_min too): computed once, the same array
+        alike = [u for u in waiting if u.n_min == t.n_min]
+        assert all(tables[u.id] is tables[t.id] for u in alike)
+    assert len({id(x) for x in tables.values()}) == len({t.n_min for t in waiting})
+    for t in terms:
+        own = np.array(sorted((float(i) for i in range(len(t.current))), reverse=True))
+        got = cache.table(t, own, growth)
+        want = win.score_table(t, own, growth, 120.0)
+        assert got.tobytes() == want.tobytes()
+        assert not got.flags.writeable  # shared: nobody may change it
+
+
+def test_all_held_windows_less_ones_own_are_the_others_sorted_afresh() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        held = [[rng.choice([30.0, 90.0, 400.0, np.inf]) for _ in range(rng.randint(0, 6))]]
+        held += [[rng.choice([30.0, 90.0, np.inf]) for _ in range(rng.randint(0, 6))]]
+        every = sorted(x for ws in held for x in ws)
+        for j, own in enumerate(held):
+            others = sorted(x for i, ws in enumerate(held) if i != j for x in ws)
+            assert win._without(every, own) == others
+    assert bisect.bisect_left([1.0], 1.0) == 0  # (the removal finds the first equal)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_free_nodes_off_the_sorted_pool_are_the_free_nodes_sorted(seed: int) -> None:
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    w = win.raw_windows(problem)
+    ordered = sorted(problem.pool, key=lambda n: -w[n])
+    rng = random.Random(seed)
+    for _ in range(20):
+        counts = {t.id: rng.randint(0, t.c + 3) for t in terms}
+        for keep_longest in (True, False):
+            fresh = win._layout(terms, counts, problem.pool, w, keep_longest)
+            read = win._layout(terms, counts, ordered, w, keep_longest, by_window=True)
+            assert read == fresh
