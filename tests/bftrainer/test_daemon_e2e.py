@@ -74,31 +74,10 @@ def stepping_on(service: Service, trainer_id: str) -> int | None:
     return int(last[0]["nodes"]) if last else None
 
 
-@pytest.mark.parametrize("kill_daemon", [False, True], ids=["steady", "daemon-killed"])
-def test_two_trainers_shrink_and_grow_around_a_main_job(
-    service: Service, kill_daemon: bool
-) -> None:
-    # Equal share, so that the trainers grow back when the nodes return: with the milp
-    # policy they may not, and rightly, when their own curves say that more workers on
-    # this 2-core machine slow them down (measured: 8 workers, each fit turned flat).
-    service.start("equal")
-    work = 60_000
-    # Held at 0.4 s a step (60,000 samples at batch 128: 3 min at least): at 0.2 s the
-    # torchrun trainer, faster since its agents stay up, once finished its work while
-    # the Horovod one still waited out Gloo's timeout after the main job came.
-    slow = (*service.paced(0.4), "--max-batch", "128")
-    # One after the other: Horovod's start took 2.5 min on a loaded CI machine, and a
-    # torchrun trainer submitted with it had finished its work before the main job came.
-    a = service.submit("horovod", work, 4, *slow)
-    wait_until(lambda: service.trainer(a)["samples_done"] > 0, 300, f"{a} training")
-    b = service.submit("torchrun", work, 4, *slow)
-    trainers = (a, b)
-    wait_until(lambda: service.trainer(b)["samples_done"] > 0, 240, f"{b} training")
-    wait_until(
-        lambda: sum(len(service.trainer(t)["nodes"]) for t in trainers) == 8,
-        120,
-        "all 8 nodes held and given to the trainers",
-    )
+def around_a_main_job(service: Service, trainers: tuple[str, str], kill_daemon: bool) -> None:
+    """A main job takes one node of each trainer, stepping on 4: holders are preempted,
+    both shrink to 3; it ends and they grow back. With ``kill_daemon`` the daemon is
+    killed -9 once it has taken the nodes, and started again."""
     # ... and every worker joined: a Horovod worker killed while it joins holds the
     # others for Gloo's whole timeout (120 s here), a case the soak covers, not this test.
     wait_until(
@@ -106,8 +85,6 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
         180,
         "both trainers stepping on 4 nodes",
     )
-    supervisors = {t: supervisor_pid(service, t) for t in trainers}
-    # A main job takes one node of each trainer: holders are preempted, both shrink.
     taken = [service.trainer(t)["nodes"][-1] for t in trainers]
     t_submit = time.time()
     # It runs until both trainers were seen on 3 nodes (a torchrun restart on 3 hosts
@@ -134,7 +111,10 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
             f"trainer {t} training on 3 nodes",
         )
         shrink_s[t] = first_reset_at(service, t, 3, t_submit) - t_submit
-    print(f"main job start {start_s:.1f} s; main job submitted -> first step at 3 nodes {shrink_s}")
+    print(
+        f"daemon killed: {kill_daemon}; main job start {start_s:.1f} s; "
+        f"main job submitted -> first step at 3 nodes {shrink_s}"
+    )
     # The main job ends; its nodes come back and the trainers grow again.
     service.end_main_job(job)
     wait_until(
@@ -142,6 +122,39 @@ def test_two_trainers_shrink_and_grow_around_a_main_job(
         180,
         "a trainer to grow back to 4 nodes",
     )
+
+
+def test_two_trainers_shrink_and_grow_around_main_jobs_with_the_daemon_up_then_killed(
+    service: Service,
+) -> None:
+    """Two main jobs, one after the other, each taking a node of each trainer: around
+    the first the daemon runs on, around the second it is killed -9 and started again.
+    One pair of trainers for both (their start is most of such a test's time)."""
+    # Equal share, so that the trainers grow back when the nodes return: with the milp
+    # policy they may not, and rightly, when their own curves say that more workers on
+    # this 2-core machine slow them down (measured: 8 workers, each fit turned flat).
+    service.start("equal")
+    work = 120_000
+    # Held at 0.4 s a step (120,000 samples at batch 128: 6 min at least; the two main
+    # jobs take 1.5-5 min of it): at 0.2 s the torchrun trainer, faster since its agents
+    # stay up, once finished its work while the Horovod one still waited out Gloo's
+    # timeout after the main job came.
+    slow = (*service.paced(0.4), "--max-batch", "128")
+    # One after the other: Horovod's start took 2.5 min on a loaded CI machine, and a
+    # torchrun trainer submitted with it had finished its work before the main job came.
+    a = service.submit("horovod", work, 4, *slow)
+    wait_until(lambda: service.trainer(a)["samples_done"] > 0, 300, f"{a} training")
+    b = service.submit("torchrun", work, 4, *slow)
+    trainers = (a, b)
+    wait_until(lambda: service.trainer(b)["samples_done"] > 0, 240, f"{b} training")
+    wait_until(
+        lambda: sum(len(service.trainer(t)["nodes"]) for t in trainers) == 8,
+        120,
+        "all 8 nodes held and given to the trainers",
+    )
+    supervisors = {t: supervisor_pid(service, t) for t in trainers}
+    around_a_main_job(service, trainers, kill_daemon=False)
+    around_a_main_job(service, trainers, kill_daemon=True)
     service.release()  # all seen: the rest of the work at full speed
     for t in trainers:
         done = wait_done(service, t, 600)
