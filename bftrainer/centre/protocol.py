@@ -59,7 +59,7 @@ class TrainerReport:
     (``bftrainer.loop.jobs``) under the same names, and what it has now.
 
     On the wire two keep their first release's spelling, so that an agent and an
-    allocator of either release understand each other (docs/centre.md, "Protocol"):
+    allocator of either release understand each other (docs/deployment.md, "Centre mode"):
     ``submit_s`` is sent as ``submitted_s``, and work until the trainer's own stop
     (``math.inf`` here) as ``null``."""
 

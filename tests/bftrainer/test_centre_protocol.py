@@ -1,5 +1,5 @@
 """The centre's wire across releases: a trainer's report keeps the keys its first release
-sent (docs/centre.md, "Protocol"), while the record behind it has the trainer record's
+sent (docs/deployment.md, "Centre mode"), while the record behind it has the trainer record's
 names (``submit_s``; ``math.inf`` for work until the trainer's own stop)."""
 
 from __future__ import annotations
