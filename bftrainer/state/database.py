@@ -41,6 +41,19 @@ log = logging.getLogger(__name__)
 BUSY_TIMEOUT_S = 30.0
 
 
+# Pauses before a read-only open looks again at a -wal and -shm that a writer made or
+# deleted while it opened (``Database.open``): a genuine fault is named 0.26 s later.
+READ_ONLY_RETRIES_S = (0.01, 0.05, 0.2)
+SQLITE_READONLY, SQLITE_CANTOPEN = 8, 14  # SQLite's primary result codes
+
+
+def _raced_a_writer(exc: sqlite3.DatabaseError) -> bool:
+    """The errors a read-only open gets when a writer makes or deletes the -wal and -shm
+    it chose by: it could not open them, or would have had to create one."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (SQLITE_READONLY, SQLITE_CANTOPEN)
+
+
 class Database:
     """One connection to ``<state_dir>/state.db``, behind a lock; ``Store`` adds the tables.
 
@@ -103,29 +116,44 @@ class Database:
         else:
             check_state_dir(state_dir)
             check_existing_db(path, state_dir)
-        unchanged = None
-        if read_only:
-            uri, immutable = read_only_uri(path)
-            unchanged = file_identity(path) if immutable else None
-            conn = sqlite3.connect(
-                uri, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False, uri=True
-            )
-        else:
-            conn = sqlite3.connect(
-                path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-        conn.row_factory = sqlite3.Row
-        store = cls(conn, path, unchanged, wait_for_writers=wait_for_writers)
-        try:
-            store._setup(busy_timeout_s, create=create)
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            blame_the_directory_if_read_only(state_dir, exc)
-            raise SchemaError(f"{path} is not a usable bftrainer state database: {exc}") from None
-        except BaseException:
-            conn.close()
-            raise
-        return store
+        for retry_s in (*READ_ONLY_RETRIES_S, None):
+            unchanged = None
+            if read_only:
+                uri, immutable = read_only_uri(path)
+                unchanged = file_identity(path) if immutable else None
+                conn = sqlite3.connect(
+                    uri,
+                    timeout=busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    uri=True,
+                )
+            else:
+                conn = sqlite3.connect(
+                    path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+                )
+            conn.row_factory = sqlite3.Row
+            store = cls(conn, path, unchanged, wait_for_writers=wait_for_writers)
+            try:
+                store._setup(busy_timeout_s, create=create)
+            except sqlite3.DatabaseError as exc:
+                conn.close()
+                # A reader chooses how to read by the -wal and -shm it finds; a writer
+                # that opens or closes right then makes or deletes them under it
+                # ("unable to open database file", "attempt to write a readonly
+                # database"): look again a little later and choose anew.
+                if read_only and retry_s is not None and _raced_a_writer(exc):
+                    time.sleep(retry_s)
+                    continue
+                blame_the_directory_if_read_only(state_dir, exc)
+                raise SchemaError(
+                    f"{path} is not a usable bftrainer state database: {exc}"
+                ) from None
+            except BaseException:
+                conn.close()
+                raise
+            return store
+        raise AssertionError("unreachable: the last try returns or raises")
 
     def _setup(self, busy_timeout_s: float, *, create: bool = True) -> None:
         c = self._conn

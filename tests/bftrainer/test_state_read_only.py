@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bftrainer.state import DB_NAME, DaemonLock, Store, ensure_state_dir
+from bftrainer.state.errors import StateError, StoreChangedError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
@@ -185,3 +186,44 @@ def test_read_only_commands_change_no_byte_of_the_state_directory(
             assert every_file(state) == before, f"{command} changed the state directory"
         if writer == "open":
             assert store.get_setting("probe") == 2
+
+
+# A writer that opens, writes and closes the store over and over for 4 s (each close
+# checkpoints and deletes the -wal and -shm), as daemons starting and stopping do.
+KEEP_WRITING = (
+    "import sys, time; from pathlib import Path; from bftrainer.state import Store\n"
+    "until = time.monotonic() + 4\n"
+    "while time.monotonic() < until:\n"
+    "    with Store.open(Path(sys.argv[1])) as s:\n"
+    "        s.set_setting('pool', {'time_s': time.time(), 'nodes': {}})\n"
+)
+
+
+def test_a_read_only_open_beside_a_writer_that_opens_and_closes_never_fails(
+    tmp_path: Path,
+) -> None:
+    """A reader chooses how to read by the -wal and -shm it finds; a writer closing right
+    then deletes them under it. Before the reader looked again, about 3 opens a second
+    failed so here ("unable to open database file", "attempt to write a readonly
+    database": `logs -f` died of it once in a fresh clone's suite). A store that changed
+    while read as immutable is the one error left: its callers look again."""
+    state, _ = state_with_a_trainer(tmp_path)
+    writer = subprocess.Popen([sys.executable, "-c", KEEP_WRITING, str(state)])
+    opens, failures = 0, []
+    try:
+        while writer.poll() is None:
+            opens += 1
+            try:
+                with Store.open(state, read_only=True) as store:
+                    store.get_setting("pool")
+            except StoreChangedError:
+                pass
+            except StateError as exc:
+                failures.append(str(exc))
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        writer.wait(timeout=30)
+    assert writer.returncode == 0
+    assert opens > 100, opens
+    assert not failures, f"{len(failures)} of {opens} opens failed: {failures[:3]}"
