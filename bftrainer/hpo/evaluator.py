@@ -182,13 +182,13 @@ class TrainerEvaluator(Evaluator):
             return
         if self.time_left is not None and self.time_left <= 0:  # the search's timeout
             return
-        in_flight = list(self.job_id_submitted)
+        in_flight = set(self.job_id_submitted)
         extra = self.num_workers - len(in_flight)
         if self.maximum_num_jobs_submitted > 0:  # max_evals_strict
             extra = min(extra, self.maximum_num_jobs_submitted - self.num_jobs_submitted)
         if extra <= 0 or self.search is None:
             return
-        flying = [job.args for job in self.jobs if job.id in set(in_flight)]
+        flying = [job.args for job in self.jobs if job.id in in_flight]
         fresh: list[dict[str, Any]] = []
         for config in self.search.ask(max(extra, 2)):
             if config not in flying and config not in fresh and len(fresh) < extra:

@@ -105,7 +105,7 @@ def brute_force(
     best = float("-inf")
     for owners in itertools.product([None, *taking_part], repeat=len(problem.pool)):
         if count_ok and any(
-            owners.count(t) > 0 and not limits[t][0] <= owners.count(t) <= limits[t][1]
+            (n := owners.count(t)) > 0 and not limits[t][0] <= n <= limits[t][1]
             for t in taking_part
         ):
             continue
