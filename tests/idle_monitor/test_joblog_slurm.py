@@ -42,6 +42,18 @@ def _jobcomp_log(cluster: SlurmCluster) -> Path:
     return cluster.conf.parent / "log" / "jobcomp.log"
 
 
+def _recorded_idle(folder: Path) -> set[str]:
+    """The nodes idle in the recorder's latest record (its file is flushed per record;
+    a last line still being written is left out)."""
+    idle: dict[str, bool] = {}
+    for path in folder.glob("pool-*.csv"):
+        for line in path.read_text().splitlines(keepends=True)[1:]:
+            cells = line.split(",")
+            if line.endswith("\n") and len(cells) >= 3:
+                idle[cells[1]] = cells[2] == "1"
+    return {n for n, i in idle.items() if i}
+
+
 def _changes(trace: Trace) -> dict[str, list[tuple[float, bool]]]:
     """Each node's state changes, the snapshot first."""
     out = {n: [(trace.start_s, n in trace.initial_idle)] for n in trace.nodes}
@@ -70,6 +82,11 @@ def test_job_log_matches_the_recorded_pool(slurm: SlurmCluster, tmp_path: Path) 
         ]
         wait_until(lambda: not (set(ids) & slurm.jobs()), 120, "every job of the mix done")
         wait_until(lambda: all(s == "idle" for s in slurm.states().values()), 30, "all nodes idle")
+        # The recorder too: stopped before its poll saw the last job end, its trace would
+        # end before the log's and miss that change.
+        wait_until(
+            lambda: _recorded_idle(tmp_path / "rec") == set(slurm.nodes), 30, "all idle recorded"
+        )
         wait_until(
             lambda: all(f"JobId={i} " in jobcomp.read_text() for i in ids), 30, "the log written"
         )
@@ -117,17 +134,21 @@ def _transitions(
 
 
 def _unmatched(
-    mine: list[tuple[float, bool]], theirs: list[tuple[float, bool]]
+    mine: list[tuple[float, bool]],
+    mine_all: list[tuple[float, bool]],
+    theirs: list[tuple[float, bool]],
 ) -> list[tuple[float, bool]]:
-    """My changes with no change to the same state in theirs within the tolerance,
-    except both ends of an idle spell shorter than it (a poll may miss one)."""
+    """My changes (``mine``, those compared) with no change to the same state in theirs
+    within the tolerance, except both ends of an idle spell shorter than it (a poll may
+    miss one; the log's whole seconds may close one): spells read from all my changes
+    (``mine_all``), since a spell that starts in the compared span may end after it."""
     lonely = [
         (t, idle)
         for t, idle in mine
         if not any(u == idle and abs(t - s) <= TOLERANCE_S for s, u in theirs)
     ]
     short = set()
-    for (a, ia), (b, ib) in pairwise(mine):
+    for (a, ia), (b, ib) in pairwise(mine_all):
         if ia and not ib and b - a <= TOLERANCE_S:
             short |= {(a, ia), (b, ib)}
     return [c for c in lonely if c not in short]
@@ -148,8 +169,11 @@ def _assert_agree(recorded: Trace, from_log: Trace, ids: list[str]) -> None:
         g = _transitions(log[node], lo, hi)
         r_all = _transitions(rec[node], *everything)
         g_all = _transitions(log[node], *everything)
-        for mine, theirs, who in ((r, g_all, "recorded"), (g, r_all, "the log")):
-            lonely = _unmatched(mine, theirs)
+        for mine, mine_all, theirs, who in (
+            (r, r_all, g_all, "recorded"),
+            (g, g_all, r_all, "the log"),
+        ):
+            lonely = _unmatched(mine, mine_all, theirs)
             assert not lonely, (
                 f"{node}: {who} has changes {lonely} that the other trace does not have "
                 f"within {TOLERANCE_S} s (recorded {r}, log {g}; jobs {ids})"
