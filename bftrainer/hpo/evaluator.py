@@ -29,7 +29,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,12 +120,21 @@ class TrainerEvaluator(Evaluator):
         search started and never told (their results are not in the search's history)."""
         if not self._adopted:
             self._adopted = True
-            orphans = self._orphans()
+            gaps, orphans = self._gaps(), self._orphans()
             if orphans:
                 log.info("adopting %d trial(s) of a search that was stopped", len(orphans))
-                super().submit([params for params, _ in orphans])
+                with _ids_from(self._storage, gaps[: len(orphans)]):
+                    super().submit([params for params, _ in orphans])
                 for job, (_, row) in zip(self.jobs[-len(orphans) :], orphans, strict=True):
                     self._adopt[job.id] = row.id
+            lost = gaps[len(orphans) :]
+            if lost:
+                log.warning(
+                    "%d configuration(s) of the stopped search never got a trainer: lost, "
+                    "and counted as gathered (the search runs that many fewer)",
+                    len(lost),
+                )
+                self.job_id_gathered.extend(lost)
         super().submit(args_list)
 
     def gather(self, type: str, size: int = 1) -> Any:
@@ -277,10 +287,30 @@ class TrainerEvaluator(Evaluator):
                 out.append((params_of(row.args, len(self.spec.args)), row))
         return out
 
+    def _gaps(self) -> list[str]:
+        """Job ids the stopped search made and never told. DeepHyper's restart numbers the
+        reloaded results' jobs 0..max, so a job in flight at the kill below that max is an
+        id nothing gathers, and the search's last collect would wait for it forever
+        (spinning a core). The orphans take these ids (:func:`_ids_from`)."""
+        known = {*self.job_id_gathered, *self.job_id_submitted}
+        return [j for j in self._storage.load_all_job_ids(self._search_id) if j not in known]
+
     def _history(self) -> Sequence[Job]:
         search = getattr(self, "search", None)
         history = getattr(search, "history", None)
         return list(getattr(history, "jobs", []))
+
+
+@contextmanager
+def _ids_from(storage: Any, ids: Sequence[str]) -> Iterator[None]:
+    """Within: the storage's new jobs take ``ids`` (existing ones) first, then new ids."""
+    given = iter(ids)
+    make = storage.create_new_job
+    storage.create_new_job = lambda search_id: next(given, None) or make(search_id)
+    try:
+        yield
+    finally:
+        del storage.create_new_job
 
 
 def params_of(args: Sequence[str], skip: int) -> dict[str, Any]:
