@@ -19,15 +19,16 @@ _MS_PER_S = 1000.0
 _MS_HINT_MIN_S = 1e8  # 1973: smaller values / 1000 are no date anyone meant
 
 
-def check_epoch_s(time_s: float, text: str | None = None) -> float:
-    """``time_s`` if it is a plausible epoch time, else ``ValueError`` naming it (``text``)."""
+def check_epoch_s(time_s: float, text: str | None = None, *, a_date: bool = False) -> float:
+    """``time_s`` if it is a plausible epoch time, else ``ValueError`` naming it (``text``).
+    ``a_date``: the text was a date, so no hint that it looks like milliseconds."""
     shown = repr(text) if text is not None else repr(time_s)
     if not math.isfinite(time_s):
         raise ValueError(f"time {shown} is not finite")
     if EPOCH_MIN_S <= time_s < EPOCH_MAX_S:
         return time_s
     hint = ""
-    if _MS_HINT_MIN_S <= time_s / _MS_PER_S < EPOCH_MAX_S:
+    if not a_date and _MS_HINT_MIN_S <= time_s / _MS_PER_S < EPOCH_MAX_S:
         hint = (
             f"; it looks like epoch milliseconds ({format_time(time_s / _MS_PER_S)} "
             "if divided by 1000): times must be epoch seconds"
@@ -59,7 +60,7 @@ def parse_time_s(text: str) -> float:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return check_epoch_s(moment.timestamp(), text)
+    return check_epoch_s(moment.timestamp(), text, a_date=True)
 
 
 def format_time(time_s: float) -> str:

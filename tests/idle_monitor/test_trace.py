@@ -236,7 +236,16 @@ def test_written_times_are_iso_utc(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["1612915732000", "1612915732000.5", "1e17", "1e30", "-1", "2300-01-01 00:00:00"]
+    "text",
+    [
+        "1612915732000",
+        "1612915732000.5",
+        "1e17",
+        "1e30",
+        "-1",
+        "2300-01-01 00:00:00",
+        "9999-12-31 23:59:59",  # a date: never "looks like milliseconds"
+    ],
 )
 def test_implausible_epoch_times_are_refused_with_one_line(tmp_path: Path, text: str) -> None:
     # Epoch milliseconds or a typo would overflow date arithmetic or stall the replay's
