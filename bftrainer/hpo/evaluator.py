@@ -47,7 +47,7 @@ from bftrainer.hpo.campaign import (
     submit_trial,
     trainers_by_trial,
 )
-from bftrainer.hpo.space import as_args
+from bftrainer.hpo.space import SpaceError, as_args, check_name
 from bftrainer.state import Store, TrainerRow
 from bftrainer.trainers import channel
 
@@ -118,6 +118,12 @@ class TrainerEvaluator(Evaluator):
     def submit(self, args_list: list[dict[str, Any]]) -> None:
         """The search's configurations; before the first, those of trainers a killed
         search started and never told (their results are not in the search's history)."""
+        for params in args_list:
+            for name in params:
+                try:
+                    check_name(name)
+                except SpaceError as exc:
+                    raise CampaignError(f"search {self.name!r}: {exc}") from None
         if not self._adopted:
             self._adopted = True
             gaps, orphans = self._gaps(), self._orphans()

@@ -21,6 +21,11 @@ from optuna.distributions import (
 )
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}\Z")
+# The runtime's options that say which trainer a run is (trainers/runtime_options.py): the
+# campaign writes --trial NAME#K after the parameters, and a parameter of that name would
+# come first, so the trial could not be found again; the trainer's folder and id are the
+# daemon's.
+RESERVED = frozenset({"trial", "trainer-dir", "trainer-id"})
 
 
 class SpaceError(ValueError):
@@ -35,6 +40,7 @@ def parse_param(text: str) -> tuple[str, BaseDistribution]:
             f"--param {text!r}: expected NAME=float:LOW:HIGH[:log], NAME=int:LOW:HIGH[:log] "
             "or NAME=cat:A,B,... with NAME a letter then letters, digits, _ or -"
         )
+    check_name(name)
     kind, _, rest = spec.partition(":")
     if kind == "cat":
         choices = [c for c in rest.split(",") if c]
@@ -56,6 +62,15 @@ def parse_param(text: str) -> tuple[str, BaseDistribution]:
     if kind == "int":
         return name, IntDistribution(int(low), int(high), log=log)
     return name, FloatDistribution(float(low), float(high), log=log)
+
+
+def check_name(name: str) -> None:
+    """A parameter may not be one of the runtime's options that name the trainer."""
+    if name in RESERVED:
+        raise SpaceError(
+            f"parameter {name!r}: --{name} is the runtime's own option, which the campaign "
+            "and the daemon set; name the parameter otherwise"
+        )
 
 
 def parse_space(texts: Sequence[str]) -> dict[str, BaseDistribution]:

@@ -220,6 +220,9 @@ def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
         ("lr=float:0:1:log", "LOW > 0 with log"),
         ("n=int:a:3", "must be ints"),
         ("c=cat:", "at least one choice"),
+        # --trial comes after the parameters: a parameter named so would hide the trial.
+        ("trial=float:0:1", "'trial': --trial is the runtime's own option"),
+        ("trainer-dir=cat:a", "--trainer-dir is the runtime's own option"),
     ],
 )
 def test_a_bad_param_is_named_in_one_line(text: str, match: str) -> None:

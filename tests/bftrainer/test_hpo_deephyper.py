@@ -271,6 +271,11 @@ def test_a_search_that_cannot_run_is_refused_in_one_line(tmp_path: Path, state: 
             TrainerEvaluator(spec, store, "dh")
         with pytest.raises(CampaignError, match="without '#'"):
             TrainerEvaluator(TrialSpec(tmp_path / "trial.py"), store, "a#b")
+    ev = evaluator(state, tmp_path / "trial.py")
+    with pytest.raises(CampaignError, match="search 'dh': parameter 'trial': --trial is the"):
+        ev.submit([{"trial": 0.5}])  # it would come before the campaign's own --trial
+    with Store.open(state) as store:
+        assert store.trainers() == []
 
 
 def _told(log_dir: Path) -> int:
