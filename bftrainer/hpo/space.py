@@ -26,6 +26,7 @@ NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}\Z")
 # come first, so the trial could not be found again; the trainer's folder and id are the
 # daemon's.
 RESERVED = frozenset({"trial", "trainer-dir", "trainer-id"})
+INT_MAX = 2**53
 
 
 class SpaceError(ValueError):
@@ -59,6 +60,9 @@ def parse_param(text: str) -> tuple[str, BaseDistribution]:
         raise SpaceError(f"--param {text!r}: LOW and HIGH must be {kind}s") from None
     if not (math.isfinite(low) and math.isfinite(high)) or low > high or (log and low <= 0):
         raise SpaceError(f"--param {text!r}: need LOW <= HIGH (and LOW > 0 with log)")
+    if kind == "int" and max(abs(low), abs(high)) > INT_MAX:
+        # Optuna's database keeps values as doubles: a larger int comes back changed.
+        raise SpaceError(f"--param {text!r}: ints within +-2**53 (the study keeps doubles)")
     if kind == "int":
         return name, IntDistribution(int(low), int(high), log=log)
     return name, FloatDistribution(float(low), float(high), log=log)

@@ -220,6 +220,7 @@ def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
         ("lr=float:0:1:log", "LOW > 0 with log"),
         ("n=int:a:3", "must be ints"),
         ("c=cat:", "at least one choice"),
+        ("n=int:1:9007199254740993", "ints within"),  # 2**53 + 1: stored as 2**53
         # --trial comes after the parameters: a parameter named so would hide the trial.
         ("trial=float:0:1", "'trial': --trial is the runtime's own option"),
         ("trainer-dir=cat:a", "--trainer-dir is the runtime's own option"),
