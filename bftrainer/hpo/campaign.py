@@ -29,7 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from bftrainer.common.promise import rungs_passed
 from bftrainer.hpo.space import as_args
-from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow
+from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow, daemon_running
 from bftrainer.trainers import channel
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,28 @@ def trainers_by_trial(store: Store) -> dict[str, TrainerRow]:
             if a == TRIAL_OPTION:
                 out.setdefault(args[i + 1], row)
     return out
+
+
+class DaemonWatch:
+    """Says once when the daemon of a store is gone, and once when it is back. A campaign
+    waits for it meanwhile, rightly (its running trainers train on; queued ones start
+    when it is back), but a wait that says nothing looks like a hang."""
+
+    def __init__(self, store: Store) -> None:
+        self.state_dir = store.path.parent
+        self.gone = False
+
+    def check(self) -> None:
+        running = daemon_running(self.state_dir) is not None
+        if not running and not self.gone:
+            log.warning(
+                "no bftrainer daemon is running for %s: the trials wait for it (trainers "
+                "that run train on); start it again with `bftrainer daemon`",
+                self.state_dir,
+            )
+        elif running and self.gone:
+            log.info("the daemon of %s is back", self.state_dir)
+        self.gone = not running
 
 
 def room(store: Store) -> int:
@@ -216,7 +238,9 @@ class Campaign:
         """Step every ``poll_s`` until every trial has ended and the daemon has stopped
         every trainer of a pruned one (or ``timeout_s`` passed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        watch = DaemonWatch(self.store)
         while True:
+            watch.check()
             tally = self.step()
             if self.done(tally):
                 return tally

@@ -41,6 +41,7 @@ from bftrainer.common.promise import rungs_passed
 from bftrainer.hpo.campaign import (
     TRIAL_OPTION,
     CampaignError,
+    DaemonWatch,
     TrialSpec,
     checked_trials,
     room,
@@ -97,6 +98,7 @@ class TrainerEvaluator(Evaluator):
         self._adopt: dict[str, str] = {}  # DeepHyper job id -> the trainer it adopts
         self._adopted = False
         self._ended = self._gathered = 0  # executes that returned; results gathered
+        self._watch = DaemonWatch(store)
         super().__init__(run_function=None, callbacks=callbacks)
 
     # -- what DeepHyper asks ---------------------------------------------------------
@@ -186,6 +188,7 @@ class TrainerEvaluator(Evaluator):
         the search every ``poll_s`` for as many configurations as the pool fits beyond
         those in flight (:meth:`_grow`)."""
         while self._ended <= self._gathered and self.job_id_submitted:
+            self._watch.check()
             self._grow()
             await asyncio.sleep(self.poll_s)
 

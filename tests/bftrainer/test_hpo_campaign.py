@@ -8,6 +8,7 @@ test_hpo_e2e.py."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,9 @@ from bftrainer.hpo import (
     study_lock,
     trainers_by_trial,
 )
+from bftrainer.hpo.campaign import DaemonWatch
 from bftrainer.state import Store
+from bftrainer.state.lock import DaemonLock
 from bftrainer.trainers import channel
 
 SPACE = {"x": FloatDistribution(0.0, 1.0)}
@@ -203,6 +206,27 @@ def test_a_campaign_that_cannot_run_is_refused_in_one_line(tmp_path: Path, store
         Campaign(two, SPACE, TrialSpec(script), store, 2)
     with pytest.raises(CampaignError, match=r"trial nodes 2\.\.1"):
         Campaign(study(tmp_path), SPACE, TrialSpec(script, n_min=2), store, 2)
+
+
+def test_a_campaign_says_once_that_its_daemon_is_gone_and_once_that_it_is_back(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its trials wait for the daemon (trainers that run train on), which is right; a
+    wait that says nothing looks like a hang."""
+    watch = DaemonWatch(store)
+    with caplog.at_level(logging.INFO, logger="bftrainer.hpo.campaign"):
+        for _ in range(3):
+            watch.check()
+        with DaemonLock(store.path.parent):
+            watch.check()
+            watch.check()
+        watch.check()
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(" ", 3)[:3] for m in said] == [
+        ["no", "bftrainer", "daemon"],
+        ["the", "daemon", "of"],
+        ["no", "bftrainer", "daemon"],
+    ], said
 
 
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
