@@ -223,23 +223,27 @@ def test_a_search_killed_and_started_again_loses_and_doubles_no_trial(
     assert before <= set(results["m:trainer"])
 
 
+@pytest.mark.parametrize("killed", ["with job 1 in flight", "before job 1 had a trainer"])
 def test_a_restart_whose_results_miss_a_job_below_the_last_ends_and_tells_it_once(
-    tmp_path: Path, state: Path
+    tmp_path: Path, state: Path, killed: str
 ) -> None:
     """A job in flight at a kill whose id is below a told one's leaves a gap in
     results.csv: DeepHyper's restart numbers the reloaded jobs 0..max, and nothing ever
     gathered the gap's id, so the restarted search's last collect waited for it forever
     (a core spinning: the Slurm test's search hung so). The orphan trainer takes the gap:
-    the restarted search ends, and tells each trainer once, under the id it had."""
+    the restarted search ends, and tells each trainer once, under the id it had. A gap
+    with no trainer (killed between the two) is lost, and the search still ends."""
     log_dir = tmp_path / "dh"
     script = tmp_path / "trial.py"
     with DaemonThread(state, tmp_path / "trainers", nodes=3):
         run_search(str(state), str(script), str(log_dir), "4", "0")
         results = pd.read_csv(log_dir / "results.csv")
-        gap = results[results["job_id"] == 1]
-        orphan = str(gap["m:trainer"].iloc[0])
-        # As if the search had been killed with job 1 in flight: results without it.
-        results[results["job_id"] != 1].to_csv(log_dir / "results.csv", index=False)
+        orphan = str(results.loc[results["job_id"] == 1, "m:trainer"].iloc[0])
+        if killed == "with job 1 in flight":  # its trainer ran, its result never written
+            results = results[results["job_id"] != 1]
+        else:  # job 1 never got a trainer: its configuration is lost
+            results.loc[results["job_id"] == 1, "job_id"] = results["job_id"].max() + 1
+        results.to_csv(log_dir / "results.csv", index=False)
         second = subprocess.Popen(
             [sys.executable, "-c",
              "import sys; from tests.bftrainer.test_hpo_deephyper import run_search as r; "
@@ -253,8 +257,12 @@ def test_a_restart_whose_results_miss_a_job_below_the_last_ends_and_tells_it_onc
                 os.killpg(second.pid, signal.SIGKILL)
                 second.wait(timeout=10)
     results = pd.read_csv(log_dir / "results.csv")
-    assert sorted(results["job_id"]) == list(range(len(results)))  # no gap
-    assert list(results.loc[results["job_id"] == 1, "m:trainer"]) == [orphan]
+    ids = sorted(results["job_id"])
+    if killed == "with job 1 in flight":
+        assert ids == list(range(len(results)))  # no gap
+        assert list(results.loc[results["job_id"] == 1, "m:trainer"]) == [orphan]
+    else:
+        assert 1 not in ids and ids == [0, *range(2, len(results) + 1)]
     with Store.open(state) as store:
         check_ends(results, store)  # every trainer once
 
