@@ -73,6 +73,9 @@ class TrainerTerms:
     _scores: dict[float, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _count_values: list[np.ndarray] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     @property
     def c(self) -> int:
@@ -97,10 +100,20 @@ class TrainerTerms:
             assert self.spread_value is not None and self.can_pack is not None
             values = np.where(self.can_pack, self.packed_value, self.spread_value)
         else:
-            values = self.value(np.arange(self.n_max + 1))
+            values = self.count_values()
         s = self.eq16_terms(t_fwd_s, values)
         self._scores[t_fwd_s] = s
         return s
+
+    def count_values(self) -> np.ndarray:
+        """O_j at every whole count 0..n_max, computed once (read-only): the window-aware
+        allocation reads it for every node map it values."""
+        if self._count_values:
+            return self._count_values[0]
+        values = np.asarray(self.value(np.arange(self.n_max + 1)), dtype=float)
+        values.flags.writeable = False
+        self._count_values.append(values)
+        return values
 
     def eq16_terms(self, t_fwd_s: float, values: np.ndarray) -> np.ndarray:
         """Eq. 16's term at every count for these values (slots)."""

@@ -110,8 +110,8 @@ def has_windows(problem: Problem) -> bool:
 
 
 def _values(t: TrainerTerms) -> np.ndarray:
-    """O_j at every whole count 0..n_max."""
-    return np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
+    """O_j at every whole count 0..n_max (read-only: ``TrainerTerms.count_values``)."""
+    return t.count_values()
 
 
 def set_value(
@@ -247,11 +247,15 @@ def _layout(
     sign = -1.0 if keep_longest else 1.0
     for t in terms:
         k = counts.get(t.id, 0)
-        keep = set(sorted(t.current, key=lambda n: sign * w[n])[: min(k, t.c)])
+        if k >= t.c:  # keeps them all: no order to choose by (most trainers)
+            kept[t.id] = t.current
+            held.update(t.current)
+            if k > t.c:
+                growers.append(t.id)
+            continue
+        keep = set(sorted(t.current, key=lambda n: sign * w[n])[:k])
         kept[t.id] = tuple(n for n in t.current if n in keep)  # in their held order
         held |= keep
-        if k > t.c:
-            growers.append(t.id)
     if by_window:
         free = [n for n in pool if n not in held]
     else:

@@ -18,7 +18,7 @@ import pytest
 
 import bftrainer.milp.windows as win
 from bftrainer.milp import Problem, TrainerSpec, allocate
-from bftrainer.milp.objective import build_terms
+from bftrainer.milp.objective import TrainerTerms, build_terms
 
 
 def queue_problem(seed: int) -> Problem:
@@ -113,3 +113,49 @@ def test_free_nodes_off_the_sorted_pool_are_the_free_nodes_sorted(seed: int) -> 
             fresh = win._layout(terms, counts, problem.pool, w, keep_longest)
             read = win._layout(terms, counts, ordered, w, keep_longest, by_window=True)
             assert read == fresh
+
+
+def layout_sorting_each(
+    terms: list[TrainerTerms],
+    counts: dict[str, int],
+    pool: tuple[str, ...],
+    w: dict[str, float],
+    keep_longest: bool,
+) -> win._Layout:
+    """``_layout`` as it was: every trainer's nodes sorted by window, kept ones or not."""
+    kept: dict[str, tuple[str, ...]] = {}
+    held: set[str] = set()
+    growers = []
+    sign = -1.0 if keep_longest else 1.0
+    for t in terms:
+        k = counts.get(t.id, 0)
+        keep = set(sorted(t.current, key=lambda n: sign * w[n])[: min(k, t.c)])
+        kept[t.id] = tuple(n for n in t.current if n in keep)
+        held |= keep
+        if k > t.c:
+            growers.append(t.id)
+    free = sorted((n for n in pool if n not in held), key=lambda n: -w[n])
+    return win._Layout(kept, free, growers)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_trainer_keeping_all_its_nodes_keeps_them_unsorted(seed: int) -> None:
+    """``_layout`` skips the sort for a trainer that keeps every node it holds."""
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    w = win.raw_windows(problem)
+    rng = random.Random(seed)
+    for _ in range(20):
+        counts = {t.id: rng.randint(0, t.c + 3) for t in terms}
+        for keep_longest in (True, False):
+            got = win._layout(terms, counts, problem.pool, w, keep_longest)
+            assert got == layout_sorting_each(terms, counts, problem.pool, w, keep_longest)
+
+
+def test_count_values_are_the_curve_at_every_count_computed_once() -> None:
+    for t in build_terms(queue_problem(3)):
+        fresh = np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
+        got = win._values(t)
+        assert got.tobytes() == fresh.tobytes() and not got.flags.writeable
+        assert win._values(t) is got
+        assert t.scores(60.0).tobytes() == t.eq16_terms(60.0, fresh.copy()).tobytes()
