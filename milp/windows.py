@@ -86,10 +86,12 @@ def node_windows(problem: Problem) -> dict[str, float]:
     """Each pool node's window in seconds; inf when open-ended, unknown, or past the
     departure horizon (all alike to V)."""
     t = departure_horizon_s(problem.t_fwd_s)
-    out = {}
-    for n in problem.pool:
-        x = problem.windows_s.get(n)
-        out[n] = math.inf if x is None or x >= t else float(x)
+    # Every node inf, in pool order, then the stated windows (all pool nodes: Problem
+    # checks it): one pass over the windows, not a lookup per pool node.
+    out = dict.fromkeys(problem.pool, math.inf)
+    for n, x in problem.windows_s.items():
+        if x is not None and x < t:
+            out[n] = float(x)
     return out
 
 
@@ -97,9 +99,11 @@ def raw_windows(problem: Problem) -> dict[str, float]:
     """Each pool node's window in seconds (inf when open-ended or unknown), uncapped: the
     order in which blocks are cut, so that nodes leaving at about the same time after
     the horizon still go together."""
-    return {
-        n: math.inf if (x := problem.windows_s.get(n)) is None else float(x) for n in problem.pool
-    }
+    out = dict.fromkeys(problem.pool, math.inf)  # as node_windows, without the cap
+    for n, x in problem.windows_s.items():
+        if x is not None:
+            out[n] = float(x)
+    return out
 
 
 def has_windows(problem: Problem) -> bool:

@@ -159,3 +159,17 @@ def test_count_values_are_the_curve_at_every_count_computed_once() -> None:
         assert got.tobytes() == fresh.tobytes() and not got.flags.writeable
         assert win._values(t) is got
         assert t.scores(60.0).tobytes() == t.eq16_terms(60.0, fresh.copy()).tobytes()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_node_windows_from_the_stated_ones_are_those_looked_up_per_node(seed: int) -> None:
+    problem = queue_problem(seed)
+    for t_fwd in (120.0, 4000.0):  # a horizon of 3,600 s, then of T_fwd
+        p = Problem(problem.pool, problem.trainers, t_fwd_s=t_fwd, windows_s=problem.windows_s)
+        h = win.departure_horizon_s(t_fwd)
+        capped = {
+            n: np.inf if (x := p.windows_s.get(n)) is None or x >= h else float(x) for n in p.pool
+        }
+        raw = {n: np.inf if (x := p.windows_s.get(n)) is None else float(x) for n in p.pool}
+        for got, want in ((win.node_windows(p), capped), (win.raw_windows(p), raw)):
+            assert got == want and list(got) == list(want)  # in pool order too
