@@ -528,8 +528,9 @@ def improve_by_swaps(
         return (str(h), w[n], h is not None and n in current[h])
 
     classes: dict[tuple[str, float, bool], dict[str, None]] = {}  # ordered sets
-    for n in pool:
-        classes.setdefault(alike(n), {})[n] = None
+    for n in pool:  # alike(n), inline: a call per pool node was most of this setup
+        h = owner[n]
+        classes.setdefault((str(h), w[n], h is not None and n in current[h]), {})[n] = None
     trials = 0
     improved = True
     while improved and trials < MAX_SWAP_TRIALS:
@@ -568,8 +569,11 @@ def improve_by_swaps(
                 break
             if a is None or b is None:
                 continue
-            delta = sum(u[4][0] - val[u[0]][0] for u in (a, b) if u[0] is not None)
-            later = sum(u[4][1] - val[u[0]][1] for u in (a, b) if u[0] is not None)
+            delta = later = 0.0  # sum()'s additions, in its order, without a generator
+            for u in (a, b):
+                if u[0] is not None:
+                    delta += u[4][0] - val[u[0]][0]
+                    later += u[4][1] - val[u[0]][1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
             for tid, out, into, ws, v, e, m in (a, b):
