@@ -53,7 +53,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -355,28 +355,6 @@ def _pair_value(
     return v, later
 
 
-@dataclass(frozen=True)
-class _Tabled(TrainerTerms):
-    """A trainer whose per-count table is given (the window-aware one), for the DP."""
-
-    table: np.ndarray | None = None
-
-    def scores(self, t_fwd_s: float) -> np.ndarray:
-        assert self.table is not None
-        return self.table
-
-
-def _tabled(t: TrainerTerms, table: np.ndarray) -> _Tabled:
-    """``t`` with ``table`` as its scores (every field of ``t`` carried over)."""
-    names = _INIT_FIELDS.get(type(t))
-    if names is None:
-        names = _INIT_FIELDS[type(t)] = tuple(f.name for f in fields(t) if f.init)
-    return _Tabled(**{name: getattr(t, name) for name in names}, table=table)
-
-
-_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
 def allocate_windows(
     problem: Problem,
     terms: list[TrainerTerms],
@@ -457,8 +435,9 @@ def _rounds(
     order, ``_layout``)."""
     seen: list[dict[str, int]] = []
     for _ in range(ROUNDS):
-        tables = [_tabled(t, cache.table(t, own[t.id], growth[t.id])) for t in terms]
-        counts, _ = solve_counts(tables, len(pool), cache.t_fwd_s)
+        # The window-aware tables stand for the scores in the DP (its ``tables``).
+        tables = [cache.table(t, own[t.id], growth[t.id]) for t in terms]
+        counts, _ = solve_counts(terms, len(pool), cache.t_fwd_s, tables=tables)
         if counts in seen:
             break
         seen.append(counts)
