@@ -208,7 +208,8 @@ def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: f
     c = len(own)
     row = np.concatenate([own, growth[: max(kmax - c, 0)]])[:kmax]
     have = len(row)
-    row = np.pad(row, (0, kmax - have))
+    if have < kmax:  # zeros after (np.pad's default, without its generic machinery)
+        row = np.concatenate([row, np.zeros(kmax - have)])
     ks = np.arange(kmax + 1)
     cols = np.arange(kmax)
     m = np.where(cols[None, :] < ks[:, None], row[None, :], -1.0)  # -1: no node
@@ -311,12 +312,21 @@ def map_windows(
             if len(layout.growers) <= MAX_PERMUTED
             else [layout.growers, sorted(layout.growers, key=cost)]
         )
+        # A trainer that does not grow holds its kept nodes in every order: valued once.
+        growing = set(layout.growers)
+        fixed = {
+            t.id: _sorted_value(t, o[t.id], sorted(w[n] for n in layout.kept[t.id]), t_fwd_s)
+            for t in moving
+            if t.id not in growing
+        }
         for order in orders:
             nodes, offsets = _assign(layout, counts, order)
             v, later = 0.0, 0.0
             for t in moving:
-                vj, lj = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
-                v, later = v + vj, later + lj
+                vl = fixed.get(t.id)
+                if vl is None:
+                    vl = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                v, later = v + vl[0], later + vl[1]
             if best is None or _better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
     assert best is not None
@@ -373,7 +383,9 @@ def allocate_windows(
     maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]] = []
 
     # The pool longest window first (stable), once: each layout's free nodes in order.
-    ordered = sorted(pool, key=lambda n: -raw[n])
+    # (Descending by window with reverse=True: as stable as ascending by -window, and
+    # the same order, without a lambda per node.)
+    ordered = sorted(pool, key=raw.__getitem__, reverse=True)
 
     def consider(counts: Mapping[str, int]) -> dict[str, int]:
         nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)

@@ -11,6 +11,7 @@ no decision: what they skip gives what running it gives, to the last bit.
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 
 import numpy as np
@@ -173,3 +174,63 @@ def test_node_windows_from_the_stated_ones_are_those_looked_up_per_node(seed: in
         raw = {n: np.inf if (x := p.windows_s.get(n)) is None else float(x) for n in p.pool}
         for got, want in ((win.node_windows(p), capped), (win.raw_windows(p), raw)):
             assert got == want and list(got) == list(want)  # in pool order too
+
+
+def test_the_pool_in_window_order_is_the_stable_sort_by_minus_the_window() -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        pool = [f"n{i:03d}" for i in range(rng.randint(0, 60))]
+        raw = {n: rng.choice([np.inf, 30.0, 90.0, 0.0, -0.0, 400.0]) for n in pool}
+        want = sorted(pool, key=lambda n: -raw[n])
+        assert sorted(pool, key=raw.__getitem__, reverse=True) == want
+
+
+def map_windows_valuing_each_order(
+    terms: list[TrainerTerms],
+    counts: dict[str, int],
+    pool: list[str],
+    w: dict[str, float],
+    t_fwd_s: float,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+    """``map_windows`` as it was: every moving trainer valued afresh in every order."""
+    by_id = {t.id: t for t in terms}
+    o = {t.id: win._values(t).tolist() for t in terms}
+
+    def cost(tid: str) -> float:
+        t = by_id[tid]
+        return -t.rescale_down_s * float(t.value(counts[tid]))
+
+    best = None
+    shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
+    moving = [t for t in terms if counts.get(t.id, 0) != t.c]
+    for keep_longest in (True, False) if shrinking else (True,):
+        layout = win._layout(terms, counts, pool, w, keep_longest, True)
+        orders = (
+            list(itertools.permutations(layout.growers))
+            if len(layout.growers) <= win.MAX_PERMUTED
+            else [layout.growers, sorted(layout.growers, key=cost)]
+        )
+        for order in orders:
+            nodes, offsets = win._assign(layout, counts, order)
+            v, later = 0.0, 0.0
+            for t in moving:
+                vj, lj = win._sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                v, later = v + vj, later + lj
+            if best is None or win._better((v, later), best[0]):
+                best = ((v, later), nodes, offsets)
+    assert best is not None
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trainers_that_do_not_grow_valued_once_give_the_same_map(seed: int) -> None:
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    ordered = sorted(problem.pool, key=lambda n: -raw[n])
+    rng = random.Random(seed)
+    for _ in range(30):
+        counts = {t.id: rng.choice([0, t.c, max(t.c - 2, 0), t.c + 3]) for t in terms}
+        counts = {k: min(v, 16) for k, v in counts.items()}
+        got = win.map_windows(terms, counts, ordered, raw, 120.0, by_window=True)
+        assert got == map_windows_valuing_each_order(terms, counts, ordered, raw, 120.0)
