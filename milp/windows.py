@@ -472,8 +472,8 @@ def improve_by_swaps(
     by_id = {t.id: t for t in terms}
     sets = {t.id: list(nodes.get(t.id, ())) for t in terms}
     current = {t.id: frozenset(t.current) for t in terms}
-    o = {t.id: [float(x) for x in _values(t)] for t in terms}
-    owner: dict[str, str | None] = {n: None for n in pool}
+    o = {t.id: _values(t).tolist() for t in terms}  # Python floats, as float(x) gives
+    owner: dict[str, str | None] = dict.fromkeys(pool)
     for tid, ns in sets.items():
         for n in ns:
             owner[n] = tid
