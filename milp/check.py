@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from itertools import chain
 
 from bftrainer.milp.problem import Problem
 
@@ -43,7 +44,7 @@ def violations(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> list[s
 def _feasible(problem: Problem, nodes: Mapping[str, tuple[str, ...]]) -> bool:
     """True when ``violations`` (S = 1) would find nothing: every node in the pool and
     given once, every count within limits, no trainer adding nodes while dropping some."""
-    given = [n for t in problem.trainers for n in nodes.get(t.id, ())]
+    given = list(chain.from_iterable(nodes.get(t.id, ()) for t in problem.trainers))
     if len(set(given)) != len(given) or not problem.pool_set.issuperset(given):
         return False
     for t in problem.trainers:

@@ -158,6 +158,10 @@ def _solve(
     choices made again, last block first, as its trace back needs them."""
     if not terms:
         return {}, 0.0
+    if options is None and cap == sum(t.n_max for t in terms):
+        unbound = _solve_unbound(terms, tables)
+        if unbound is not None:
+            return unbound
     every = len(terms)
     if len(terms) * (cap + 1) > CHOICE_CELLS:
         every = max(1, min(math.isqrt(len(terms)), CHOICE_CELLS // (cap + 1)))
@@ -189,6 +193,33 @@ def _solve(
             counts[terms[start + j].id] = n
             c -= n
     return {t.id: counts[t.id] for t in terms}, float(best[cap])
+
+
+def _solve_unbound(
+    terms: Sequence[TrainerTerms], tables: Tables
+) -> tuple[dict[str, int], float] | None:
+    """``_solve`` when the capacity is every trainer's n_max summed (the pool holds all
+    at their most: a replay's usual case on a large machine), by the same sums.
+
+    Then ``_spans`` gives each trainer one capacity, hi = the n_max of trainers 0..j
+    summed, and the trace back reads each trainer's count there: at hi every count n
+    reads best[hi - n] >= hi's of the trainer before, all the same value (the best so
+    far, copied upwards). So each step is that value plus the trainer's scores, its
+    first best count, the current one among equals: the DP's own additions and ties,
+    without its arrays. None (use the DP) if a table is not one entry per count."""
+    total = 0.0
+    counts: dict[str, int] = {}
+    for j, t in enumerate(terms):
+        scores = tables[j]
+        if len(scores) != t.n_max + 1:
+            return None
+        value = total + scores
+        n = int(value.argmax())  # the smallest count among equals
+        total = value[n]  # the DP's best there (this entry, as it takes it)
+        if t.c < len(value) and value[t.c] == total:
+            n = t.c  # ...but the current count first: moving must strictly pay
+        counts[t.id] = n
+    return counts, float(total)
 
 
 def _run(

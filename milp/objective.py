@@ -73,6 +73,9 @@ class TrainerTerms:
     _scores: dict[float, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+    _count_values: list[np.ndarray] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
 
     @property
     def c(self) -> int:
@@ -97,10 +100,20 @@ class TrainerTerms:
             assert self.spread_value is not None and self.can_pack is not None
             values = np.where(self.can_pack, self.packed_value, self.spread_value)
         else:
-            values = self.value(np.arange(self.n_max + 1))
+            values = self.count_values()
         s = self.eq16_terms(t_fwd_s, values)
         self._scores[t_fwd_s] = s
         return s
+
+    def count_values(self) -> np.ndarray:
+        """O_j at every whole count 0..n_max, computed once (read-only): the window-aware
+        allocation reads it for every node map it values."""
+        if self._count_values:
+            return self._count_values[0]
+        values = np.asarray(self.value(np.arange(self.n_max + 1)), dtype=float)
+        values.flags.writeable = False
+        self._count_values.append(values)
+        return values
 
     def eq16_terms(self, t_fwd_s: float, values: np.ndarray) -> np.ndarray:
         """Eq. 16's term at every count for these values (slots)."""
@@ -224,6 +237,15 @@ def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSp
     return taking_part, waiting
 
 
+# The terms built for a spec (the very object: a spec is immutable, and the replay's
+# policy hands the same one to consecutive decisions while its trainer is unchanged),
+# with everything else they were built from (_terms_key). A hit is the same terms, its
+# score tables included (TrainerTerms.scores keeps them per T_fwd): rebuilding them was
+# a quarter of a replay's decision. The oldest entry goes first when full.
+_TERMS: dict[int, tuple[TrainerSpec, tuple[object, ...], TrainerTerms]] = {}
+_TERMS_MAX = 4096
+
+
 def build_terms(problem: Problem) -> list[TrainerTerms]:
     """The objective terms of the admitted trainers, in arrival order."""
     if problem.slots_per_node > 1:
@@ -234,30 +256,70 @@ def build_terms(problem: Problem) -> list[TrainerTerms]:
     for t, (share, group) in zip(
         taking_part, _shares(problem, taking_part, pool_size), strict=True
     ):
-        n_max = min(t.n_max, pool_size)
-        runnable = t.n_min <= n_max
-        if not runnable:
-            n_max = 0
-        full_n, full_v = _value_table(problem, t, share, group)
-        if t.weight != 1.0:  # promise: w_j O_j (TrainerSpec.weight)
-            full_v = full_v * t.weight
-        bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
         current = problem.current_nodes(t)
-        terms.append(
-            TrainerTerms(
-                id=t.id,
-                n_min=t.n_min,
-                n_max=n_max,
-                current=current,
-                bp_nodes=bp_n,
-                bp_value=bp_v,
-                rescale_up_s=float(t.rescale_up_s),
-                rescale_down_s=float(t.rescale_down_s),
-                runnable=runnable,
-                current_value=float(np.interp(len(current), full_n, full_v)),
-            )
-        )
+        key = _terms_key(problem, t, share, group, current)
+        known = _TERMS.get(id(t))
+        if known is not None and known[0] is t and known[1] == key:
+            terms.append(known[2])
+            continue
+        made = _terms(problem, t, share, group, current)
+        if len(_TERMS) >= _TERMS_MAX:
+            del _TERMS[next(iter(_TERMS))]
+        _TERMS.pop(id(t), None)  # re-inserted last: the newest
+        _TERMS[id(t)] = (t, key, made)
+        terms.append(made)
     return terms
+
+
+def _terms_key(
+    problem: Problem,
+    t: TrainerSpec,
+    share: float,
+    group: tuple[int, float] | None,
+    current: tuple[str, ...],
+) -> tuple[object, ...]:
+    """All that ``_terms`` reads besides the spec: n_max as capped by the pool, the
+    objective's settings, the share (read with fair_share_speedup only), the group and
+    the nodes held in the pool."""
+    return (
+        min(t.n_max, len(problem.pool)),
+        problem.objective,
+        problem.fairness_p,
+        problem.fair_share_speedup,
+        share if problem.fair_share_speedup else None,
+        group,
+        current,
+    )
+
+
+def _terms(
+    problem: Problem,
+    t: TrainerSpec,
+    share: float,
+    group: tuple[int, float] | None,
+    current: tuple[str, ...],
+) -> TrainerTerms:
+    """One admitted trainer's terms (S = 1), holding ``current``."""
+    n_max = min(t.n_max, len(problem.pool))
+    runnable = t.n_min <= n_max
+    if not runnable:
+        n_max = 0
+    full_n, full_v = _value_table(problem, t, share, group)
+    if t.weight != 1.0:  # promise: w_j O_j (TrainerSpec.weight)
+        full_v = full_v * t.weight
+    bp_n, bp_v = _clip_breakpoints(full_n, full_v, n_max)
+    return TrainerTerms(
+        id=t.id,
+        n_min=t.n_min,
+        n_max=n_max,
+        current=current,
+        bp_nodes=bp_n,
+        bp_value=bp_v,
+        rescale_up_s=float(t.rescale_up_s),
+        rescale_down_s=float(t.rescale_down_s),
+        runnable=runnable,
+        current_value=float(np.interp(len(current), full_n, full_v)),
+    )
 
 
 def _shares(

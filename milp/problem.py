@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 OBJECTIVES = ("throughput", "speedup", "goodput")
@@ -90,10 +91,23 @@ class TrainerSpec:
         _check_curve(self.curve, where, "curve", self.n_max)
         if self.spread_curve is not None:
             _check_curve(self.spread_curve, where, "spread_curve", self.n_max)
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
         if len(self.nodes) > self.n_max:
             raise ProblemError(
-                f"{where}: holds {len(self.nodes)} nodes, more than n_max {self.n_max}"
+                f"trainer {self.id!r}: holds {len(self.nodes)} nodes, more than n_max {self.n_max}"
             )
+
+    def with_nodes(self, nodes: tuple[str, ...]) -> TrainerSpec:
+        """This valid spec holding ``nodes`` instead: only what depends on the nodes is
+        checked again (a replay's trainer keeps its spec from one decision to the next,
+        and most of them hold what they held; rebuilding was a tenth of a decision)."""
+        spec = object.__new__(TrainerSpec)
+        spec.__dict__.update(self.__dict__)
+        object.__setattr__(spec, "nodes", nodes)
+        spec._check_nodes()
+        return spec
 
     def value_at(self, n: float) -> float:
         """The curve's value at ``n`` nodes (linear between breakpoints, 0 at 0)."""
@@ -130,7 +144,8 @@ class Problem:
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if len(set(self.pool)) != len(self.pool):
+        pool_set = frozenset(self.pool)  # one set: the check below and pool_set
+        if len(pool_set) != len(self.pool):
             seen: set[str] = set()
             dup = next(n for n in self.pool if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise ProblemError(f"pool lists node {dup!r} twice")
@@ -168,11 +183,13 @@ class Problem:
                 raise ProblemError(f"trainer id {t.id!r} appears twice")
             ids.add(t.id)
         _check_holdings(self.trainers, self.slots_per_node)
-        object.__setattr__(self, "pool_set", frozenset(self.pool))
+        object.__setattr__(self, "pool_set", pool_set)
         if self.slots_per_node > 1 and any(w is not None for w in self.windows_s.values()):
             raise ProblemError(
                 'windows: not modelled with slots_per_node > 1 (docs/allocator.md, "Slots")'
             )
+        if _usual_windows(self.windows_s, pool_set):
+            return  # nothing below can fail; it runs to name what is wrong
         for node, w in self.windows_s.items():
             if node not in self.pool_set:
                 raise ProblemError(f"windows: node {node!r} is not in the pool")
@@ -192,6 +209,16 @@ class Problem:
     def weight_of(self, group: str) -> float:
         """A group's weight (1 by trainer, or when the group is not listed)."""
         return 1.0 if self.fair_by == "trainer" else float(self.fair_weights.get(group, 1.0))
+
+
+def _usual_windows(windows: Mapping[str, float | None], pool: frozenset[str]) -> bool:
+    """True when every window is valid the usual way (a pool node, None or a finite float
+    >= 0): one set operation and one cheap pass instead of a check per node (a replay
+    states about a hundred windows a decision).
+    False sends the windows through the node-by-node checks, which name the fault."""
+    if not pool.issuperset(windows):
+        return False
+    return all(w is None or (type(w) is float and 0.0 <= w < math.inf) for w in windows.values())
 
 
 def group_key(trainer_id: str, user: str, account: str, fair_by: str) -> str:
@@ -250,7 +277,7 @@ def _check_curve_points(
 def _check_holdings(trainers: tuple[TrainerSpec, ...], slots: int) -> None:
     """No trainer holds more slots of a node than it has, nor trainers together."""
     if slots == 1:
-        held_once = [n for t in trainers for n in t.nodes]
+        held_once = list(chain.from_iterable(t.nodes for t in trainers))
         if len(set(held_once)) == len(held_once):
             return  # no node twice: nothing below can fail
     holder: dict[str, str] = {}

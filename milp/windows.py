@@ -53,7 +53,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -86,10 +86,12 @@ def node_windows(problem: Problem) -> dict[str, float]:
     """Each pool node's window in seconds; inf when open-ended, unknown, or past the
     departure horizon (all alike to V)."""
     t = departure_horizon_s(problem.t_fwd_s)
-    out = {}
-    for n in problem.pool:
-        x = problem.windows_s.get(n)
-        out[n] = math.inf if x is None or x >= t else float(x)
+    # Every node inf, in pool order, then the stated windows (all pool nodes: Problem
+    # checks it): one pass over the windows, not a lookup per pool node.
+    out = dict.fromkeys(problem.pool, math.inf)
+    for n, x in problem.windows_s.items():
+        if x is not None and x < t:
+            out[n] = float(x)
     return out
 
 
@@ -97,9 +99,11 @@ def raw_windows(problem: Problem) -> dict[str, float]:
     """Each pool node's window in seconds (inf when open-ended or unknown), uncapped: the
     order in which blocks are cut, so that nodes leaving at about the same time after
     the horizon still go together."""
-    return {
-        n: math.inf if (x := problem.windows_s.get(n)) is None else float(x) for n in problem.pool
-    }
+    out = dict.fromkeys(problem.pool, math.inf)  # as node_windows, without the cap
+    for n, x in problem.windows_s.items():
+        if x is not None:
+            out[n] = float(x)
+    return out
 
 
 def has_windows(problem: Problem) -> bool:
@@ -110,8 +114,8 @@ def has_windows(problem: Problem) -> bool:
 
 
 def _values(t: TrainerTerms) -> np.ndarray:
-    """O_j at every whole count 0..n_max."""
-    return np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
+    """O_j at every whole count 0..n_max (read-only: ``TrainerTerms.count_values``)."""
+    return t.count_values()
 
 
 def set_value(
@@ -204,7 +208,8 @@ def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: f
     c = len(own)
     row = np.concatenate([own, growth[: max(kmax - c, 0)]])[:kmax]
     have = len(row)
-    row = np.pad(row, (0, kmax - have))
+    if have < kmax:  # zeros after (np.pad's default, without its generic machinery)
+        row = np.concatenate([row, np.zeros(kmax - have)])
     ks = np.arange(kmax + 1)
     cols = np.arange(kmax)
     m = np.where(cols[None, :] < ks[:, None], row[None, :], -1.0)  # -1: no node
@@ -247,11 +252,15 @@ def _layout(
     sign = -1.0 if keep_longest else 1.0
     for t in terms:
         k = counts.get(t.id, 0)
-        keep = set(sorted(t.current, key=lambda n: sign * w[n])[: min(k, t.c)])
+        if k >= t.c:  # keeps them all: no order to choose by (most trainers)
+            kept[t.id] = t.current
+            held.update(t.current)
+            if k > t.c:
+                growers.append(t.id)
+            continue
+        keep = set(sorted(t.current, key=lambda n: sign * w[n])[:k])
         kept[t.id] = tuple(n for n in t.current if n in keep)  # in their held order
         held |= keep
-        if k > t.c:
-            growers.append(t.id)
     if by_window:
         free = [n for n in pool if n not in held]
     else:
@@ -303,12 +312,21 @@ def map_windows(
             if len(layout.growers) <= MAX_PERMUTED
             else [layout.growers, sorted(layout.growers, key=cost)]
         )
+        # A trainer that does not grow holds its kept nodes in every order: valued once.
+        growing = set(layout.growers)
+        fixed = {
+            t.id: _sorted_value(t, o[t.id], sorted(w[n] for n in layout.kept[t.id]), t_fwd_s)
+            for t in moving
+            if t.id not in growing
+        }
         for order in orders:
             nodes, offsets = _assign(layout, counts, order)
             v, later = 0.0, 0.0
             for t in moving:
-                vj, lj = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
-                v, later = v + vj, later + lj
+                vl = fixed.get(t.id)
+                if vl is None:
+                    vl = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                v, later = v + vl[0], later + vl[1]
             if best is None or _better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
     assert best is not None
@@ -347,28 +365,6 @@ def _pair_value(
     return v, later
 
 
-@dataclass(frozen=True)
-class _Tabled(TrainerTerms):
-    """A trainer whose per-count table is given (the window-aware one), for the DP."""
-
-    table: np.ndarray | None = None
-
-    def scores(self, t_fwd_s: float) -> np.ndarray:
-        assert self.table is not None
-        return self.table
-
-
-def _tabled(t: TrainerTerms, table: np.ndarray) -> _Tabled:
-    """``t`` with ``table`` as its scores (every field of ``t`` carried over)."""
-    names = _INIT_FIELDS.get(type(t))
-    if names is None:
-        names = _INIT_FIELDS[type(t)] = tuple(f.name for f in fields(t) if f.init)
-    return _Tabled(**{name: getattr(t, name) for name in names}, table=table)
-
-
-_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
 def allocate_windows(
     problem: Problem,
     terms: list[TrainerTerms],
@@ -387,7 +383,9 @@ def allocate_windows(
     maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]] = []
 
     # The pool longest window first (stable), once: each layout's free nodes in order.
-    ordered = sorted(pool, key=lambda n: -raw[n])
+    # (Descending by window with reverse=True: as stable as ascending by -window, and
+    # the same order, without a lambda per node.)
+    ordered = sorted(pool, key=raw.__getitem__, reverse=True)
 
     def consider(counts: Mapping[str, int]) -> dict[str, int]:
         nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)
@@ -449,8 +447,9 @@ def _rounds(
     order, ``_layout``)."""
     seen: list[dict[str, int]] = []
     for _ in range(ROUNDS):
-        tables = [_tabled(t, cache.table(t, own[t.id], growth[t.id])) for t in terms]
-        counts, _ = solve_counts(tables, len(pool), cache.t_fwd_s)
+        # The window-aware tables stand for the scores in the DP (its ``tables``).
+        tables = [cache.table(t, own[t.id], growth[t.id]) for t in terms]
+        counts, _ = solve_counts(terms, len(pool), cache.t_fwd_s, tables=tables)
         if counts in seen:
             break
         seen.append(counts)
@@ -473,8 +472,8 @@ def improve_by_swaps(
     by_id = {t.id: t for t in terms}
     sets = {t.id: list(nodes.get(t.id, ())) for t in terms}
     current = {t.id: frozenset(t.current) for t in terms}
-    o = {t.id: [float(x) for x in _values(t)] for t in terms}
-    owner: dict[str, str | None] = {n: None for n in pool}
+    o = {t.id: _values(t).tolist() for t in terms}  # Python floats, as float(x) gives
+    owner: dict[str, str | None] = dict.fromkeys(pool)
     for tid, ns in sets.items():
         for n in ns:
             owner[n] = tid
@@ -520,8 +519,9 @@ def improve_by_swaps(
         return (str(h), w[n], h is not None and n in current[h])
 
     classes: dict[tuple[str, float, bool], dict[str, None]] = {}  # ordered sets
-    for n in pool:
-        classes.setdefault(alike(n), {})[n] = None
+    for n in pool:  # alike(n), inline: a call per pool node was most of this setup
+        h = owner[n]
+        classes.setdefault((str(h), w[n], h is not None and n in current[h]), {})[n] = None
     trials = 0
     improved = True
     while improved and trials < MAX_SWAP_TRIALS:
@@ -560,8 +560,11 @@ def improve_by_swaps(
                 break
             if a is None or b is None:
                 continue
-            delta = sum(u[4][0] - val[u[0]][0] for u in (a, b) if u[0] is not None)
-            later = sum(u[4][1] - val[u[0]][1] for u in (a, b) if u[0] is not None)
+            delta = later = 0.0  # sum()'s additions, in its order, without a generator
+            for u in (a, b):
+                if u[0] is not None:
+                    delta += u[4][0] - val[u[0]][0]
+                    later += u[4][1] - val[u[0]][1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
             for tid, out, into, ws, v, e, m in (a, b):

@@ -15,13 +15,13 @@ builds none). A new policy is a class here, a line in the registry and its name 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bftrainer.loop.churn import auto_t_fwd_s
 from bftrainer.loop.jobs import JobSpec
 from bftrainer.loop.protocols import Policy
-from bftrainer.loop.records import Decision, PolicyInputs, TrainerState
-from bftrainer.milp import Problem, allocate
+from bftrainer.loop.records import Curve, Decision, PolicyInputs, TrainerState
+from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.mapping import map_counts
 from bftrainer.milp.problem import fair_admission, group_key
 from bftrainer.milp.slot_packing import map_slots
@@ -65,6 +65,10 @@ class MilpPolicy(Admission):
     # Promise (issue 40): each trainer's weight on its objective term (TrainerSpec.weight),
     # from whoever knows it (a replayed search: its trials' rungs); None: all 1.
     weights: Callable[[str], float] | None = None
+    # The specs of the last decision's trainers, by id, with the job each was built from.
+    _specs: dict[str, tuple[JobSpec, TrainerSpec]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def decide(self, inputs: PolicyInputs) -> Decision:
         c = self.config
@@ -81,14 +85,18 @@ class MilpPolicy(Admission):
         pool, trainers, churn = inputs.pool, inputs.trainers, inputs.churn
         t_fwd = auto_t_fwd_s(churn) if c.t_fwd_s == "auto" else float(c.t_fwd_s)
         metric = "goodput" if c.objective == "goodput" else "throughput"
+        spread = spread_metric(metric)
+        last = dict(self._specs)
+        self._specs.clear()
         return Problem(
             pool=pool,
             trainers=tuple(
-                t.job.trainer_spec(
-                    curve=t.curve(metric),
-                    nodes=t.nodes,
-                    spread_curve=t.reported_curves.get(spread_metric(metric)),
-                    weight=1.0 if self.weights is None else self.weights(t.id),
+                self._spec(
+                    t,
+                    last.get(t.id),
+                    t.curve(metric),
+                    t.reported_curves.get(spread),
+                    1.0 if self.weights is None else self.weights(t.id),
                 )
                 for t in trainers
             ),
@@ -102,6 +110,39 @@ class MilpPolicy(Admission):
             fair_weights=c.fair_weights,
             slots_per_node=c.slots_per_node,
         )
+
+    def _spec(
+        self,
+        t: TrainerState,
+        last: tuple[JobSpec, TrainerSpec] | None,
+        curve: Curve,
+        spread_curve: Curve | None,
+        weight: float,
+    ) -> TrainerSpec:
+        """``t.job.trainer_spec(curve, t.nodes, spread_curve, weight)``, checked on
+        construction. The spec built at the last decision is reused when it was built
+        from the same job, curves (the same objects: immutable tuples) and weight: a
+        replay rebuilt and re-checked every admitted trainer's spec at every decision
+        (a tenth of it), nearly all unchanged. Only the specs of the last decision are
+        kept (P_jmax of them), so finished trainers leave the cache."""
+        if (
+            last is None
+            or last[0] is not t.job
+            or last[1].curve is not curve
+            or last[1].spread_curve is not spread_curve
+            or type(weight) is not float
+            or type(last[1].weight) is not float
+            or weight != last[1].weight
+        ):
+            spec = t.job.trainer_spec(
+                curve=curve, nodes=t.nodes, spread_curve=spread_curve, weight=weight
+            )
+        elif last[1].nodes != t.nodes:
+            spec = last[1].with_nodes(t.nodes)
+        else:
+            spec = last[1]
+        self._specs[t.id] = (t.job, spec)
+        return spec
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ no decision: what they skip gives what running it gives, to the last bit.
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 import bftrainer.milp.windows as win
 from bftrainer.milp import Problem, TrainerSpec, allocate
-from bftrainer.milp.objective import build_terms
+from bftrainer.milp.objective import TrainerTerms, build_terms
 
 
 def queue_problem(seed: int) -> Problem:
@@ -113,3 +114,123 @@ def test_free_nodes_off_the_sorted_pool_are_the_free_nodes_sorted(seed: int) -> 
             fresh = win._layout(terms, counts, problem.pool, w, keep_longest)
             read = win._layout(terms, counts, ordered, w, keep_longest, by_window=True)
             assert read == fresh
+
+
+def layout_sorting_each(
+    terms: list[TrainerTerms],
+    counts: dict[str, int],
+    pool: tuple[str, ...],
+    w: dict[str, float],
+    keep_longest: bool,
+) -> win._Layout:
+    """``_layout`` as it was: every trainer's nodes sorted by window, kept ones or not."""
+    kept: dict[str, tuple[str, ...]] = {}
+    held: set[str] = set()
+    growers = []
+    sign = -1.0 if keep_longest else 1.0
+    for t in terms:
+        k = counts.get(t.id, 0)
+        keep = set(sorted(t.current, key=lambda n: sign * w[n])[: min(k, t.c)])
+        kept[t.id] = tuple(n for n in t.current if n in keep)
+        held |= keep
+        if k > t.c:
+            growers.append(t.id)
+    free = sorted((n for n in pool if n not in held), key=lambda n: -w[n])
+    return win._Layout(kept, free, growers)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_trainer_keeping_all_its_nodes_keeps_them_unsorted(seed: int) -> None:
+    """``_layout`` skips the sort for a trainer that keeps every node it holds."""
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    w = win.raw_windows(problem)
+    rng = random.Random(seed)
+    for _ in range(20):
+        counts = {t.id: rng.randint(0, t.c + 3) for t in terms}
+        for keep_longest in (True, False):
+            got = win._layout(terms, counts, problem.pool, w, keep_longest)
+            assert got == layout_sorting_each(terms, counts, problem.pool, w, keep_longest)
+
+
+def test_count_values_are_the_curve_at_every_count_computed_once() -> None:
+    for t in build_terms(queue_problem(3)):
+        fresh = np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
+        got = win._values(t)
+        assert got.tobytes() == fresh.tobytes() and not got.flags.writeable
+        assert win._values(t) is got
+        assert t.scores(60.0).tobytes() == t.eq16_terms(60.0, fresh.copy()).tobytes()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_node_windows_from_the_stated_ones_are_those_looked_up_per_node(seed: int) -> None:
+    problem = queue_problem(seed)
+    for t_fwd in (120.0, 4000.0):  # a horizon of 3,600 s, then of T_fwd
+        p = Problem(problem.pool, problem.trainers, t_fwd_s=t_fwd, windows_s=problem.windows_s)
+        h = win.departure_horizon_s(t_fwd)
+        capped = {
+            n: np.inf if (x := p.windows_s.get(n)) is None or x >= h else float(x) for n in p.pool
+        }
+        raw = {n: np.inf if (x := p.windows_s.get(n)) is None else float(x) for n in p.pool}
+        for got, want in ((win.node_windows(p), capped), (win.raw_windows(p), raw)):
+            assert got == want and list(got) == list(want)  # in pool order too
+
+
+def test_the_pool_in_window_order_is_the_stable_sort_by_minus_the_window() -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        pool = [f"n{i:03d}" for i in range(rng.randint(0, 60))]
+        raw = {n: rng.choice([np.inf, 30.0, 90.0, 0.0, -0.0, 400.0]) for n in pool}
+        want = sorted(pool, key=lambda n: -raw[n])
+        assert sorted(pool, key=raw.__getitem__, reverse=True) == want
+
+
+def map_windows_valuing_each_order(
+    terms: list[TrainerTerms],
+    counts: dict[str, int],
+    pool: list[str],
+    w: dict[str, float],
+    t_fwd_s: float,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
+    """``map_windows`` as it was: every moving trainer valued afresh in every order."""
+    by_id = {t.id: t for t in terms}
+    o = {t.id: win._values(t).tolist() for t in terms}
+
+    def cost(tid: str) -> float:
+        t = by_id[tid]
+        return -t.rescale_down_s * float(t.value(counts[tid]))
+
+    best = None
+    shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
+    moving = [t for t in terms if counts.get(t.id, 0) != t.c]
+    for keep_longest in (True, False) if shrinking else (True,):
+        layout = win._layout(terms, counts, pool, w, keep_longest, True)
+        orders = (
+            list(itertools.permutations(layout.growers))
+            if len(layout.growers) <= win.MAX_PERMUTED
+            else [layout.growers, sorted(layout.growers, key=cost)]
+        )
+        for order in orders:
+            nodes, offsets = win._assign(layout, counts, order)
+            v, later = 0.0, 0.0
+            for t in moving:
+                vj, lj = win._sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                v, later = v + vj, later + lj
+            if best is None or win._better((v, later), best[0]):
+                best = ((v, later), nodes, offsets)
+    assert best is not None
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trainers_that_do_not_grow_valued_once_give_the_same_map(seed: int) -> None:
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    ordered = sorted(problem.pool, key=lambda n: -raw[n])
+    rng = random.Random(seed)
+    for _ in range(30):
+        counts = {t.id: rng.choice([0, t.c, max(t.c - 2, 0), t.c + 3]) for t in terms}
+        counts = {k: min(v, 16) for k, v in counts.items()}
+        got = win.map_windows(terms, counts, ordered, raw, 120.0, by_window=True)
+        assert got == map_windows_valuing_each_order(terms, counts, ordered, raw, 120.0)
