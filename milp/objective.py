@@ -102,6 +102,8 @@ class TrainerTerms:
         else:
             values = self.count_values()
         s = self.eq16_terms(t_fwd_s, values)
+        if len(self._scores) >= SCORES_KEPT:  # terms outlive a decision (build_terms'
+            del self._scores[next(iter(self._scores))]  # cache); T_fwd "auto" moves
         self._scores[t_fwd_s] = s
         return s
 
@@ -236,6 +238,11 @@ def admitted(problem: Problem) -> tuple[tuple[TrainerSpec, ...], tuple[TrainerSp
     waiting = tuple(t for i, t in enumerate(problem.trainers) if i not in chosen)
     return taking_part, waiting
 
+
+# Score tables a terms object keeps, one per T_fwd, the oldest out first: a decision reads
+# one or two, and terms reused across decisions (below) would otherwise keep one for every
+# T_fwd that "auto" took while their trainer was unchanged.
+SCORES_KEPT = 4
 
 # The terms built for a spec (the very object: a spec is immutable, and the replay's
 # policy hands the same one to consecutive decisions while its trainer is unchanged),

@@ -116,3 +116,16 @@ def test_allocations_with_reused_terms_are_the_fresh_ones(solver: str) -> None:
             got.append(allocate(problem, solver=solver).nodes)
         answers.append(got)
     assert answers[0] == answers[1]
+
+
+def test_terms_keep_a_few_score_tables_and_give_the_same_after_dropping_one() -> None:
+    """Terms outlive a decision now, and T_fwd "auto" moves between decisions: a table per
+    T_fwd ever asked would grow for as long as the trainer is unchanged."""
+    problem = Problem(pool=NODES, trainers=SPECS, t_fwd_s=120.0)
+    (terms, *_) = build_terms(problem)
+    first = terms.scores(60.0).copy()
+    for t_fwd in range(100, 100 + 10 * objective.SCORES_KEPT, 10):
+        terms.scores(float(t_fwd))
+    assert len(terms._scores) == objective.SCORES_KEPT
+    assert 60.0 not in terms._scores
+    assert terms.scores(60.0).tobytes() == first.tobytes()  # made again, the same
