@@ -65,6 +65,16 @@ def make_pruner(name: str, min_resource: int | None, reduction_factor: int) -> A
     return optuna.pruners.NopPruner()
 
 
+def default_storage(state_dir: Path) -> Any:
+    """SQLite beside the daemon's store, waiting up to 30 s (not SQLite's 5) for a lock
+    another program holds (a dashboard reading the study, a script)."""
+    import optuna  # a command's import: --help stays quick
+
+    return optuna.storages.RDBStorage(
+        f"sqlite:///{state_dir / 'hpo.db'}", engine_kwargs={"connect_args": {"timeout": 30}}
+    )
+
+
 @click.command(
     "hpo",
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
@@ -159,7 +169,7 @@ def hpo_cmd(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with open_store(state_dir, need_daemon=True) as store:
         study = optuna.create_study(
-            storage=storage or f"sqlite:///{path / 'hpo.db'}",
+            storage=storage or default_storage(path),
             study_name=study_name,
             direction="maximize" if direction == "maximize" else "minimize",
             sampler=make_sampler(sampler, seed),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
@@ -33,6 +34,15 @@ from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow, daemon_running
 from bftrainer.trainers import channel
 
 log = logging.getLogger(__name__)
+# What Optuna raises when its database is locked by another program past SQLite's wait.
+STORAGE_BUSY = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError)
+STORAGE_BUSY_MAX_S = 600.0
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+
 
 TRIAL_OPTION = "--trial"  # the runtime's option (trainers/runtime_options.py)
 ATTR_TRAINER = "bftrainer_trainer"  # the trainer id that runs the trial
@@ -239,9 +249,27 @@ class Campaign:
         every trainer of a pruned one (or ``timeout_s`` passed)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         watch = DaemonWatch(self.store)
+        busy_since: float | None = None
         while True:
             watch.check()
-            tally = self.step()
+            try:
+                tally = self.step()
+            except STORAGE_BUSY as exc:
+                # Another program reading or writing the study (a dashboard, a script):
+                # SQLite's lock outlasted its wait. A step is redone from what is stored,
+                # as after a kill, so the campaign tries again at the next poll.
+                now = time.monotonic()
+                if busy_since is None:
+                    busy_since = now
+                    log.warning("the study's storage is busy (%s): trying again", _first_line(exc))
+                elif now - busy_since > STORAGE_BUSY_MAX_S:
+                    raise CampaignError(
+                        f"the study's storage stayed busy for {STORAGE_BUSY_MAX_S:g} s: "
+                        f"{_first_line(exc)}"
+                    ) from None
+                time.sleep(poll_s)
+                continue
+            busy_since = None
             if self.done(tally):
                 return tally
             if deadline is not None and time.monotonic() > deadline:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -227,6 +230,50 @@ def test_a_campaign_says_once_that_its_daemon_is_gone_and_once_that_it_is_back(
         ["the", "daemon", "of"],
         ["no", "bftrainer", "daemon"],
     ], said
+
+
+def test_a_campaign_outlasts_another_program_locking_its_study(
+    tmp_path: Path, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dashboard or a script reading the study's SQLite file holds its lock; past
+    SQLite's wait Optuna raised, and `bftrainer hpo` died with a traceback (seen in the
+    Slurm HPO test). A step is redone from what is stored, so the campaign waits."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    quick = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 0.05}})
+    s = optuna.create_study(
+        storage=quick, study_name="s", sampler=optuna.samplers.RandomSampler(seed=1),
+        pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=100),
+    )  # fmt: skip
+    spec = TrialSpec(tmp_path / "trial.py", n_min=1, n_max=1)
+    campaign = Campaign(s, SPACE, spec, store, n_trials=6)
+    stop = threading.Event()
+
+    def daemon() -> None:
+        with Store.open(store.path.parent) as own:
+            scripted = ScriptedDaemon(own, tmp_path / "trainers", nodes=2)
+            while not stop.wait(0.02):
+                scripted.step()
+
+    def lock() -> None:
+        time.sleep(0.3)
+        other = sqlite3.connect(tmp_path / "hpo.db")
+        other.execute("BEGIN EXCLUSIVE")  # readers and writers wait, then fail
+        time.sleep(1.0)
+        other.rollback()
+        other.close()
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (daemon, lock)]
+    for t in threads:
+        t.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="bftrainer.hpo.campaign"):
+            campaign.run(poll_s=0.02, timeout_s=60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+    assert any("storage is busy" in r.getMessage() for r in caplog.records)
+    check_ends(s, store)
 
 
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
