@@ -34,9 +34,37 @@ from bftrainer.state import DEFAULT_RESCALE_S, Store, TrainerRow, daemon_running
 from bftrainer.trainers import channel
 
 log = logging.getLogger(__name__)
-# What Optuna raises when its database is locked by another program past SQLite's wait.
-STORAGE_BUSY = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError)
+# What Optuna raises when its database fails; only a lock held by another program past
+# the database's wait (``LOCK_WORDS`` in the driver's message) is waited out.
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError)
+LOCK_WORDS = (
+    "database is locked",  # SQLite
+    "database table is locked",
+    "database is busy",
+    "lock wait timeout",  # MySQL
+    "could not obtain lock",  # PostgreSQL
+    "deadlock",
+    "could not serialize",
+)
 STORAGE_BUSY_MAX_S = 600.0
+
+
+def storage_busy(exc: BaseException) -> bool:
+    """Whether a storage error is another program's lock, which passes, rather than a
+    lasting fault (a table missing, a full disk), which waiting would only hide."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = str(e).lower()
+        if any(w in text for w in LOCK_WORDS):
+            return True
+        orig = getattr(e, "orig", None)  # SQLAlchemy's wrapped driver error
+        todo += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
+    return False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -254,7 +282,9 @@ class Campaign:
             watch.check()
             try:
                 tally = self.step()
-            except STORAGE_BUSY as exc:
+            except STORAGE_ERRORS as exc:
+                if not storage_busy(exc):
+                    raise CampaignError(f"the study's storage failed: {_first_line(exc)}") from None
                 # Another program reading or writing the study (a dashboard, a script):
                 # SQLite's lock outlasted its wait. A step is redone from what is stored,
                 # as after a kill, so the campaign tries again at the next poll.

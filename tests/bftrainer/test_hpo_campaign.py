@@ -276,6 +276,20 @@ def test_a_campaign_outlasts_another_program_locking_its_study(
     check_ends(s, store)
 
 
+def test_a_storage_fault_that_waiting_cannot_mend_ends_the_campaign_at_once(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only another program's lock is waited out: a study whose table is gone (a damaged
+    or foreign file) was retried for 10 minutes before its one line."""
+    monkeypatch.setattr("bftrainer.hpo.campaign.STORAGE_BUSY_MAX_S", 30.0)
+    s = optuna.create_study(storage=f"sqlite:///{tmp_path / 'hpo.db'}", study_name="s")
+    campaign = Campaign(s, SPACE, TrialSpec(tmp_path / "trial.py", n_min=1, n_max=1), store, 2)
+    with sqlite3.connect(tmp_path / "hpo.db") as db:
+        db.execute("DROP TABLE trials")
+    with pytest.raises(CampaignError, match="storage failed: .*no such table: trials"):
+        campaign.run(poll_s=0.01, timeout_s=60)
+
+
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
     s = study(tmp_path)
     refused = pytest.raises(CampaignError, match="another campaign")
