@@ -26,7 +26,8 @@ from allocator import percentile, random_instance  # type: ignore[import-not-fou
 
 from bftrainer.milp import Problem, allocate
 from bftrainer.milp.objective import build_terms
-from bftrainer.milp.windows import node_windows, total_value
+from bftrainer.milp.window_value import total_value
+from bftrainer.milp.windows import node_windows
 
 T_FWD_S = 120.0
 GOAL_MS = 100.0  # a decision at 30 x 800, windows known: well under this

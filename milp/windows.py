@@ -23,7 +23,7 @@ exactly.
 
 Nodes are no longer interchangeable, so the exact problem is an assignment of nodes,
 not of counts. This module solves it approximately, and every candidate is valued
-exactly by V:
+exactly by V (milp/window_value.py):
 
 1. A trainer that shrinks keeps its longest-window nodes; the nodes free for growth
    (free and released) are sorted by window, longest first, and each grower takes a
@@ -60,6 +60,13 @@ import numpy as np
 from bftrainer.milp.dp import solve_counts
 from bftrainer.milp.objective import TrainerTerms
 from bftrainer.milp.problem import Problem
+from bftrainer.milp.window_value import (
+    TableCache,
+    better,
+    departure_horizon_s,
+    pair_value,
+    sorted_value,
+)
 
 # Rounds of the count DP with offsets from the previous round's mapping.
 ROUNDS = 2
@@ -70,16 +77,6 @@ MAX_SWAP_TRIALS = 2000
 # Starts of the local search: the best maps of step 2 (by V). Two found a better map in
 # 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
-# Known departures up to this far ahead (or T_fwd, if longer) cost their scale-down in V,
-# a departure at tau past T_fwd weighted T_fwd / tau (its cost spread over the stay, as
-# throughput is valued over T_fwd only): who holds a node when it leaves is decided now,
-# and its scale-down is certain (docs/allocator.md, "Windows").
-DEPARTURE_HORIZON_S = 3600.0
-
-
-def departure_horizon_s(t_fwd_s: float) -> float:
-    """How far ahead a known departure's scale-down counts in V."""
-    return max(float(t_fwd_s), DEPARTURE_HORIZON_S)
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -111,120 +108,6 @@ def has_windows(problem: Problem) -> bool:
     windows matter."""
     t = departure_horizon_s(problem.t_fwd_s)
     return any(w is not None and w < t for n, w in problem.windows_s.items())
-
-
-def _values(t: TrainerTerms) -> np.ndarray:
-    """O_j at every whole count 0..n_max (read-only: ``TrainerTerms.count_values``)."""
-    return t.count_values()
-
-
-def set_value(
-    t: TrainerTerms, windows: Sequence[float], t_fwd_s: float, o: list[float] | None = None
-) -> float:
-    """V_j of a node set with these windows (the module docstring); -inf if infeasible.
-    ``o``: O_j at every whole count, if the caller has it."""
-    asc = sorted(math.inf if x is None else float(x) for x in windows)
-    return _sorted_value(t, _values(t).tolist() if o is None else o, asc, t_fwd_s)[0]
-
-
-def _sorted_value(
-    t: TrainerTerms, o: list[float], asc: list[float], t_fwd_s: float
-) -> tuple[float, float]:
-    """(V_j, the scale-downs of departures known past T_fwd) for windows sorted
-    shortest first (inf: open-ended). The nodes that stay past T_fwd come first in the
-    longest-first order, together worth T_fwd x O_j(m): only the nodes that leave
-    within T_fwd are walked, and those leaving before the departure horizon add their
-    scale-downs (weighted T_fwd / w). The second term is not in V: it only breaks ties
-    between maps of equal V, so that nodes leaving together later also go together."""
-    k = len(asc)
-    if k > t.n_max or (0 < k < t.n_min) or (k and not t.runnable):
-        return -math.inf, 0.0
-    f = bisect.bisect_left(asc, t_fwd_s)
-    value = t_fwd_s * o[k - f]
-    for a in range(f):
-        i = k - 1 - a  # the position in the longest-first order
-        x = asc[a]
-        value += (o[i + 1] - o[i]) * x
-        if a == 0 or asc[a - 1] < x:  # the first of the nodes leaving at x
-            value -= t.rescale_down_s * o[i + 1]
-    g = bisect.bisect_left(asc, departure_horizon_s(t_fwd_s), lo=f)
-    for a in range(f, g):  # leaving past T_fwd but within the departure horizon
-        if a == f or asc[a - 1] < asc[a]:
-            value -= t.rescale_down_s * o[k - a] * (t_fwd_s / asc[a])
-    if k > t.c:
-        value -= t.current_value * t.rescale_up_s
-    elif k < t.c:
-        value -= t.current_value * t.rescale_down_s
-    later = 0.0
-    for a in range(f, bisect.bisect_left(asc, math.inf, lo=f)):
-        if a == f or asc[a - 1] < asc[a]:
-            later += t.rescale_down_s * o[k - a]
-    return value, later
-
-
-class _TableCache:
-    """score_table's answers within one allocation, by everything they read: trainers
-    alike (one model, no nodes: most of a queue at P_jmax 100) with the same windows
-    offered share one table, computed once (the same array, not a near copy)."""
-
-    def __init__(self, t_fwd_s: float) -> None:
-        self.t_fwd_s = t_fwd_s
-        self._keys: dict[str, tuple[object, ...]] = {}
-        self._tables: dict[tuple[object, ...], np.ndarray] = {}
-
-    def table(self, t: TrainerTerms, own: np.ndarray, growth: np.ndarray) -> np.ndarray:
-        kind = self._keys.get(t.id)
-        if kind is None:
-            arrays = (t.bp_nodes, t.bp_value, t.packed_value, t.spread_value, t.can_pack)
-            kind = (
-                t.n_min,
-                t.n_max,
-                t.c,
-                t.rescale_up_s,
-                t.rescale_down_s,
-                t.runnable,
-                t.current_value,
-                t.slots_per_node,
-                *(None if a is None else (a.dtype.str, a.tobytes()) for a in arrays),
-            )
-            self._keys[t.id] = kind
-        key = (kind, own.tobytes(), growth[: max(t.n_max - len(own), 0)].tobytes())
-        found = self._tables.get(key)
-        if found is None:
-            found = score_table(t, own, growth, self.t_fwd_s)
-            found.flags.writeable = False
-            self._tables[key] = found
-        return found
-
-
-def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: float) -> np.ndarray:
-    """V_j at every count 0..n_max: count k <= C_j keeps the k longest of ``own``
-    (sorted longest first); k > C_j adds the first k - C_j windows of ``growth``. The
-    vectorised form of :func:`set_value`; -inf where infeasible or growth runs out."""
-    kmax = t.n_max
-    base = t.scores(t_fwd_s)  # for the feasibility mask and the rescale-now terms
-    if kmax == 0:
-        return np.array(base, dtype=float)
-    c = len(own)
-    row = np.concatenate([own, growth[: max(kmax - c, 0)]])[:kmax]
-    have = len(row)
-    if have < kmax:  # zeros after (np.pad's default, without its generic machinery)
-        row = np.concatenate([row, np.zeros(kmax - have)])
-    ks = np.arange(kmax + 1)
-    cols = np.arange(kmax)
-    m = np.where(cols[None, :] < ks[:, None], row[None, :], -1.0)  # -1: no node
-    m = -np.sort(-m, axis=1)  # each count's windows, longest first
-    o = _values(t)
-    held = np.where(m >= 0, np.minimum(m, t_fwd_s), 0.0)
-    value = held @ (o[1:] - o[:-1])
-    nxt = np.concatenate([m[:, 1:], np.full((kmax + 1, 1), -1.0)], axis=1)
-    leaves = (m >= 0) & (m < departure_horizon_s(t_fwd_s)) & (nxt < m)
-    weight = t_fwd_s / np.maximum(m, t_fwd_s)  # 1 within T_fwd, T_fwd / w past it
-    value -= t.rescale_down_s * ((leaves * weight) @ o[1:])
-    # Eq. 16's rescale-now term, as in the window-free table: base = T O(k) - that term.
-    value += base - t_fwd_s * o
-    value[ks > have] = -math.inf
-    return np.where(np.isfinite(base), value, -math.inf)
 
 
 @dataclass(frozen=True)
@@ -296,7 +179,7 @@ def map_windows(
     the growers) their shortest; and each grower's offset in the free list.
     ``by_window``: ``pool`` is in window order (``_layout``)."""
     by_id = {t.id: t for t in terms}
-    o = {t.id: _values(t).tolist() for t in terms}
+    o = {t.id: t.count_values().tolist() for t in terms}
 
     def cost(tid: str) -> float:  # the trainer a departure costs most goes first
         t = by_id[tid]
@@ -315,7 +198,7 @@ def map_windows(
         # A trainer that does not grow holds its kept nodes in every order: valued once.
         growing = set(layout.growers)
         fixed = {
-            t.id: _sorted_value(t, o[t.id], sorted(w[n] for n in layout.kept[t.id]), t_fwd_s)
+            t.id: sorted_value(t, o[t.id], sorted(w[n] for n in layout.kept[t.id]), t_fwd_s)
             for t in moving
             if t.id not in growing
         }
@@ -325,44 +208,12 @@ def map_windows(
             for t in moving:
                 vl = fixed.get(t.id)
                 if vl is None:
-                    vl = _sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                    vl = sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
                 v, later = v + vl[0], later + vl[1]
-            if best is None or _better((v, later), best[0]):
+            if best is None or better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
     assert best is not None
     return best[1], best[2]
-
-
-def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
-    """(V, later scale-downs) ``a`` beats ``b``: more V, or as much and fewer later."""
-    tol = 1e-9 * max(1.0, abs(a[0]), abs(b[0]))
-    return a[0] > b[0] + tol or (a[0] >= b[0] - tol and a[1] < b[1] - tol)
-
-
-def total_value(
-    terms: list[TrainerTerms],
-    nodes: Mapping[str, Sequence[str]],
-    w: Mapping[str, float],
-    t_fwd_s: float,
-) -> float:
-    """sum_j V_j: the window-aware objective of a node map."""
-    return sum(set_value(t, [w[n] for n in nodes.get(t.id, ())], t_fwd_s) for t in terms)
-
-
-def _pair_value(
-    terms: list[TrainerTerms],
-    nodes: Mapping[str, Sequence[str]],
-    w: Mapping[str, float],
-    t_fwd_s: float,
-) -> tuple[float, float]:
-    """(sum_j V_j, later scale-downs) of a node map."""
-    v, later = 0.0, 0.0
-    for t in terms:
-        vj, lj = _sorted_value(
-            t, _values(t).tolist(), sorted(w[n] for n in nodes.get(t.id, ())), t_fwd_s
-        )
-        v, later = v + vj, later + lj
-    return v, later
 
 
 def allocate_windows(
@@ -390,7 +241,7 @@ def allocate_windows(
     def consider(counts: Mapping[str, int]) -> dict[str, int]:
         nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)
         if all(m[1] != nodes for m in maps):
-            maps.append((_pair_value(terms, nodes, raw, t_fwd), nodes))
+            maps.append((pair_value(terms, nodes, raw, t_fwd), nodes))
         return offsets
 
     for counts in candidates:
@@ -408,7 +259,7 @@ def allocate_windows(
     variants = [others, {k: v[::-1] for k, v in others.items()}]
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
-    cache = _TableCache(t_fwd)
+    cache = TableCache(t_fwd)
     for released in variants:
         growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
@@ -417,7 +268,7 @@ def allocate_windows(
     best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
     for _, nodes in maps[:STARTS]:
         found = improve_by_swaps(terms, nodes, pool, raw, t_fwd)
-        if best is None or _better(found[1], best[1]):
+        if best is None or better(found[1], best[1]):
             best = found
     assert best is not None
     return best[0], best[1][0]
@@ -437,7 +288,7 @@ def _rounds(
     terms: list[TrainerTerms],
     pool: Sequence[str],
     w: Mapping[str, float],
-    cache: _TableCache,
+    cache: TableCache,
     own: Mapping[str, np.ndarray],
     growth: dict[str, np.ndarray],
     consider: Callable[[Mapping[str, int]], dict[str, int]],
@@ -472,7 +323,7 @@ def improve_by_swaps(
     by_id = {t.id: t for t in terms}
     sets = {t.id: list(nodes.get(t.id, ())) for t in terms}
     current = {t.id: frozenset(t.current) for t in terms}
-    o = {t.id: _values(t).tolist() for t in terms}  # Python floats, as float(x) gives
+    o = {t.id: t.count_values().tolist() for t in terms}  # Python floats, as float(x) gives
     owner: dict[str, str | None] = dict.fromkeys(pool)
     for tid, ns in sets.items():
         for n in ns:
@@ -481,7 +332,7 @@ def improve_by_swaps(
     extra = {tid: sum(1 for n in ns if n not in current[tid]) for tid, ns in sets.items()}
     missing = {tid: len(current[tid]) - (len(sets[tid]) - extra[tid]) for tid in sets}
     wins = {tid: sorted(w[n] for n in ns) for tid, ns in sets.items()}
-    val = {tid: _sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
+    val = {tid: sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
     scale = 1e-9 * max(1.0, sum(abs(v[0]) for v in val.values() if math.isfinite(v[0])))
     seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
 
@@ -508,7 +359,7 @@ def improve_by_swaps(
         key = (tid, tuple(ws))
         v = seen.get(key)
         if v is None:
-            v = seen[key] = _sorted_value(by_id[tid], o[tid], ws, t_fwd_s)
+            v = seen[key] = sorted_value(by_id[tid], o[tid], ws, t_fwd_s)
         return (tid, out, into, ws, v, e, m)
 
     holders: list[str | None] = [None, *sets]

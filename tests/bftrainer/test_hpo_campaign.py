@@ -286,7 +286,7 @@ def test_a_storage_fault_that_waiting_cannot_mend_ends_the_campaign_at_once(
     campaign = Campaign(s, SPACE, TrialSpec(tmp_path / "trial.py", n_min=1, n_max=1), store, 2)
     with sqlite3.connect(tmp_path / "hpo.db") as db:
         db.execute("DROP TABLE trials")
-    with pytest.raises(CampaignError, match="storage failed: .*no such table: trials"):
+    with pytest.raises(CampaignError, match=r"storage failed: .*no such table: trials"):
         campaign.run(poll_s=0.01, timeout_s=60)
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bftrainer.milp import Problem, ProblemError, TrainerSpec, allocate, problem_from_dict
 from bftrainer.milp.check import violations
-from bftrainer.milp.windows import DEPARTURE_HORIZON_S
+from bftrainer.milp.window_value import DEPARTURE_HORIZON_S
 from tests.milp.oracle import admitted, metric
 from tests.milp.oracle import brute_force as oracle_brute_force
 from tests.milp.strategies import problems

@@ -17,6 +17,7 @@ import random
 import numpy as np
 import pytest
 
+import bftrainer.milp.window_value as wv
 import bftrainer.milp.windows as win
 from bftrainer.milp import Problem, TrainerSpec, allocate
 from bftrainer.milp.objective import TrainerTerms, build_terms
@@ -51,9 +52,9 @@ def queue_problem(seed: int) -> Problem:
 
 
 def computed_each_time(
-    self: win._TableCache, t: object, own: np.ndarray, growth: np.ndarray
+    self: wv.TableCache, t: object, own: np.ndarray, growth: np.ndarray
 ) -> np.ndarray:
-    return win.score_table(t, own, growth, self.t_fwd_s)  # type: ignore[arg-type]
+    return wv.score_table(t, own, growth, self.t_fwd_s)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -63,7 +64,7 @@ def test_shared_tables_give_the_allocation_of_tables_computed_each_time(
     problem = queue_problem(seed)
     assert win.has_windows(problem)
     shared = allocate(problem, solver="dp")
-    monkeypatch.setattr(win._TableCache, "table", computed_each_time)
+    monkeypatch.setattr(wv.TableCache, "table", computed_each_time)
     each = allocate(problem, solver="dp")
     assert shared.status == each.status == "windows"
     assert dict(shared.nodes) == dict(each.nodes)
@@ -73,7 +74,7 @@ def test_shared_tables_give_the_allocation_of_tables_computed_each_time(
 def test_a_shared_table_is_the_table_computed_afresh() -> None:
     problem = queue_problem(1)
     terms = build_terms(problem)
-    cache = win._TableCache(120.0)
+    cache = wv.TableCache(120.0)
     growth = np.array([np.inf, np.inf, 5000.0, 400.0, 400.0, 90.0, 30.0] * 4)
     waiting = [t for t in terms if not t.current]
     tables = {t.id: cache.table(t, np.array([], float), growth) for t in waiting}
@@ -84,7 +85,7 @@ def test_a_shared_table_is_the_table_computed_afresh() -> None:
     for t in terms:
         own = np.array(sorted((float(i) for i in range(len(t.current))), reverse=True))
         got = cache.table(t, own, growth)
-        want = win.score_table(t, own, growth, 120.0)
+        want = wv.score_table(t, own, growth, 120.0)
         assert got.tobytes() == want.tobytes()
         assert not got.flags.writeable  # shared: nobody may change it
 
@@ -156,9 +157,9 @@ def test_a_trainer_keeping_all_its_nodes_keeps_them_unsorted(seed: int) -> None:
 def test_count_values_are_the_curve_at_every_count_computed_once() -> None:
     for t in build_terms(queue_problem(3)):
         fresh = np.asarray(t.value(np.arange(t.n_max + 1)), dtype=float)
-        got = win._values(t)
+        got = t.count_values()
         assert got.tobytes() == fresh.tobytes() and not got.flags.writeable
-        assert win._values(t) is got
+        assert t.count_values() is got
         assert t.scores(60.0).tobytes() == t.eq16_terms(60.0, fresh.copy()).tobytes()
 
 
@@ -167,7 +168,7 @@ def test_node_windows_from_the_stated_ones_are_those_looked_up_per_node(seed: in
     problem = queue_problem(seed)
     for t_fwd in (120.0, 4000.0):  # a horizon of 3,600 s, then of T_fwd
         p = Problem(problem.pool, problem.trainers, t_fwd_s=t_fwd, windows_s=problem.windows_s)
-        h = win.departure_horizon_s(t_fwd)
+        h = wv.departure_horizon_s(t_fwd)
         capped = {
             n: np.inf if (x := p.windows_s.get(n)) is None or x >= h else float(x) for n in p.pool
         }
@@ -194,7 +195,7 @@ def map_windows_valuing_each_order(
 ) -> tuple[dict[str, tuple[str, ...]], dict[str, int]]:
     """``map_windows`` as it was: every moving trainer valued afresh in every order."""
     by_id = {t.id: t for t in terms}
-    o = {t.id: win._values(t).tolist() for t in terms}
+    o = {t.id: t.count_values().tolist() for t in terms}
 
     def cost(tid: str) -> float:
         t = by_id[tid]
@@ -214,9 +215,9 @@ def map_windows_valuing_each_order(
             nodes, offsets = win._assign(layout, counts, order)
             v, later = 0.0, 0.0
             for t in moving:
-                vj, lj = win._sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                vj, lj = wv.sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
                 v, later = v + vj, later + lj
-            if best is None or win._better((v, later), best[0]):
+            if best is None or wv.better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
     assert best is not None
     return best[1], best[2]
