@@ -29,23 +29,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from bftrainer.daemon.exec_plan import ExecPlan
 from bftrainer.daemon.gpu_slots import GpuSlotGate
 from bftrainer.daemon.hold_orders import Acquire, Ended, EndHolders, HoldOrder, Submitted
 from bftrainer.daemon.hold_plan import plan_assigned, plan_holders
+from bftrainer.daemon.holder_records import HolderRecords, HoldersRead
 from bftrainer.daemon.left_running import holding
 from bftrainer.daemon.pool_status import publish_pool
-from bftrainer.holders.base import HolderError, Holders, HolderStatus, WindowTooShortError
-from bftrainer.holders.failures import HolderBackoff, failed_to_hold
+from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
+from bftrainer.holders.failures import HolderBackoff
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
 from bftrainer.loop import Demand, LoopView, Planned, Polled, PoolChange
 from bftrainer.service.pool_changes import PoolChanges
 from bftrainer.service.reading import HoldCounts
-from bftrainer.state import HolderConflictError, HolderRow, Store, TransitionError
+from bftrainer.state import HolderConflictError, HolderRow, Store
 from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class HeldPool:
         self._staged: list[HoldOrder] = []
         # Holders submitted and not recorded yet (job id -> node): ours, at the next read.
         self._submitted: dict[str, str] = {}
+        self.records = HolderRecords(holders, store, self.counts, self.backoff, self._lease_until)
 
     @property
     def usable(self) -> set[str]:
@@ -174,7 +176,7 @@ class HeldPool:
             self.counts.errors["pool"] += 1
             log.warning("pool not read, keeping the last good one: %s", exc)
         try:
-            self._read = self._read_holders()
+            self._read = self.records.read(self._submitted)
         except (HolderError, CommandError) as exc:
             self.counts.errors["holder_status"] += 1
             log.warning("holders not read, keeping the last known: %s", exc)
@@ -196,7 +198,7 @@ class HeldPool:
         read, self._read = self._read, None
         if read is None:
             return Polled((), self._next_s)
-        self._record_holders(read, now_s)
+        self._staged += self.records.record(read, now_s)
         live = self.store.holders(live_only=True)
         self._renew_leases((h.node for h in live), now_s)
         running = {h.node: h for h in live if h.state == "running"}
@@ -280,115 +282,12 @@ class HeldPool:
     def sync_holders(self, now_s: float) -> None:
         """One status call: record what our holders are now; end the strays (at the
         daemon's start, before the loop runs)."""
-        read = self._read_holders()
+        read = self.records.read(self._submitted)
         with self.store.transaction():
-            self._record_holders(read, now_s)
+            self._staged += self.records.record(read, now_s)
         learnt = self.act(self._take())  # a requeued holder's cancel, the strays'
         with self.store.transaction():
             self.learn(learnt)
-
-    def _read_holders(self) -> HoldersRead:
-        """Our holders as the scheduler lists them (the strays named, to be ended by
-        the step's orders), and why each that failed to hold failed."""
-        rows = {h.job_id: h for h in self.store.holders(live_only=True)}
-        # The holders the last step submitted are ours too, recorded at the coming poll.
-        known = {**{j: h.node for j, h in rows.items()}, **self._submitted}
-        result = self.holders.survey(known)
-        causes = {
-            job_id: self.holders.why_failed(job_id, status)
-            for job_id, status in result.gone.items()
-            if job_id in known
-            and failed_to_hold(rows[job_id].state if job_id in rows else "pending", status.reason)
-        }
-        return HoldersRead(result.live, result.gone, causes, result.cancelled)
-
-    def _record_holders(self, read: HoldersRead, now_s: float) -> None:
-        """Record the holders' states as read (those live in the store now: one our own
-        cancel ended since is recorded already, one submitted since the read is not);
-        order the strays ended (run by :meth:`act`, after the step's commit)."""
-        current = {h.job_id: h for h in self.store.holders(live_only=True)}
-        if read.strays:
-            strays = tuple(sorted(read.strays.items()))
-            ids = tuple(j for j, _ in strays)
-            self._staged.append(EndHolders(ids, "not ours", "stray", strays=strays))
-        for job_id, status in read.live.items():
-            was = current.get(job_id)
-            if was is None:
-                continue
-            try:
-                self.store.set_holder_state(job_id, status.state, reason=status.reason, now_s=now_s)
-            except TransitionError:
-                # Running in the store, pending in the scheduler: requeued (holders are
-                # --no-requeue, so only a site's override does this). Not ours any more.
-                log.warning(
-                    "%s's holder %s was requeued by the scheduler: releasing it",
-                    status.node,
-                    job_id,
-                )
-                self._staged.append(EndHolders((job_id,), "requeued", "requeued", now_s))
-                continue
-            if status.state == "running":
-                self.backoff.held(status.node)
-            if status.state == "running" and was.state == "pending":
-                limit = "none" if was.limit_s is None else f"up to {was.limit_s / 60:.0f} min"
-                log.info("holding %s (holder %s, time limit: %s)", status.node, job_id, limit)
-        for job_id, status in read.gone.items():
-            was = current.get(job_id)
-            if was is None:
-                continue
-            if job_id in read.causes:
-                self._failed(was, status, read.causes[job_id], now_s)
-            else:
-                self.holders.forget(job_id)
-                why = self._why_ended(was, status.reason, now_s)
-                self.store.set_holder_state(job_id, "ended", reason=why, now_s=now_s)
-                if status.reason == "preempted":
-                    self.counts.preempted += 1
-                else:
-                    self.counts.lost += 1
-                log.info("lost %s: its holder %s %s", status.node, job_id, why)
-
-    def _failed(self, holder: HolderRow, status: HolderStatus, cause: str, now_s: float) -> None:
-        """A holder that failed to hold: its cause in one line, its node backed off."""
-        self.store.set_holder_state(holder.job_id, "ended", reason=f"failed: {cause}", now_s=now_s)
-        self.counts.failed += 1
-        entry = self.backoff.failed(holder.node, holder.job_id, cause, now_s)
-        log.warning(
-            "holder %s for %s failed: %s; %s is tried again in %.3g s (failure %d in a row)",
-            holder.job_id,
-            holder.node,
-            cause,
-            holder.node,
-            entry.retry_s - now_s,
-            entry.failures,
-        )
-        stderr = self.holders.stderr_file(holder.job_id)
-        if stderr is not None and status.reason == "failed" and not stderr.exists():
-            # Slurm fails a job whose --error folder the node cannot see: the state
-            # directory is not shared with the nodes. Holders go on without the file.
-            log.warning(
-                "holder stderr is not written to %s (a folder the nodes do not see?): "
-                "holders keep no stderr from now on",
-                stderr.parent,
-            )
-            self.holders.stderr_dir = None
-
-    def _why_ended(self, holder: HolderRow, reason: str, now_s: float) -> str:
-        """Why a holder ended, in an operator's words (the scheduler's state as given)."""
-        if reason == "preempted":
-            return "was preempted by a main job"
-        if reason in ("cancelled", "canceled"):
-            return "was cancelled outside bftrainer"
-        if reason == "timeout":
-            return "reached its time limit"
-        if reason == "not listed":
-            return f"is no longer listed by {self.holders.status_argv()[0]}"
-        lease = self._lease_until.get(holder.node)
-        if reason == "completed" and lease is not None and lease <= now_s:
-            return "ended by itself: its lease expired"
-        if reason == "completed" and holder.state == "running":
-            return "ended by itself"
-        return f"ended ({reason or 'no reason given'})"
 
     def _plan(self, view: PoolView, demand: Demand, now_s: float) -> set[str]:
         """Plan the holders to submit and cancel (run by :meth:`act`); the nodes to
@@ -558,20 +457,6 @@ class HeldPool:
         publish_pool(
             self.store, view, leave_by_s, now_s, self._left_out, self._idle, self.backoff.summary()
         )
-
-
-@dataclass(frozen=True)
-class HoldersRead:
-    """One read of our holders (:meth:`HeldPool.read`): the scheduler's answer on those
-    we know, and the cause of each that failed to hold."""
-
-    live: Mapping[str, HolderStatus]
-    gone: Mapping[str, HolderStatus]
-    causes: Mapping[str, str]
-    # Holders to end: unknown to the store (a daemon died between submitting and
-    # recording them) or lingering (suspended by a preemption); ended by this step's
-    # orders, through the one cancel path (HeldPool.cancel), never by the read.
-    strays: Mapping[str, HolderStatus] = field(default_factory=dict)
 
 
 def leave_by_s(
