@@ -125,7 +125,7 @@ def file_identity(path: Path) -> tuple[int, ...]:
 
 def trainer_dir(state_dir: Path, trainer_id: str) -> Path:
     """``<state_dir>/trainers/<id>/``, the trainer's directory when the daemon runs it
-    (see the contract of the trainer directory), created owner-only."""
+    (docs/trainers.md, "The trainer directory"), created owner-only."""
     if not re.fullmatch(r"t\d{4,}", trainer_id):
         raise ValueError(f"bad trainer id {trainer_id!r}")
     path = state_dir / "trainers" / trainer_id

@@ -39,7 +39,8 @@ class RemoteExecError(RuntimeError):
 
 
 def local_names() -> set[str]:
-    """The names that mean this machine (the contract's three local hosts)."""
+    """The names that mean this machine: localhost, 127.0.0.1 and its host name, whole
+    and short."""
     names = {"localhost", "127.0.0.1", socket.gethostname()}
     names.add(socket.gethostname().split(".")[0])
     return names
