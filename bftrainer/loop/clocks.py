@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from bftrainer.loop.records import LoopStalledError
 
+MAX_SLEEP_S = 86_400.0  # the longest single sleep of the wall clock
+
 
 class VirtualClock:
     """The replay's clock: waiting is jumping."""
@@ -56,9 +58,13 @@ class WallClock:
         return self._time()
 
     def wait_until(self, t_s: float) -> float:
-        delay = t_s - self._time()
-        if delay > 0:
-            select.select([self._read_fd], [], [], None if math.isinf(delay) else delay)
+        """Sleep until ``t_s`` or a wake. A wait longer than the platform's timeout
+        (select() overflows near 1e10 s: a poll interval of 1e12 s in a config) is
+        slept a day at a time, never refused."""
+        while (delay := t_s - self._time()) > 0:
+            timeout = None if math.isinf(delay) else min(delay, MAX_SLEEP_S)
+            if select.select([self._read_fd], [], [], timeout)[0]:
+                break  # woken
         self._drain()
         return self._time()
 

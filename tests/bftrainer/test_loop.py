@@ -567,6 +567,21 @@ def test_a_signal_handler_stops_a_loop_that_sleeps_with_nothing_due() -> None:
     assert 0.2 < elapsed < 3.0
 
 
+def test_the_wall_clock_waits_longer_than_select_can_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poll interval of 1e12 s (a config allows it) put the daemon's next step 1e12 s
+    ahead, and select() raised OverflowError: a traceback. Now such a wait is slept a
+    chunk at a time, and a wake still ends it."""
+    clock = WallClock()
+    try:
+        clock.wake()  # so that the wait below ends at once, woken
+        assert clock.wait_until(time.time() + 1e12) < time.time() + 60
+        monkeypatch.setattr("bftrainer.loop.clocks.MAX_SLEEP_S", 0.01)
+        target = time.time() + 0.05
+        assert clock.wait_until(target) >= target  # chunks of 0.01 s, to the end
+    finally:
+        clock.close()
+
+
 def test_run_is_the_loop_in_one_call() -> None:
     source = TimedSource([(0.0, Arrival(job("x", work=20.0)))])
     config = Config(policy="equal")
