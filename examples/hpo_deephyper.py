@@ -26,7 +26,7 @@ import pandas as pd
 from deephyper.hpo import CBO, HpProblem
 from deephyper.stopper import SuccessiveHalvingStopper
 
-from bftrainer.hpo import TrialSpec
+from bftrainer.hpo import CampaignError, TrialSpec
 from bftrainer.hpo.evaluator import TrainerEvaluator
 from bftrainer.state import Store, resolve_state_dir
 
@@ -85,26 +85,29 @@ def main(argv: list[str] | None = None) -> int:
         work_samples=args.work_samples,
     )
     told = len(pd.read_csv(log_dir / "results.csv")) if (log_dir / "results.csv").exists() else 0
-    with Store.open(state_dir, create=False) as store:
-        evaluator = TrainerEvaluator(
-            spec,
-            store,
-            args.name,
-            budget_samples=unit,
-            max_parallel=args.max_parallel,
-            poll_s=args.poll_interval,
-        )
-        search = CBO(
-            problem,
-            # Seeded past what it reloads: the same seed again would propose the first
-            # configurations once more (as Optuna's did: bftrainer.cli.hpo.resumed_sampler).
-            random_state=args.seed + told,
-            log_dir=str(log_dir),
-            stopper=stopper,
-            checkpoint_restart=True,  # a second run goes on from results.csv
-        )
-        # DeepHyper counts max_evals on top of the results it reloads.
-        results = search.search(evaluator, max_evals=max(1, args.max_evals - told))
+    try:
+        with Store.open(state_dir, create=False) as store:
+            evaluator = TrainerEvaluator(
+                spec,
+                store,
+                args.name,
+                budget_samples=unit,
+                max_parallel=args.max_parallel,
+                poll_s=args.poll_interval,
+            )
+            search = CBO(
+                problem,
+                # Seeded past what it reloads: the same seed again would propose the first
+                # configurations once more (as Optuna's did: bftrainer.cli.hpo.resumed_sampler).
+                random_state=args.seed + told,
+                log_dir=str(log_dir),
+                stopper=stopper,
+                checkpoint_restart=True,  # a second run goes on from results.csv
+            )
+            # DeepHyper counts max_evals on top of the results it reloads.
+            results = search.search(evaluator, max_evals=max(1, args.max_evals - told))
+    except CampaignError as exc:  # bad input, as bftrainer hpo says it: one line
+        parser.exit(2, f"hpo_deephyper: {exc}\n")
     print(json.dumps(summary(args.name, results), sort_keys=True))
     return 0
 

@@ -82,6 +82,19 @@ class CampaignError(RuntimeError):
     """The campaign cannot run as asked (another campaign runs the study, bad input)."""
 
 
+MAX_POLL_S = 3600.0  # as `bftrainer hpo --poll-interval`
+
+
+def checked_poll_s(poll_s: float) -> float:
+    """A poll interval a script gave: seconds, > 0 and at most an hour. A negative one
+    spun a core; NaN or 1e12 died in the sleep with a traceback."""
+    if isinstance(poll_s, bool) or not isinstance(poll_s, int | float):
+        raise CampaignError(f"poll_s = {poll_s!r}: expected seconds")
+    if not (math.isfinite(poll_s) and 0 < poll_s <= MAX_POLL_S):
+        raise CampaignError(f"poll_s = {poll_s!r}: expected seconds > 0 and <= {MAX_POLL_S:g}")
+    return float(poll_s)
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """How every trial of the campaign runs: ``script`` with ``args``, then the trial's
@@ -275,6 +288,7 @@ class Campaign:
     def run(self, poll_s: float = 5.0, timeout_s: float | None = None) -> Tally:
         """Step every ``poll_s`` until every trial has ended and the daemon has stopped
         every trainer of a pruned one (or ``timeout_s`` passed)."""
+        poll_s = checked_poll_s(poll_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         watch = DaemonWatch(self.store)
         busy_since: float | None = None

@@ -43,6 +43,7 @@ from bftrainer.hpo.campaign import (
     CampaignError,
     DaemonWatch,
     TrialSpec,
+    checked_poll_s,
     checked_trials,
     room,
     submit_trial,
@@ -94,7 +95,8 @@ class TrainerEvaluator(Evaluator):
             raise CampaignError(f"budget_samples {budget_samples!r}: must be > 0")
         self.spec, self.store, self.name = checked_trials(spec, max_parallel), store, name
         self.sign = 1.0 if maximize else -1.0
-        self.budget_samples, self.max_parallel, self.poll_s = budget_samples, max_parallel, poll_s
+        self.budget_samples, self.max_parallel = budget_samples, max_parallel
+        self.poll_s = checked_poll_s(poll_s)
         self._adopt: dict[str, str] = {}  # DeepHyper job id -> the trainer it adopts
         self._adopted = False
         self._ended = self._gathered = 0  # executes that returned; results gathered

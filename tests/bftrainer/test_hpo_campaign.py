@@ -290,6 +290,17 @@ def test_a_storage_fault_that_waiting_cannot_mend_ends_the_campaign_at_once(
         campaign.run(poll_s=0.01, timeout_s=60)
 
 
+@pytest.mark.parametrize("poll_s", [-1.0, 0.0, math.nan, math.inf, 1e12])
+def test_a_poll_interval_that_cannot_be_slept_is_refused_in_one_line(
+    tmp_path: Path, store: Store, poll_s: float
+) -> None:
+    """From a script: a negative interval spun a core; NaN or 1e12 died in time.sleep
+    with a traceback (`bftrainer hpo --poll-interval` was bounded already)."""
+    campaign = Campaign(study(tmp_path), SPACE, TrialSpec(tmp_path / "trial.py"), store, 2)
+    with pytest.raises(CampaignError, match=r"poll_s = .*: expected seconds > 0 and <= 3600"):
+        campaign.run(poll_s=poll_s, timeout_s=5)
+
+
 def test_a_second_campaign_of_a_study_is_refused(tmp_path: Path) -> None:
     s = study(tmp_path)
     refused = pytest.raises(CampaignError, match="another campaign")

@@ -9,6 +9,7 @@ test_hpo_e2e.py."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -279,6 +280,9 @@ def test_a_search_that_cannot_run_is_refused_in_one_line(tmp_path: Path, state: 
             TrainerEvaluator(spec, store, "dh")
         with pytest.raises(CampaignError, match="without '#'"):
             TrainerEvaluator(TrialSpec(tmp_path / "trial.py"), store, "a#b")
+        for poll_s in (-1.0, math.nan, 1e12):  # a core spun; a traceback in the sleep
+            with pytest.raises(CampaignError, match=r"poll_s = .*: expected seconds > 0"):
+                TrainerEvaluator(TrialSpec(tmp_path / "trial.py"), store, "dh", poll_s=poll_s)
     ev = evaluator(state, tmp_path / "trial.py")
     with pytest.raises(CampaignError, match="search 'dh': parameter 'trial': --trial is the"):
         ev.submit([{"trial": 0.5}])  # it would come before the campaign's own --trial
