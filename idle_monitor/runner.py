@@ -154,6 +154,11 @@ def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     return out
 
 
+# A command's timeout, at most: subprocess's wait overflows near 1e10 s (a traceback),
+# and a scheduler command that may take more than a day is a hang.
+MAX_TIMEOUT_S = 86_400.0
+
+
 class CommandRunner(ABC):
     """Runs one command (an argument list) with a timeout and bounded retries."""
 
@@ -164,8 +169,8 @@ class CommandRunner(ABC):
         retry: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN too
+            raise ValueError(f"timeout_s must be > 0 and <= {MAX_TIMEOUT_S:g}, got {timeout_s}")
         self.timeout_s = timeout_s
         self.retry = retry
         self._sleep = sleep

@@ -380,6 +380,15 @@ def test_scheduler_commands_not_on_path_are_named(
         assert f"{program} is not on PATH" in line
 
 
+@pytest.mark.parametrize("command", [["pool"], ["daemon"], ["trace", "record", "--polls", "1"]])
+def test_a_command_timeout_past_what_a_wait_can_hold_is_refused(command: list[str]) -> None:
+    """--timeout 1e12 passed the flag and died in subprocess's wait with an
+    OverflowError traceback at the first scheduler command."""
+    code, out = run(*command, "--scheduler", "slurm", "--timeout", "1e12")
+    assert code == 2, out
+    assert "Invalid value for '--timeout'" in one_error_line(out), out
+
+
 @pytest.mark.parametrize("which", ["bounds", "profiles"])
 @pytest.mark.parametrize("content", [bytes(range(128, 256)) * 8, b"job,Tcup\x00,x\n1,2\x00\n"])
 def test_a_binary_job_file_gives_one_line(tmp_path: Path, which: str, content: bytes) -> None:

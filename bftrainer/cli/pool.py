@@ -18,7 +18,13 @@ import click
 from bftrainer.cli import UsageError
 from bftrainer.cli.params import SECONDS, InputFile, Number
 from bftrainer.common import strict_json
-from bftrainer.idle_monitor.runner import CommandRunner, LocalRunner, RetryPolicy, SshRunner
+from bftrainer.idle_monitor.runner import (
+    MAX_TIMEOUT_S,
+    CommandRunner,
+    LocalRunner,
+    RetryPolicy,
+    SshRunner,
+)
 from bftrainer.idle_monitor.source import LivePoolSource, PoolConfig, Reading, Scheduler
 
 log = logging.getLogger(__name__)
@@ -63,7 +69,7 @@ def source_options(func: F) -> F:
         click.option(
             "--timeout",
             "timeout_s",
-            type=Number(min=0.1),
+            type=Number(min=0.1, max=MAX_TIMEOUT_S),
             default=30.0,
             show_default=True,
             help="Seconds one command may take.",

@@ -4,6 +4,7 @@ real sshd; failures, timeouts and retries are typed and name the command."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -210,3 +211,10 @@ def test_ssh_connection_refused(sshd: SshServer) -> None:
     )
     with pytest.raises(CommandStartError, match="cannot connect"):
         runner.run(["true"])
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, math.nan, 1e12])
+def test_a_timeout_no_wait_can_hold_is_refused(timeout_s: float) -> None:
+    """subprocess's wait overflows near 1e10 s: a traceback at the first command."""
+    with pytest.raises(ValueError, match="timeout_s must be > 0 and <= 86400"):
+        LocalRunner(timeout_s=timeout_s)
