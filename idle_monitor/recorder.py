@@ -43,6 +43,11 @@ class RecorderError(RuntimeError):
     """The output folder cannot hold the trace (not a folder, not writable); names it."""
 
 
+# The longest interval between polls: a wait of ~1e10 s overflows (a traceback), and a
+# recorder that polls less than daily records no pool worth replaying.
+MAX_INTERVAL_S = 86_400.0
+
+
 @dataclass(frozen=True)
 class RecorderConfig:
     """Polling and rotation settings (defaults in this one place)."""
@@ -52,8 +57,10 @@ class RecorderConfig:
     prefix: str = "pool"
 
     def __post_init__(self) -> None:
-        if not self.interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if not 0 < self.interval_s <= MAX_INTERVAL_S:  # NaN too
+            raise ValueError(
+                f"interval_s must be > 0 and <= {MAX_INTERVAL_S:g}, got {self.interval_s}"
+            )
         if self.max_bytes < 1024:
             raise ValueError(f"max_bytes must be >= 1024, got {self.max_bytes}")
         if not self.prefix or "/" in self.prefix:

@@ -387,6 +387,10 @@ def test_a_command_timeout_past_what_a_wait_can_hold_is_refused(command: list[st
     code, out = run(*command, "--scheduler", "slurm", "--timeout", "1e12")
     assert code == 2, out
     assert "Invalid value for '--timeout'" in one_error_line(out), out
+    if command[0] == "trace":  # and its poll interval, waited the same way
+        code, out = run(*command, "--scheduler", "slurm", "--interval", "1e12", "--out", "x")
+        assert code == 2, out
+        assert "Invalid value for '--interval'" in one_error_line(out), out
 
 
 @pytest.mark.parametrize("which", ["bounds", "profiles"])

@@ -13,6 +13,7 @@ from bftrainer.cli import UsageError
 from bftrainer.cli.params import COUNT, Number
 from bftrainer.cli.pool import build_source, check_source, source_options
 from bftrainer.idle_monitor.recorder import (
+    MAX_INTERVAL_S,
     Recorder,
     RecorderConfig,
     RecorderError,
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 @click.option(
     "--interval",
     "interval_s",
-    type=Number(min=0.1),
+    type=Number(min=0.1, max=MAX_INTERVAL_S),
     default=RecorderConfig().interval_s,
     show_default=True,
     help="Seconds between polls.",

@@ -3,6 +3,7 @@ a snapshot each; a restart continues the newest file; SIGTERM stops it cleanly."
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -385,3 +386,10 @@ def test_a_newest_file_that_is_a_folder_gets_one_clear_line(tmp_path: Path) -> N
     source, _ = slurm_source(Clock())
     with pytest.raises(RecorderError, match=r"pool-x\.csv"):
         Recorder(source, tmp_path).open()
+
+
+@pytest.mark.parametrize("interval_s", [0.0, math.nan, 1e12])
+def test_an_interval_no_wait_can_hold_is_refused(interval_s: float) -> None:
+    """`trace record --interval 1e12` died in its first wait (OverflowError)."""
+    with pytest.raises(ValueError, match="interval_s must be > 0 and <= 86400"):
+        RecorderConfig(interval_s=interval_s)
