@@ -10,6 +10,8 @@ import os
 import re
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -301,6 +303,47 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
     assert r.exit_code == 2 and what in r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    "args, config, what",
+    [
+        (["--pruner", "none"], None, "--pruner means nothing without --search"),
+        (["--trials", "5"], None, "--trials means nothing without --search"),
+        ([], "[replay]\nsearch_seed = 3\n", "[replay] search_seed means nothing without --search"),
+        (["--windows-share", "0.5"], None, "--windows-share means nothing without --windows"),
+        (["--windows", "oracle", "--windows-error", "9"], None, "--windows-error means nothing"),
+        ([], "[replay]\nwindows_lead_s = 60\n", "[replay] windows_lead_s means nothing"),
+        (["--scavenger-size", "4"], None, "--scavenger-size means nothing without --policy"),
+        (["--policy", "milp,equal", "--restart-cost", "5"], None, "--restart-cost means nothing"),
+        (["--sweep", "tfwd=10,30", "--checkpoint-every", "60"], None, "--checkpoint-every means"),
+        ([], "[policy]\nscavenger_size = 4\n", "[policy] scavenger_size means nothing"),
+    ],
+)  # fmt: skip
+def test_a_search_window_or_scavenger_setting_alone_is_refused(tmp_path, args, config, what):
+    """Each was accepted and ignored: a replay ran, recorded the setting, and did not use it."""
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        args = [*args, "--config", str(tmp_path / "c.toml")]
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs-count", "3",
+         "--no-progress", "--out", str(tmp_path / "o"), *args],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_scavenger_settings_with_a_scavenger_run_are_taken(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-nodes", "32",
+         "--synthetic-hours", "1", "--jobs-count", "3", "--no-progress", "--solver", "dp",
+         "--policy", "equal,scavenger", "--scavenger-size", "2", "--restart-cost", "5",
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize(
