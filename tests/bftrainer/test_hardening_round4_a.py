@@ -430,6 +430,51 @@ def test_a_report_on_an_allocations_file_cut_mid_row_is_refused(tmp_path, small_
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
 
 
+def _set_cell(path, column: str, value: str) -> None:
+    """The first data row's ``column`` set to ``value`` (a hand edit, another program)."""
+    lines = path.read_text().splitlines(keepends=True)
+    i = lines[0].rstrip("\n").split(",").index(column)
+    cells = lines[1].rstrip("\n").split(",")
+    cells[i] = value
+    lines[1] = ",".join(cells) + "\n"
+    path.write_text("".join(lines))
+
+
+def _set_summary(path, key: str, value: float) -> None:
+    import json
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (lambda r: _set_cell(r / "allocations.csv", "nodes", "-3"), "row 2: nodes is -3"),
+        (lambda r: _set_cell(r / "allocations.csv", "nodes", "inf"), "row 2: nodes is inf"),
+        (lambda r: _set_cell(r / "events.csv", "running", "-1"), "row 2: running is -1"),
+        (lambda r: _set_cell(r / "trainers.csv", "progress_samples", "-5"), "progress_samples"),
+        (lambda r: _set_cell(r / "windows.csv", "utilization_efficiency", "-7"), "is -7"),
+        (lambda r: _set_cell(r / "windows.csv", "hours", "inf"), "row 2: hours is inf"),
+        (lambda r: _set_summary(r / "summary.json", "utilization_efficiency", -1), "is -1"),
+    ],
+    ids=["nodes", "nodes-inf", "running", "progress", "U", "hours", "summary-U"],
+)
+def test_a_report_on_a_negative_or_infinite_amount_is_refused(tmp_path, small_replay, edit, what):
+    """Each was drawn as it was (a Gantt bar of -3 nodes, a U of -7), exit 0."""
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(small_replay, run)
+    edit(run)
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "report", str(run), "--out", str(tmp_path / "rep")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert "the replay writes it finite and >= 0" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
 def test_a_trace_whose_header_repeats_a_column_is_refused(tmp_path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("time,node,idle,idle\n0,a,1,0\n10,a,0,1\n")
