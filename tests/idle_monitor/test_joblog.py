@@ -392,3 +392,30 @@ def test_a_limit_of_thousands_of_digits_is_no_plan(tmp_path: Path) -> None:
         windows = [*trace.initial_windows_s.values()]
         windows += [w for e in trace.events for w in e.windows_s.values()]
         assert set(windows) <= {None}  # open-ended only
+
+
+@pytest.mark.parametrize("which", ["log", "log by another path", "node list", "down list"])
+def test_out_never_replaces_an_input(which: str, tmp_path: Path) -> None:
+    """`from-log LOG --out LOG` replaced the user's job log with the trace (exit 0); so did
+    --out naming its --node-list or --down file."""
+    log = tmp_path / "sacct.txt"
+    log.write_text(w.sacct(w.random_jobs(3, MACHINE, 10)))
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"n[0-{MACHINE - 1}]\n")
+    down = tmp_path / "down.txt"
+    down.write_text("1700000000,1700000060,n1\n")
+    out, flag = {
+        "log": (log, "LOG"),
+        "log by another path": (tmp_path / "." / "sacct.txt", "LOG"),
+        "node list": (nodes, "--node-list"),
+        "down list": (down, "--down"),
+    }[which]
+    before = {p: p.read_bytes() for p in (log, nodes, down)}
+    done = bftrainer(
+        "trace", "from-log", str(log), "--node-list", str(nodes), "--down", str(down),
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert f"--out {out} is {flag} " in done.stderr, done.stderr
+    assert "the trace would replace its input" in done.stderr
+    assert {p: p.read_bytes() for p in before} == before
