@@ -83,7 +83,8 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
 
     A FIFO, device or folder is refused from stat alone, before it is opened; a line cut
     by the end of a gzip stream, bytes that are not text, or a damaged stream raise
-    ``JobLogError`` naming the file (and line).
+    ``JobLogError`` naming the file (and line). A UTF-8 byte-order mark (a file saved by
+    a Windows editor) is dropped: it made the first line's first name another name.
     """
     try:
         if not stat.S_ISREG(path.stat().st_mode):
@@ -95,9 +96,9 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
     number = 0
     try:
         if magic == _GZIP_MAGIC:
-            stream = gzip.open(path, "rt", encoding="utf-8", newline="")  # noqa: SIM115
+            stream = gzip.open(path, "rt", encoding="utf-8-sig", newline="")  # noqa: SIM115
         else:
-            stream = path.open("rt", encoding="utf-8", newline="")
+            stream = path.open("rt", encoding="utf-8-sig", newline="")
         with stream as text:
             for number, line in enumerate(text, start=1):
                 yield number, line.rstrip("\r\n")

@@ -4,6 +4,7 @@ record order; repeats, over-commitment and bad logs are handled as docs/traces.m
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -419,3 +420,21 @@ def test_out_never_replaces_an_input(which: str, tmp_path: Path) -> None:
     assert f"--out {out} is {flag} " in done.stderr, done.stderr
     assert "the trace would replace its input" in done.stderr
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """A log, node list or down list saved with a UTF-8 byte-order mark: the log was
+    'unknown job-log format', and a node list's first node another name ('\\ufeffn0'), so
+    every job on it was refused as on a node outside the list."""
+    jobs = w.random_jobs(4, MACHINE, 10)
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for folder, bom in ((plain, ""), (marked, "\ufeff")):
+        folder.mkdir()
+        (folder / "log.txt").write_text(bom + w.sacct(jobs))
+        (folder / "nodes.txt").write_text(bom + f"n[0-{MACHINE - 1}]\n")
+        (folder / "down.txt").write_text(bom + f"{jobs[0].start_s:.0f},{jobs[0].end_s:.0f},n0\n")
+    traces = []
+    for f in (plain, marked):
+        lists = ("--node-list", str(f / "nodes.txt"), "--down", str(f / "down.txt"))
+        traces.append(convert(f / "log.txt", f / "out.csv", *lists))
+    assert traces[0] == dataclasses.replace(traces[1], source=traces[0].source)
