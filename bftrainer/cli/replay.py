@@ -43,7 +43,7 @@ from bftrainer.replay.output import summary_table
 from bftrainer.replay.pollux.output import pollux_summary, pollux_table
 from bftrainer.replay.run import POLICIES, REPLAY_NEEDS, REPLAY_TABLES, ReplayConfig, ReplayError
 from bftrainer.replay.runs_output import write_outputs
-from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES
+from bftrainer.replay.search import SEARCH_PRUNERS, SEARCH_TRIALS_MAX, SEARCHES
 from bftrainer.replay.sweep import policy_configs, run_label, scavenger_only, sweep_configs
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.zoo import ZOO_SPS
@@ -259,7 +259,7 @@ FLAG_NAMES = {
 @click.option(
     "--trials",
     "search_trials",
-    type=Number(integer=True, min=1, max=100_000),
+    type=Number(integer=True, min=1, max=SEARCH_TRIALS_MAX),
     help="--search: trials in the search (default 100).",
 )
 @click.option(

@@ -49,7 +49,14 @@ from bftrainer.replay.metrics import (
     utilization,
 )
 from bftrainer.replay.rigid import DEFAULT_CHECKPOINT_EVERY_S, CheckpointRestartDriver
-from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES, SearchSource, node_seconds
+from bftrainer.replay.search import (
+    SEARCH_PRUNERS,
+    SEARCH_SEED_MAX,
+    SEARCH_TRIALS_MAX,
+    SEARCHES,
+    SearchSource,
+    node_seconds,
+)
 from bftrainer.replay.simulator import SimulatedDriver, Waste
 from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
@@ -113,9 +120,15 @@ class ReplayConfig(Config):
                 f"search_pruner = {self.search_pruner!r}: expected one of "
                 f"{', '.join(SEARCH_PRUNERS)}"
             )
-        n = self.search_trials
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"search_trials = {n!r}: expected a whole number >= 1")
+        for name, first, last, why in (
+            ("search_trials", 1, SEARCH_TRIALS_MAX, "--trials' limit"),
+            ("search_seed", 0, SEARCH_SEED_MAX, "a sampler's 32-bit seed"),
+        ):
+            k = getattr(self, name)
+            if isinstance(k, bool) or not isinstance(k, int) or not first <= k <= last:
+                raise ConfigError(
+                    f"{name} = {k!r}: expected a whole number from {first} to {last} ({why})"
+                )
         promise = promise_error(self.search_promise)
         if promise is not None:
             raise ConfigError(promise)

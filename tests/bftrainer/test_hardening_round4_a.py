@@ -369,6 +369,31 @@ def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, tab
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("search_trials = 1000000000", "search_trials = 1000000000: expected a whole number"),
+        ("search_seed = -1", "search_seed = -1: expected a whole number from 0 to 4294967295"),
+        ("search_seed = 'x'", "search_seed = 'x': expected"),
+        ("search_seed = 1.5", "search_seed = 1.5: expected"),
+        ("search_seed = 99999999999999999", "search_seed = 99999999999999999: expected"),
+    ],
+)
+def test_a_search_setting_past_its_limit_is_one_line(tmp_path, line, what):
+    """search_trials was accepted past --trials' 100,000; a search_seed Optuna cannot
+    take (negative, text, fractional, over 32 bits) gave a ValueError or TypeError
+    traceback once the search began."""
+    config = tmp_path / "c.toml"
+    config.write_text(f"[replay]\nsearch = 'tpe'\n{line}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs-count",
+         "3", "--no-progress", "--config", str(config), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("line", ["curves_growth = inf", "curves_observe_s = nan"])
 def test_an_infinite_replay_setting_is_refused(tmp_path, line) -> None:
     (tmp_path / "c.toml").write_text(f"[replay]\ncurves = 'learned'\n{line}\n")
