@@ -127,3 +127,28 @@ def test_a_spread_curve_with_whole_nodes_is_refused(tmp_path: Path, slots: int |
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"pool": ["n1"], "trainers": [], "pool": ["n2"]}', "pool"),
+        (
+            '{"pool": ["n1"], "trainers": [{"id": "a", "n_min": 1, "n_max": 1, "n_min": 2, '
+            '"rescale_up": 0, "rescale_down": 0, "curve": [[1, 1]]}]}',
+            "n_min",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused(tmp_path: Path, text: str, key: str) -> None:
+    """The last of a repeated key won without a word: a second pool replaced the first."""
+    problem = tmp_path / "p.json"
+    problem.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "allocate", str(problem)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {problem}: not a usable JSON value: key {key!r} appears twice in one object"
+    ]
