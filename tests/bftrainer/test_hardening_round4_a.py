@@ -500,6 +500,30 @@ def test_a_report_on_a_negative_or_infinite_amount_is_refused(tmp_path, small_re
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("which", ["Jbnd", "JNPs"])
+def test_a_job_set_whose_header_repeats_a_column_is_refused(tmp_path, which) -> None:
+    """The job set's (or its profiles') last repeated column won without a word: a job
+    of n_max 4 replayed at n_max 2."""
+    jobs = "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\na,10,10,1,4,1e6,2021-02-10 00:00:00\n"
+    profiles = "job,nodes,throughput_samples_per_s\na,1,10\na,4,38\n"
+    if which == "Jbnd":
+        jobs = jobs.replace("Tsub\n", "Tsub,Jmax\n").replace(":00\n", ":00,2\n")
+    else:
+        profiles = profiles.replace("per_s\n", "per_s,nodes\n").replace("10\n", "10,2\n")
+    (tmp_path / "S-Jbnd-1J.csv").write_text(jobs)
+    (tmp_path / "S-JNPs-1J.csv").write_text(profiles)
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs",
+         str(tmp_path / "S-Jbnd-1J.csv"), "--shift-arrivals", "start", "--no-progress",
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    column = "Jmax" if which == "Jbnd" else "nodes"
+    assert r.returncode == 2, r.stderr
+    assert f"S-{which}-1J.csv:1: column {column!r} appears more than once" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 def test_a_trace_whose_header_repeats_a_column_is_refused(tmp_path) -> None:
     path = tmp_path / "t.csv"
     path.write_text("time,node,idle,idle\n0,a,1,0\n10,a,0,1\n")
