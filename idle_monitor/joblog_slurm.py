@@ -126,6 +126,9 @@ def parse_sacct(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
                     f"{where}: sacct header lacks {', '.join(missing)} (dump with "
                     "--format=JobID,Submit,Start,End,NNodes,NodeList,Timelimit; docs/traces.md)"
                 )
+            twice = next((c for c in columns if c and columns.count(c) > 1), None)
+            if twice is not None:  # read as a dict, the last would win without a word
+                raise JobLogError(f"{where}: column {twice!r} appears more than once in the header")
             continue
         if len(cells) != len(columns):
             raise JobLogError(

@@ -230,6 +230,11 @@ BAD = {
         lambda: b"JobID|Start|End|NNodes|NodeList\n1|1700000000|1700000100|1|zz9\n",
         "sacct.txt:2: job 1 ran on 'zz9', which is not in the machine's node list",
     ),
+    "repeated column": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList|NodeList\n1|1700000000|1700000100|1|n1|n2\n",
+        "sacct.txt:1: column 'NodeList' appears more than once in the header",
+    ),
     "no size": (
         "cobalt.log",
         lambda: w.pbs(w.random_jobs(1, 4, 3), cobalt=True).encode(),
