@@ -25,6 +25,7 @@ from bftrainer.idle_monitor.joblog_model import (
     JobLog,
     JobLogError,
     JobRecord,
+    log_count,
     log_time,
     open_lines,
 )
@@ -172,7 +173,7 @@ def read_down(path: Path) -> list[JobRecord]:
             raise JobLogError(f"{where}: the down interval ends before it starts")
         nodes: tuple[str, ...] | None = None
         if parts[2].isdigit():
-            count = int(parts[2])
+            count = log_count(parts[2], where, "down node count")
         else:
             try:
                 nodes = tuple(dict.fromkeys(expand_hostlist(parts[2])))

@@ -13,7 +13,13 @@ from __future__ import annotations
 import csv
 from collections.abc import Iterable
 
-from bftrainer.idle_monitor.joblog_model import JobLog, JobLogError, JobRecord, check_span
+from bftrainer.idle_monitor.joblog_model import (
+    JobLog,
+    JobLogError,
+    JobRecord,
+    check_span,
+    log_number,
+)
 
 _EVENT = '"JOB_FINISH"'
 
@@ -43,10 +49,7 @@ def parse(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
 def _int(fields: list[str], i: int, where: str, what: str) -> int:
     if i >= len(fields):
         raise JobLogError(f"{where}: the record ends before its {what} (a cut line?)")
-    try:
-        return int(float(fields[i]))
-    except ValueError:
-        raise JobLogError(f"{where}: {what} {fields[i]!r} is not a number") from None
+    return int(log_number(fields[i], where, what))
 
 
 def _record(fields: list[str], where: str) -> JobRecord | str:
@@ -57,6 +60,8 @@ def _record(fields: list[str], where: str) -> JobRecord | str:
     term_s = _int(fields, 9, where, "termTime")
     start_s = _int(fields, 10, where, "startTime")
     asked = _int(fields, 22, where, "numAskedHosts")
+    if asked < 0:
+        raise JobLogError(f"{where}: job {job_id}: numAskedHosts {asked} is negative")
     at = 23 + asked
     count = _int(fields, at, where, "numExHosts")
     if count < 0 or at + 1 + count > len(fields):

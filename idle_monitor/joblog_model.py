@@ -9,6 +9,7 @@ Cobalt blocks).
 from __future__ import annotations
 
 import gzip
+import math
 import stat
 import zlib
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ FORMATS = ("sacct", "jobcomp", "lsf", "pbs", "swf")
 # A job whose run time exceeds this is a unit mistake or a corrupt line, not a job.
 MAX_RUN_S = 366 * 86400.0
 _GZIP_MAGIC = b"\x1f\x8b"
+# A count of more digits than this is no machine's (a million nodes has 7).
+_COUNT_DIGITS = 12
 
 
 class JobLogError(ValueError):
@@ -80,7 +83,8 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
 
     A FIFO, device or folder is refused from stat alone, before it is opened; a line cut
     by the end of a gzip stream, bytes that are not text, or a damaged stream raise
-    ``JobLogError`` naming the file (and line).
+    ``JobLogError`` naming the file (and line). A UTF-8 byte-order mark (a file saved by
+    a Windows editor) is dropped: it made the first line's first name another name.
     """
     try:
         if not stat.S_ISREG(path.stat().st_mode):
@@ -92,9 +96,9 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
     number = 0
     try:
         if magic == _GZIP_MAGIC:
-            stream = gzip.open(path, "rt", encoding="utf-8", newline="")  # noqa: SIM115
+            stream = gzip.open(path, "rt", encoding="utf-8-sig", newline="")  # noqa: SIM115
         else:
-            stream = path.open("rt", encoding="utf-8", newline="")
+            stream = path.open("rt", encoding="utf-8-sig", newline="")
         with stream as text:
             for number, line in enumerate(text, start=1):
                 yield number, line.rstrip("\r\n")
@@ -104,6 +108,36 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
         ) from None
     except UnicodeDecodeError:
         raise JobLogError(f"{path}:{number + 1}: not text (bytes that are not UTF-8)") from None
+
+
+def log_number(text: str, where: str, what: str) -> float:
+    """A number as a log writes it, finite: ``inf``, ``nan`` or digits past a float's
+    range are a damaged field, refused in one line (they would fail later, in a node
+    count or a time, as a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a number") from None
+    if not math.isfinite(value):
+        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a finite number")
+    return value
+
+
+def log_count(text: str, where: str, what: str) -> int:
+    """A whole count (of nodes, hosts) as a log writes it: ASCII digits, at most
+    ``_COUNT_DIGITS`` of them, so no count is larger than any machine by orders of
+    magnitude before ``int()`` (which refuses past 4,300 digits) sees it."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a whole number")
+    if len(text) > _COUNT_DIGITS:
+        raise JobLogError(f"{where}: {what} of {len(text):,} digits is not a plausible count")
+    return int(text)
+
+
+def _short(text: str) -> str:
+    """A value for a message: a field of thousands of characters is cut."""
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text):,} characters)"
 
 
 def log_time(text: str, where: str, what: str) -> float:

@@ -15,10 +15,17 @@ import math
 import re
 from collections.abc import Iterable
 
-from bftrainer.idle_monitor.joblog_model import JobLog, JobLogError, JobRecord, check_span
+from bftrainer.idle_monitor.joblog_model import (
+    JobLog,
+    JobLogError,
+    JobRecord,
+    check_span,
+    log_number,
+)
 
 _LINE = re.compile(r"^(\d\d/\d\d/\d{4} \d\d:\d\d:\d\d);([A-Za-z]);([^;]*);(.*)$")
 _VNODE = re.compile(r"\(([^:()+]+)")
+_WALLTIME = re.compile(r"^\d{1,12}(?::\d{1,12}){0,2}$", re.ASCII)
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 
@@ -51,21 +58,19 @@ def parse(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
 
 
 def _number(fields: dict[str, str], key: str, where: str, job_id: str) -> float | None:
+    """A field's positive number; ``None`` when absent, 0 or negative (PBS's unknown)."""
     if key not in fields:
         return None
-    try:
-        value = float(fields[key])
-    except ValueError:
-        raise JobLogError(f"{where}: job {job_id}: {key}={fields[key]!r} is not a number") from None
+    value = log_number(fields[key], f"{where}: job {job_id}", key)
     return value if value > 0 else None
 
 
 def _walltime_s(text: str | None) -> float | None:
-    if not text:
+    """``[[HH:]MM:]SS`` in seconds; ``None`` when absent, 0 or not of that form (ASCII
+    digits, a bounded count of them: ``int()`` refuses past 4,300)."""
+    if not text or not _WALLTIME.match(text):
         return None
     parts = text.split(":")
-    if not all(p.isdigit() for p in parts) or len(parts) > 3:
-        return None
     seconds = 0.0
     for p in parts:
         seconds = seconds * 60 + int(p)
@@ -107,6 +112,10 @@ def _add(log: JobLog, job_id: str, fields: dict[str, str], where: str, *, ended:
         if nodect is None:
             log.skipped.add("held no node")
             return
+        if nodect != int(nodect):
+            raise JobLogError(
+                f"{where}: job {job_id}: Resource_List.nodect {nodect:g} is not a whole number"
+            )
         count = int(nodect)
     log.records.append(
         JobRecord(

@@ -23,13 +23,15 @@ from bftrainer.idle_monitor.joblog_model import (
     JobLogError,
     JobRecord,
     check_span,
+    log_count,
     log_time,
 )
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 
 SACCT_REQUIRED = ("JobID", "Start", "End", "NNodes", "NodeList")
 _NOT_A_TIME = {"", "unknown", "none", "n/a"}
-_LIMIT = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+# ASCII digits, a bounded count of them (int() refuses past 4,300, float() past 308).
+_LIMIT = re.compile(r"^(?:(\d{1,9})-)?(\d{1,12})(?::(\d{1,12}))?(?::(\d{1,12}))?$", re.ASCII)
 _KEY = re.compile(r"(?:^|\s)([A-Za-z]+)=")
 
 
@@ -98,7 +100,7 @@ def _record(
         log.skipped.add("ran 0 s")
         return
     count = len(nodes)
-    if count_text.strip().isdigit() and int(count_text) != count:
+    if count_text.strip() and log_count(count_text, where, f"job {job_id}: node count") != count:
         raise JobLogError(
             f"{where}: job {job_id}: node count {count_text} but node list {nodes_text!r} "
             f"names {count}"
@@ -124,6 +126,9 @@ def parse_sacct(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
                     f"{where}: sacct header lacks {', '.join(missing)} (dump with "
                     "--format=JobID,Submit,Start,End,NNodes,NodeList,Timelimit; docs/traces.md)"
                 )
+            twice = next((c for c in columns if c and columns.count(c) > 1), None)
+            if twice is not None:  # read as a dict, the last would win without a word
+                raise JobLogError(f"{where}: column {twice!r} appears more than once in the header")
             continue
         if len(cells) != len(columns):
             raise JobLogError(

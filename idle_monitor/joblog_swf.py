@@ -17,7 +17,13 @@ import math
 import re
 from collections.abc import Iterable
 
-from bftrainer.idle_monitor.joblog_model import JobLog, JobLogError, JobRecord, check_span
+from bftrainer.idle_monitor.joblog_model import (
+    JobLog,
+    JobLogError,
+    JobRecord,
+    check_span,
+    log_number,
+)
 
 _HEADER = re.compile(r"^;\s*([A-Za-z]+)\s*:\s*(\S+)")
 _FIELDS = 18
@@ -64,11 +70,7 @@ def parse(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
             raise JobLogError(
                 f"{where}: {len(fields)} fields where SWF has {_FIELDS} (a cut or foreign line)"
             )
-        try:
-            values = [float(f) for f in fields]
-        except ValueError:
-            bad = next(f for f in fields if not _is_number(f))
-            raise JobLogError(f"{where}: field {bad!r} is not a number") from None
+        values = [log_number(f, where, f"field {i}") for i, f in enumerate(fields, start=1)]
         job_id = fields[0]
         submit, wait, run, procs, requested_procs, requested = (
             values[1],
@@ -112,10 +114,7 @@ def _apply_header(log: JobLog, header: dict[str, str], where: str) -> tuple[floa
     def number(key: str) -> float | None:
         if key not in header:
             return None
-        try:
-            return float(header[key])
-        except ValueError:
-            raise JobLogError(f"{where}: header {key} {header[key]!r} is not a number") from None
+        return log_number(header[key], where, f"header {key}")
 
     origin = number("unixstarttime") or 0.0
     max_nodes = number("maxnodes")

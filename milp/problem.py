@@ -365,6 +365,14 @@ def problem_from_dict(data: Any) -> Problem:
         slots_per_node=data.get("slots_per_node", 1),
     )
     _check_table_size(problem)
+    if problem.slots_per_node == 1:
+        spread = next((t for t in problem.trainers if t.spread_curve is not None), None)
+        if spread is not None:
+            # A value for slots spread over nodes: with whole nodes there is no spreading,
+            # and the curve was accepted and ignored.
+            raise ProblemError(
+                f"trainer {spread.id!r}: spread_curve means nothing without slots_per_node > 1"
+            )
     return problem
 
 

@@ -101,6 +101,8 @@ class ThroughputParams:
         return {k: float(v) for k, v in asdict(self).items()}
 
 
+# An observed step is at least a microsecond (a kernel launch takes several).
+MIN_STEP_S = 1e-6
 # The largest machines have ~10^4 nodes and ~10^5 GPUs; a step is seconds, not days.
 OBSERVATION_LIMITS = {
     "nodes": 1e6,
@@ -396,12 +398,19 @@ def observations_from_rows(
             nodes = _int(values["nodes"], "nodes")
             replicas_text = row.get("replicas")
             replicas = nodes if replicas_text in (None, "") else _int(replicas_text, "replicas")
+            step_s = _float(values["step_time_s"], "step_time_s")
+            if 0 < step_s < MIN_STEP_S:
+                # A subnormal or nanosecond step was fitted (the model floors far above
+                # it) and shown as an error of +inf %.
+                raise ValueError(
+                    f"step_time_s is {step_s!r}, less than any real step ({MIN_STEP_S:g} s)"
+                )
             obs = StepObservation(
                 nodes=nodes,
                 replicas=replicas,
                 local_bsz=_int(values["local_bsz"], "local_bsz"),
                 accum_steps=_int(values["accum_steps"], "accum_steps"),
-                step_time_s=_float(values["step_time_s"], "step_time_s"),
+                step_time_s=step_s,
             )
         except (ObservationError, ValueError) as e:
             raise ObservationFileError(f"{where}: {e}") from None
@@ -416,6 +425,11 @@ def read_observations_csv(path: str | Path) -> list[StepObservation]:
         with p.open(newline="") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
+            twice = next((c for c in header if header.count(c) > 1), None)
+            if twice is not None:  # csv.DictReader keeps the last: another column won
+                raise ObservationFileError(
+                    f"{p}:1: column {twice!r} appears more than once in header {','.join(header)!r}"
+                )
             missing = [c for c in OBS_COLUMNS if c not in header]
             if missing:
                 raise ObservationFileError(

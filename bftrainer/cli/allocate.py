@@ -48,7 +48,7 @@ def allocate_cmd(
     """
     name = problem_file.name
     try:
-        data = json.load(problem_file)
+        data = json.load(problem_file, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise UsageError(f"{name}: not valid JSON: {e}") from None
     except UnicodeDecodeError as e:
@@ -71,6 +71,18 @@ def allocate_cmd(
         click.echo(strict_json.dumps(result.to_json(), indent=2))
     else:
         click.echo(format_table(result, data))
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once: with a key given twice the last one
+    won without a word (a second "pool" replaced the first), as a trace's header that
+    repeats a column once did."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        out[key] = value
+    return out
 
 
 def format_table(result: Allocation, data: Any) -> str:

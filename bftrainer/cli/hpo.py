@@ -65,6 +65,20 @@ def make_pruner(name: str, min_resource: int | None, reduction_factor: int) -> A
     return optuna.pruners.NopPruner()
 
 
+def _refuse_rung_options_without_rungs(pruner: str) -> None:
+    """--min-resource and --reduction-factor shape asha's and hyperband's rungs; with
+    another pruner they were accepted and ignored, so a typo'd campaign ran unpruned."""
+    if pruner in ("asha", "hyperband"):
+        return
+    ctx = click.get_current_context()
+    for name, flag in (
+        ("min_resource", "--min-resource"),
+        ("reduction_factor", "--reduction-factor"),
+    ):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"{flag} means nothing without --pruner asha or hyperband")
+
+
 def default_storage(state_dir: Path) -> Any:
     """SQLite beside the daemon's store, waiting up to 30 s (not SQLite's 5) for a lock
     another program holds (a dashboard reading the study, a script)."""
@@ -159,6 +173,7 @@ def hpo_cmd(
         raise UsageError(f"trial script {script}: no such file")
     if n_max < n_min:
         raise UsageError(f"--max-nodes {n_max} is below --min-nodes {n_min}")
+    _refuse_rung_options_without_rungs(pruner)
     if backend == "horovod" and importlib.util.find_spec("horovod") is None:
         raise UsageError("--backend horovod: Horovod is not installed here; use torchrun")
     try:

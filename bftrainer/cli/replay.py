@@ -41,19 +41,16 @@ from bftrainer.replay.inputs import pollux_jobs, replay_trace, workload_jobs, wo
 from bftrainer.replay.learning import CURVES, PRIORS
 from bftrainer.replay.output import summary_table
 from bftrainer.replay.pollux.output import pollux_summary, pollux_table
-from bftrainer.replay.run import POLICIES, REPLAY_TABLES, ReplayConfig, ReplayError
+from bftrainer.replay.run import POLICIES, REPLAY_NEEDS, REPLAY_TABLES, ReplayConfig, ReplayError
 from bftrainer.replay.runs_output import write_outputs
-from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES
-from bftrainer.replay.sweep import policy_configs, run_label, sweep_configs
+from bftrainer.replay.search import SEARCH_PRUNERS, SEARCH_TRIALS_MAX, SEARCHES
+from bftrainer.replay.sweep import policy_configs, run_label, scavenger_only, sweep_configs
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.zoo import ZOO_SPS
 
 log = logging.getLogger(__name__)
 
 DEFAULT = ReplayConfig()
-# Settings that mean nothing without another: refused, not ignored.
-_LEARNED = ("curves", "learned", '--curves learned (curves = "learned")')
-NEEDS = {f"curves_{k}": _LEARNED for k in ("prior", "noise", "observe_s", "growth", "seed")}
 FLAG_NAMES = {
     **POLICY_FLAG_NAMES,
     "window_s": "--window-hours",
@@ -262,7 +259,7 @@ FLAG_NAMES = {
 @click.option(
     "--trials",
     "search_trials",
-    type=Number(integer=True, min=1, max=100_000),
+    type=Number(integer=True, min=1, max=SEARCH_TRIALS_MAX),
     help="--search: trials in the search (default 100).",
 )
 @click.option(
@@ -388,7 +385,7 @@ def replay_cmd(
         base = with_overrides(base, flags, FLAG_NAMES)
         set_by = given_fields(Path(config_path), REPLAY_TABLES) if config_path else {}
         set_by.update({f: FLAG_NAMES.get(f, f) for f, v in flags.items() if v is not None})
-        refuse_unused(base, set_by, NEEDS)
+        refuse_unused(base, set_by, REPLAY_NEEDS)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     _refuse_workload_with_jobs(jobs_path)
@@ -442,6 +439,9 @@ def replay_cmd(
             configs = policy_configs(base, policies, pollux=factory is not None)
         except ReplayError as e:
             raise UsageError(str(e)) from None
+    unused = scavenger_only(configs, set_by)
+    if unused is not None:
+        raise UsageError(f"{unused} means nothing without --policy scavenger")
     windows_count = (trace.end_s - trace.start_s) / base.window_s
     if windows_count > MAX_WINDOWS:
         raise UsageError(

@@ -179,6 +179,8 @@ def from_log(log_path: Path, out: Path, **log_kwargs: Any) -> None:
             raise UsageError(f"--out {out}: a trace from a job log is written as .csv or .csv.gz")
     except TraceFormatError as exc:
         raise UsageError(f"--out {exc}") from None
+    _refuse_out_over_an_input(out, (("LOG", log_path), ("--node-list", options.node_list),
+                                    ("--down", options.down)))  # fmt: skip
     pool = read_log_pool(log_path, options)
     try:
         rows = write_log_trace(pool.pool, out)
@@ -192,6 +194,17 @@ def from_log(log_path: Path, out: Path, **log_kwargs: Any) -> None:
         f"wrote {out}: {len(p.machine.names):,} nodes, {(p.end_s - p.start_s) / 3600:,.1f} h, "
         f"{len(p.flips) - 1:,} events, {rows:,} rows"
     )
+
+
+def _refuse_out_over_an_input(out: Path, inputs: tuple[tuple[str, Path | None], ...]) -> None:
+    """--out naming the job log (or its node list, its down list) replaced the user's log
+    with the trace, a file no command can rebuild: refused, by identity (a link, another
+    spelling of the path)."""
+    if not out.exists():
+        return
+    for flag, path in inputs:
+        if path is not None and path.exists() and out.samefile(path):
+            raise UsageError(f"--out {out} is {flag} {path}: the trace would replace its input")
 
 
 @trace.command("synth")

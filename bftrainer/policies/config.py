@@ -212,6 +212,10 @@ def given_fields(path: Path, tables: Mapping[str, Mapping[str, str]]) -> dict[st
     }
 
 
+# In ``refuse_unused``'s needs: the other field set (not None), to any value.
+ANY = "<any value>"
+
+
 def refuse_unused(
     config: Any,
     given: Mapping[str, str],
@@ -219,12 +223,13 @@ def refuse_unused(
 ) -> None:
     """A setting that means nothing without another refused in one line (issue 42: it was
     accepted and ignored). ``given``: field -> where it was set (a flag, a file's key);
-    ``needs``: field -> (the field it needs, the value it needs, how to set it)."""
+    ``needs``: field -> (the field it needs, the value it needs or ``ANY``, how to set it)."""
     for name in sorted(given):
         if name not in needs:
             continue
         other, value, how = needs[name]
-        if getattr(config, other) != value:
+        have = getattr(config, other)
+        if have is None if value == ANY else have != value:
             raise ConfigError(f"{given[name]} means nothing without {how}")
 
 

@@ -28,7 +28,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.loop.jobs import JobSpec
-from bftrainer.policies.config import POLICY_TABLES, Config, ConfigError
+from bftrainer.policies.config import ANY, POLICY_TABLES, Config, ConfigError
 from bftrainer.policies.registry import POLICIES as POLICY_REGISTRY
 from bftrainer.policies.registry import MilpPolicy, ScavengerPolicy, make_policy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
@@ -49,7 +49,14 @@ from bftrainer.replay.metrics import (
     utilization,
 )
 from bftrainer.replay.rigid import DEFAULT_CHECKPOINT_EVERY_S, CheckpointRestartDriver
-from bftrainer.replay.search import SEARCH_PRUNERS, SEARCHES, SearchSource, node_seconds
+from bftrainer.replay.search import (
+    SEARCH_PRUNERS,
+    SEARCH_SEED_MAX,
+    SEARCH_TRIALS_MAX,
+    SEARCHES,
+    SearchSource,
+    node_seconds,
+)
 from bftrainer.replay.simulator import SimulatedDriver, Waste
 from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
@@ -113,9 +120,15 @@ class ReplayConfig(Config):
                 f"search_pruner = {self.search_pruner!r}: expected one of "
                 f"{', '.join(SEARCH_PRUNERS)}"
             )
-        n = self.search_trials
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"search_trials = {n!r}: expected a whole number >= 1")
+        for name, first, last, why in (
+            ("search_trials", 1, SEARCH_TRIALS_MAX, "--trials' limit"),
+            ("search_seed", 0, SEARCH_SEED_MAX, "a sampler's 32-bit seed"),
+        ):
+            k = getattr(self, name)
+            if isinstance(k, bool) or not isinstance(k, int) or not first <= k <= last:
+                raise ConfigError(
+                    f"{name} = {k!r}: expected a whole number from {first} to {last} ({why})"
+                )
         promise = promise_error(self.search_promise)
         if promise is not None:
             raise ConfigError(promise)
@@ -151,6 +164,16 @@ class ReplayConfig(Config):
             self.windows, self.windows_known_share, self.windows_lead_s, self.windows_error_s
         )
 
+
+# Settings that mean nothing without another: refused, not ignored (``refuse_unused``).
+_LEARNED = ("curves", "learned", '--curves learned (curves = "learned")')
+_SEARCH = ("search", ANY, '--search (search = "tpe" or "random")')
+_REALISTIC = ("windows", "realistic", '--windows realistic (windows = "realistic")')
+REPLAY_NEEDS: dict[str, tuple[str, str, str]] = {
+    **{f"curves_{k}": _LEARNED for k in ("prior", "noise", "observe_s", "growth", "seed")},
+    **{f"search_{k}": _SEARCH for k in ("pruner", "trials", "seed", "promise")},
+    **{f"windows_{k}": _REALISTIC for k in ("known_share", "lead_s", "error_s")},
+}
 
 # The replay's tables in a configuration file (``bftrainer replay --config``).
 REPLAY_TABLES: dict[str, dict[str, str]] = {

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 SEARCHES = ("tpe", "random")
 SEARCH_PRUNERS = ("asha", "hyperband", "none")
+# The flag's limit on trials and the config's (a million trials is a typo, not a search).
+SEARCH_TRIALS_MAX = 100_000
+# Optuna's samplers take a seed of 32 bits.
+SEARCH_SEED_MAX = 2**32 - 1
 REPORTS_PER_TRIAL = 20  # a report every 1/20 of a trial's work
 POLL_S = 60.0  # how often the source looks at its trials (the campaign's poll)
 

@@ -8,6 +8,7 @@ that cannot run (a policy unknown or named twice, the scavenger on Pollux's trai
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from bftrainer.replay.run import POLICIES, ReplayConfig, ReplayError, ReplayResult
@@ -43,3 +44,15 @@ def policy_configs(base: ReplayConfig, policies: str | None, pollux: bool) -> li
             "cannot run Pollux's trainers (--workload pollux)"
         )
     return configs
+
+
+# The scavenger policy's rigid jobs: these mean nothing unless one of the runs is its.
+SCAVENGER_ONLY = ("scavenger_size", "checkpoint_every_s", "restart_s")
+
+
+def scavenger_only(configs: Sequence[ReplayConfig], given: Mapping[str, str]) -> str | None:
+    """Where a setting of the scavenger's rigid jobs was given (a flag, a file's key) when
+    no run is the scavenger policy's, else None: it would be ignored without a word."""
+    if any(c.policy == "scavenger" for c in configs):
+        return None
+    return next((given[f] for f in SCAVENGER_ONLY if f in given), None)

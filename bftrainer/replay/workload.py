@@ -83,9 +83,13 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
     try:
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
-            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
             if missing:
                 raise WorkloadError(f"{path}: missing column {missing[0]!r}")
+            twice = next((c for c in header if header.count(c) > 1), None)
+            if twice is not None:  # csv.DictReader keeps the last: another column won
+                raise WorkloadError(f"{path}:1: column {twice!r} appears more than once")
             return [(i + 2, row) for i, row in enumerate(reader)]
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None

@@ -180,6 +180,8 @@ def _check_summary(path: Path, summary: dict[str, Any]) -> None:
         value = summary.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise FramesError(f"{path}: {key} is {value!r}, not a number")
+        if value is not None and not 0 <= value < math.inf:
+            raise FramesError(f"{path}: {key} is {value!r}; the replay writes it finite and >= 0")
 
 
 EVENT_NUMBERS = tuple(f.name for f in fields(Step) if f.name not in ("time_s", "status", "decided"))
@@ -217,11 +219,25 @@ def _events(events: pd.DataFrame) -> pd.DataFrame:
     if events["decided"].dtype != bool:
         raise ValueError("column decided holds other values than True and False")
     events["pool_nodes"].astype("int64")  # a missing count (a cut row) raises
+    _check_amounts(events, EVENT_NUMBERS)
     return events
+
+
+# trainers.csv's amounts (empty where the replay has none).
+TRAINER_NUMBERS = (
+    "progress_samples",
+    "work_samples",
+    "rescales",
+    "rescale_cost_samples",
+    "preemption_cost_samples",
+    "wait_before_first_slot_s",
+)
 
 
 def _trainers(trainers: pd.DataFrame) -> pd.DataFrame:
     trainers = trainers.rename(columns={"submit": "submitted"})
+    numbers = {c: trainers[c].replace("", None) for c in TRAINER_NUMBERS if c in trainers}
+    _check_amounts(pd.DataFrame({c: pd.to_numeric(v, errors="raise") for c, v in numbers.items()}))
     for col in ("submitted", "started", "finished"):
         trainers[col] = _times(trainers[col].replace("", None))
     return trainers
@@ -246,7 +262,25 @@ def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
     blank = out.isna().any(axis=1)
     if blank.any():  # every field of every row is written: a blank one is a cut row
         raise ValueError(f"row {int(blank.argmax()) + 2} misses a value or holds an unknown one")
+    _check_amounts(out, ("nodes",))
     return out
+
+
+def _check_amounts(frame: pd.DataFrame, columns: Iterable[str] | None = None) -> None:
+    """Counts, samples and seconds, which the replay writes finite and >= 0 (empty where
+    it has none): a negative or infinite one (a hand edit, another program) was drawn as
+    it was, a Gantt bar of -3 nodes or a U of -7, without a word."""
+    for name in frame.columns if columns is None else columns:
+        if name not in frame:
+            continue
+        values = pd.to_numeric(frame[name], errors="raise")
+        bad = (values < 0) | values.isin([math.inf, -math.inf])
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise ValueError(
+                f"row {row + 2}: {name} is {values.iloc[row].item()!r}; the replay writes it "
+                "finite and >= 0"
+            )
 
 
 # windows.csv's numbers that the page reads (report/figures.py, compare.py); U alone
@@ -261,6 +295,7 @@ def _windows(windows: pd.DataFrame) -> pd.DataFrame:
             windows[name] = pd.to_numeric(windows[name], errors="raise")
             if name != "utilization_efficiency" and windows[name].isna().any():
                 raise ValueError(f"column {name} has an empty cell")
+        _check_amounts(windows, WINDOW_NUMBERS)
     return windows
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +100,55 @@ def test_version_and_help() -> None:
     help_text = run(["--help"]).output
     assert "allocate" in help_text
     assert "--log-format" in help_text
+
+
+@pytest.mark.parametrize("slots", [None, 1])
+def test_a_spread_curve_with_whole_nodes_is_refused(tmp_path: Path, slots: int | None) -> None:
+    """A spread_curve values slots spread over more nodes than needed: with whole nodes
+    (slots_per_node 1, said or not) it was accepted and ignored."""
+    doc = _mutate(["trainers", 0, "spread_curve"], [[1, 4000], [8, 30000]])
+    if slots is not None:
+        doc["slots_per_node"] = slots
+    problem = tmp_path / "p.json"
+    problem.write_text(json.dumps(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "allocate", str(problem), "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {problem}: trainer 'resnet18': spread_curve means nothing without "
+        "slots_per_node > 1"
+    ]
+    doc["slots_per_node"] = 2
+    problem.write_text(json.dumps(doc))
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "allocate", str(problem), "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('{"pool": ["n1"], "trainers": [], "pool": ["n2"]}', "pool"),
+        (
+            '{"pool": ["n1"], "trainers": [{"id": "a", "n_min": 1, "n_max": 1, "n_min": 2, '
+            '"rescale_up": 0, "rescale_down": 0, "curve": [[1, 1]]}]}',
+            "n_min",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused(tmp_path: Path, text: str, key: str) -> None:
+    """The last of a repeated key won without a word: a second pool replaced the first."""
+    problem = tmp_path / "p.json"
+    problem.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "allocate", str(problem)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {problem}: not a usable JSON value: key {key!r} appears twice in one object"
+    ]

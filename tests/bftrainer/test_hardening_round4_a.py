@@ -10,6 +10,8 @@ import os
 import re
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
@@ -304,6 +306,47 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
 
 
 @pytest.mark.parametrize(
+    "args, config, what",
+    [
+        (["--pruner", "none"], None, "--pruner means nothing without --search"),
+        (["--trials", "5"], None, "--trials means nothing without --search"),
+        ([], "[replay]\nsearch_seed = 3\n", "[replay] search_seed means nothing without --search"),
+        (["--windows-share", "0.5"], None, "--windows-share means nothing without --windows"),
+        (["--windows", "oracle", "--windows-error", "9"], None, "--windows-error means nothing"),
+        ([], "[replay]\nwindows_lead_s = 60\n", "[replay] windows_lead_s means nothing"),
+        (["--scavenger-size", "4"], None, "--scavenger-size means nothing without --policy"),
+        (["--policy", "milp,equal", "--restart-cost", "5"], None, "--restart-cost means nothing"),
+        (["--sweep", "tfwd=10,30", "--checkpoint-every", "60"], None, "--checkpoint-every means"),
+        ([], "[policy]\nscavenger_size = 4\n", "[policy] scavenger_size means nothing"),
+    ],
+)  # fmt: skip
+def test_a_search_window_or_scavenger_setting_alone_is_refused(tmp_path, args, config, what):
+    """Each was accepted and ignored: a replay ran, recorded the setting, and did not use it."""
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        args = [*args, "--config", str(tmp_path / "c.toml")]
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs-count", "3",
+         "--no-progress", "--out", str(tmp_path / "o"), *args],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_scavenger_settings_with_a_scavenger_run_are_taken(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-nodes", "32",
+         "--synthetic-hours", "1", "--jobs-count", "3", "--no-progress", "--solver", "dp",
+         "--policy", "equal,scavenger", "--scavenger-size", "2", "--restart-cost", "5",
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
     "table, line, what",
     [
         ("policy", "redecide_every_s = inf", "redecide_every_s = inf: expected a finite number"),
@@ -324,6 +367,31 @@ def test_a_daemon_setting_past_its_flags_limit_is_refused_at_start(tmp_path, tab
     with pytest.raises(ConfigError, match=re.escape(what)) as refused:
         load_daemon_config(path, {})
     assert "\n" not in str(refused.value) and str(path) in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "line, what",
+    [
+        ("search_trials = 1000000000", "search_trials = 1000000000: expected a whole number"),
+        ("search_seed = -1", "search_seed = -1: expected a whole number from 0 to 4294967295"),
+        ("search_seed = 'x'", "search_seed = 'x': expected"),
+        ("search_seed = 1.5", "search_seed = 1.5: expected"),
+        ("search_seed = 99999999999999999", "search_seed = 99999999999999999: expected"),
+    ],
+)
+def test_a_search_setting_past_its_limit_is_one_line(tmp_path, line, what):
+    """search_trials was accepted past --trials' 100,000; a search_seed Optuna cannot
+    take (negative, text, fractional, over 32 bits) gave a ValueError or TypeError
+    traceback once the search began."""
+    config = tmp_path / "c.toml"
+    config.write_text(f"[replay]\nsearch = 'tpe'\n{line}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs-count",
+         "3", "--no-progress", "--config", str(config), "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("line", ["curves_growth = inf", "curves_observe_s = nan"])
@@ -385,6 +453,75 @@ def test_a_report_on_an_allocations_file_cut_mid_row_is_refused(tmp_path, small_
     r = run_cli("report", str(run), "--out", str(tmp_path / "rep"))
     assert r.exit_code == 2 and "allocations.csv" in r.output and what in r.output
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
+def _set_cell(path, column: str, value: str) -> None:
+    """The first data row's ``column`` set to ``value`` (a hand edit, another program)."""
+    lines = path.read_text().splitlines(keepends=True)
+    i = lines[0].rstrip("\n").split(",").index(column)
+    cells = lines[1].rstrip("\n").split(",")
+    cells[i] = value
+    lines[1] = ",".join(cells) + "\n"
+    path.write_text("".join(lines))
+
+
+def _set_summary(path, key: str, value: float) -> None:
+    import json
+
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (lambda r: _set_cell(r / "allocations.csv", "nodes", "-3"), "row 2: nodes is -3"),
+        (lambda r: _set_cell(r / "allocations.csv", "nodes", "inf"), "row 2: nodes is inf"),
+        (lambda r: _set_cell(r / "events.csv", "running", "-1"), "row 2: running is -1"),
+        (lambda r: _set_cell(r / "trainers.csv", "progress_samples", "-5"), "progress_samples"),
+        (lambda r: _set_cell(r / "windows.csv", "utilization_efficiency", "-7"), "is -7"),
+        (lambda r: _set_cell(r / "windows.csv", "hours", "inf"), "row 2: hours is inf"),
+        (lambda r: _set_summary(r / "summary.json", "utilization_efficiency", -1), "is -1"),
+    ],
+    ids=["nodes", "nodes-inf", "running", "progress", "U", "hours", "summary-U"],
+)
+def test_a_report_on_a_negative_or_infinite_amount_is_refused(tmp_path, small_replay, edit, what):
+    """Each was drawn as it was (a Gantt bar of -3 nodes, a U of -7), exit 0."""
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(small_replay, run)
+    edit(run)
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "report", str(run), "--out", str(tmp_path / "rep")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and what in r.stderr, r.stderr
+    assert "the replay writes it finite and >= 0" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("which", ["Jbnd", "JNPs"])
+def test_a_job_set_whose_header_repeats_a_column_is_refused(tmp_path, which) -> None:
+    """The job set's (or its profiles') last repeated column won without a word: a job
+    of n_max 4 replayed at n_max 2."""
+    jobs = "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\na,10,10,1,4,1e6,2021-02-10 00:00:00\n"
+    profiles = "job,nodes,throughput_samples_per_s\na,1,10\na,4,38\n"
+    if which == "Jbnd":
+        jobs = jobs.replace("Tsub\n", "Tsub,Jmax\n").replace(":00\n", ":00,2\n")
+    else:
+        profiles = profiles.replace("per_s\n", "per_s,nodes\n").replace("10\n", "10,2\n")
+    (tmp_path / "S-Jbnd-1J.csv").write_text(jobs)
+    (tmp_path / "S-JNPs-1J.csv").write_text(profiles)
+    r = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "replay", "--synthetic-hours", "1", "--jobs",
+         str(tmp_path / "S-Jbnd-1J.csv"), "--shift-arrivals", "start", "--no-progress",
+         "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    column = "Jmax" if which == "Jbnd" else "nodes"
+    assert r.returncode == 2, r.stderr
+    assert f"S-{which}-1J.csv:1: column {column!r} appears more than once" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
 def test_a_trace_whose_header_repeats_a_column_is_refused(tmp_path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,26 @@ def test_a_restarted_campaign_does_not_propose_the_first_trials_again(
     # The cause, which the resumed seed undoes: the same seed draws the same sequence.
     fresh = optuna.create_study(sampler=make_sampler(name, 7))
     assert fresh.ask(space).params["lr"] == first[0]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--pruner", "none", "--min-resource", "100"],
+        ["--pruner", "median", "--reduction-factor", "4"],
+    ],
+)
+def test_a_rung_option_without_a_rung_pruner_is_refused(tmp_path: Path, extra: list[str]) -> None:
+    """It was accepted and ignored: the campaign ran with no rungs at all."""
+    script = tmp_path / "trial.py"
+    script.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "hpo", str(script), "--study", "s", "--n-trials",
+         "2", "--param", "lr=float:0.1:1", "--state-dir", str(tmp_path / "state"), *extra],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {extra[2]} means nothing without --pruner asha or hyperband"
+    ]
+    assert not (tmp_path / "state").exists()

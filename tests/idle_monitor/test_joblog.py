@@ -4,6 +4,7 @@ record order; repeats, over-commitment and bad logs are handled as docs/traces.m
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -229,6 +230,11 @@ BAD = {
         lambda: b"JobID|Start|End|NNodes|NodeList\n1|1700000000|1700000100|1|zz9\n",
         "sacct.txt:2: job 1 ran on 'zz9', which is not in the machine's node list",
     ),
+    "repeated column": (
+        "sacct.txt",
+        lambda: b"JobID|Start|End|NNodes|NodeList|NodeList\n1|1700000000|1700000100|1|n1|n2\n",
+        "sacct.txt:1: column 'NodeList' appears more than once in the header",
+    ),
     "no size": (
         "cobalt.log",
         lambda: w.pbs(w.random_jobs(1, 4, 3), cobalt=True).encode(),
@@ -312,3 +318,128 @@ def test_a_range_of_the_log_is_the_slice_of_its_whole_trace(fmt: str, tmp_path: 
             list(e.windows_s.items()) for e in want.events
         ]
     assert carried  # some range starts while a stated window runs
+
+
+_SACCT = "JobID|Start|End|NNodes|NodeList|Timelimit\n"
+_SWF_JOB = "1 0 0 100 {procs} -1 -1 -1 200 -1 1 1 1 1 1 1 -1 -1\n"
+_LSF_JOB = (
+    '"JOB_FINISH" "10.1" 1700003602 1 1000 33554438 2 1700000000 0 {term} 1700000000 "a" "b" '
+    '"" "" "" "l" "/h" "" "" "" "10/1" {asked} "batch1" 2 "n1" "n2" 64\n'
+)
+_PBS_JOB = (
+    "11/14/2023 22:13:20;E;1.pbs01;qtime=1700000000 start=1700000000 exec_host=ANL-R00 "
+    "Resource_List.nodect={nodect} end=1700003600\n"
+)
+DAMAGED_NUMBERS = {
+    "swf processors inf": ("log.swf", "; MaxNodes: 8\n" + _SWF_JOB.format(procs="inf"),
+                           "log.swf:2: field 5 'inf' is not a finite number"),
+    "swf processors nan": ("log.swf", "; MaxNodes: 8\n" + _SWF_JOB.format(procs="nan"),
+                           "log.swf:2: field 5 'nan' is not a finite number"),
+    "swf header inf": ("log.swf", "; MaxNodes: inf\n" + _SWF_JOB.format(procs=2),
+                       "header maxnodes 'inf' is not a finite number"),
+    "lsf time inf": ("lsb.acct", _LSF_JOB.format(term="inf", asked=1),
+                     "lsb.acct:1: termTime 'inf' is not a finite number"),
+    "lsf asked hosts negative": ("lsb.acct", _LSF_JOB.format(term=1700003600, asked=-5),
+                                 "lsb.acct:1: job 1: numAskedHosts -5 is negative"),
+    "pbs nodect inf": ("acct.log", _PBS_JOB.format(nodect="inf"),
+                       "job 1.pbs01: Resource_List.nodect 'inf' is not a finite number"),
+    "pbs nodect 5000 digits": ("acct.log", _PBS_JOB.format(nodect="9" * 5000),
+                               "(5,000 characters)' is not a finite number"),
+    "pbs nodect half a node": ("acct.log", _PBS_JOB.format(nodect="0.5"),
+                               "Resource_List.nodect 0.5 is not a whole number"),
+    "sacct node count 5000 digits": (
+        "sacct.txt", _SACCT + f"1|1700000000|1700000100|{'9' * 5000}|n1|10\n",
+        "sacct.txt:2: job 1: node count of 5,000 digits is not a plausible count"),
+    "sacct node count not ASCII": (
+        "sacct.txt", _SACCT + "1|1700000000|1700000100|\u00b2|n[1-2]|10\n",
+        "sacct.txt:2: job 1: node count '\u00b2' is not a whole number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_NUMBERS))
+def test_numbers_past_their_type_are_one_line(case: str, tmp_path: Path) -> None:
+    """inf, NaN, thousands of digits, half a node or a non-ASCII digit in a log's number
+    gave an OverflowError or ValueError traceback (or, for half a node, a job of none)."""
+    name, content, message = DAMAGED_NUMBERS[case]
+    log = tmp_path / name
+    log.write_text(content)
+    out = tmp_path / "out.csv"
+    done = bftrainer("trace", "from-log", str(log), "--out", str(out), "--nodes", "8")
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("count", ["\u00b2", "9" * 5000], ids=["superscript", "5000 digits"])
+def test_a_down_count_past_its_type_is_one_line(count: str, tmp_path: Path) -> None:
+    log = tmp_path / "log.swf"
+    log.write_text("; MaxNodes: 8\n" + _SWF_JOB.format(procs=2))
+    down = tmp_path / "down.txt"
+    down.write_text(f"10,20,{count}\n")
+    done = bftrainer("trace", "stats", str(log), "--down", str(down))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{down}:1: down node count" in done.stderr
+
+
+def test_a_limit_of_thousands_of_digits_is_no_plan(tmp_path: Path) -> None:
+    """A Slurm Timelimit or PBS walltime past what int() and float() take is unknown (no
+    window), as other text that is not a limit is, where it was a traceback."""
+    huge = "9" * 5000
+    for name, content in (
+        ("sacct.txt", _SACCT + f"1|1700000000|1700000100|1|n1|{huge}\n"
+         "2|1700000050|1700000100|1|n2|3-\u00b2:00:00\n"),
+        ("acct.log", _PBS_JOB.replace("exec_host=ANL-R00", "exec_host=n1/0")
+         .replace("nodect={nodect}", f"walltime={huge}")),
+    ):  # fmt: skip
+        log = tmp_path / name
+        log.write_text(content)
+        trace = convert(log, tmp_path / f"{name}.csv")
+        windows = [*trace.initial_windows_s.values()]
+        windows += [w for e in trace.events for w in e.windows_s.values()]
+        assert set(windows) <= {None}  # open-ended only
+
+
+@pytest.mark.parametrize("which", ["log", "log by another path", "node list", "down list"])
+def test_out_never_replaces_an_input(which: str, tmp_path: Path) -> None:
+    """`from-log LOG --out LOG` replaced the user's job log with the trace (exit 0); so did
+    --out naming its --node-list or --down file."""
+    log = tmp_path / "sacct.txt"
+    log.write_text(w.sacct(w.random_jobs(3, MACHINE, 10)))
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"n[0-{MACHINE - 1}]\n")
+    down = tmp_path / "down.txt"
+    down.write_text("1700000000,1700000060,n1\n")
+    out, flag = {
+        "log": (log, "LOG"),
+        "log by another path": (tmp_path / "." / "sacct.txt", "LOG"),
+        "node list": (nodes, "--node-list"),
+        "down list": (down, "--down"),
+    }[which]
+    before = {p: p.read_bytes() for p in (log, nodes, down)}
+    done = bftrainer(
+        "trace", "from-log", str(log), "--node-list", str(nodes), "--down", str(down),
+        "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert f"--out {out} is {flag} " in done.stderr, done.stderr
+    assert "the trace would replace its input" in done.stderr
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """A log, node list or down list saved with a UTF-8 byte-order mark: the log was
+    'unknown job-log format', and a node list's first node another name ('\\ufeffn0'), so
+    every job on it was refused as on a node outside the list."""
+    jobs = w.random_jobs(4, MACHINE, 10)
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for folder, bom in ((plain, ""), (marked, "\ufeff")):
+        folder.mkdir()
+        (folder / "log.txt").write_text(bom + w.sacct(jobs))
+        (folder / "nodes.txt").write_text(bom + f"n[0-{MACHINE - 1}]\n")
+        (folder / "down.txt").write_text(bom + f"{jobs[0].start_s:.0f},{jobs[0].end_s:.0f},n0\n")
+    traces = []
+    for f in (plain, marked):
+        lists = ("--node-list", str(f / "nodes.txt"), "--down", str(f / "down.txt"))
+        traces.append(convert(f / "log.txt", f / "out.csv", *lists))
+    assert traces[0] == dataclasses.replace(traces[1], source=traces[0].source)

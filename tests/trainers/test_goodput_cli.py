@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,32 @@ def test_values_beyond_any_real_step_are_one_line(tmp_path: Path, column: str, v
     assert result.exit_code == 2, result.output
     (line,) = [ln for ln in result.output.splitlines() if ln.startswith("Error")]
     assert "obs.csv:2" in line and column in line and "more than any real step" in line
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "nodes,local_bsz,accum_steps,step_time_s\n1,16,0,1e-320\n2,16,0,1e-320\n",
+            "obs.csv:2: step_time_s is 1e-320, less than any real step (1e-06 s)",
+        ),
+        (
+            "nodes,local_bsz,accum_steps,step_time_s,nodes\n1,16,0,0.1,2\n2,16,0,0.12,4\n",
+            "obs.csv:1: column 'nodes' appears more than once in header",
+        ),
+    ],
+    ids=["subnormal step", "repeated column"],
+)
+def test_a_subnormal_step_or_a_repeated_column_is_one_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A subnormal step time was fitted and shown with an error of +inf %; a header that
+    repeats a column was read with the last one winning (the trace reader's old fault)."""
+    path = tmp_path / "obs.csv"
+    path.write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "bftrainer", "goodput", "fit", str(path)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr, done.stderr
