@@ -511,8 +511,16 @@ def _empty_holders() -> pd.DataFrame:
 
 
 def _times(col: pd.Series) -> pd.Series:
-    """ISO-8601 text (the replay's ``format_time``) as UTC datetimes; empty: NaT."""
-    return pd.to_datetime(col, utc=True, format="ISO8601")
+    """ISO-8601 text (the replay's ``format_time``) as UTC datetimes; empty: NaT. A time
+    that is none (30 February) is named with its row in one line: pandas' own message
+    runs to four lines of advice on ``format``."""
+    times = pd.to_datetime(col, utc=True, format="ISO8601", errors="coerce")
+    given = col.notna() & (col.astype("string").str.len() > 0)  # empty: NaT, as before
+    bad = (times.isna() & given).to_numpy()
+    if bad.any():
+        row = int(bad.argmax())
+        raise ValueError(f"row {row + 2}: {col.name} {col.iloc[row]!r} is not an ISO-8601 time")
+    return times
 
 
 def _epoch(values: list[float | None]) -> pd.Series:

@@ -4,6 +4,7 @@ line naming the file, never a traceback (issue 31). Run as a user runs them."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,8 @@ def one_line_naming(done: subprocess.CompletedProcess[str], name: str) -> None:
         return  # read as it is (an empty windows.csv is a replay without windows)
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and name in errors[0], done.stderr
+    after = done.stderr.split(errors[0], 1)[1].strip()
+    assert not after, f"the error runs on past its line: {done.stderr}"
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,23 @@ def wrong_values(data: bytes) -> bytes:
     return ("\n".join([lines[0], *[",".join(["x"] * width)] * 3]) + "\n").encode()
 
 
+def no_such_day(data: bytes) -> bytes:
+    """The first row's first time made 30 February (pandas' message ran to four lines)."""
+    text = data.decode()
+    if text.startswith("{"):
+        return data.replace(b'"start": "2', b'"start": "2021-02-30T00:00:00Z", "x": "2', 1)
+    return re.sub(r"\d{4}-\d\d-\d\dT", "2021-02-30T", text, count=1).encode()
+
+
 FILES = ["summary.json", "events.csv", "trainers.csv", "allocations.csv", "windows.csv"]
-DAMAGE: list[Callable[[bytes], bytes]] = [empty, garbage, truncated, first_line, wrong_values]
+DAMAGE: list[Callable[[bytes], bytes]] = [
+    empty,
+    garbage,
+    truncated,
+    first_line,
+    wrong_values,
+    no_such_day,
+]
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__)
