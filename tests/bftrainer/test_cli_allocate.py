@@ -102,6 +102,13 @@ def test_version_and_help() -> None:
     assert "--log-format" in help_text
 
 
+def allocate_json(problem: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bftrainer", "allocate", str(problem), "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("slots", [None, 1])
 def test_a_spread_curve_with_whole_nodes_is_refused(tmp_path: Path, slots: int | None) -> None:
     """A spread_curve values slots spread over more nodes than needed: with whole nodes
@@ -111,10 +118,7 @@ def test_a_spread_curve_with_whole_nodes_is_refused(tmp_path: Path, slots: int |
         doc["slots_per_node"] = slots
     problem = tmp_path / "p.json"
     problem.write_text(json.dumps(doc))
-    done = subprocess.run(
-        [sys.executable, "-m", "bftrainer", "allocate", str(problem), "--json"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+    done = allocate_json(problem)
     assert done.returncode == 2, done.stdout
     assert done.stderr.strip().splitlines() == [
         f"Error: {problem}: trainer 'resnet18': spread_curve means nothing without "
@@ -122,10 +126,7 @@ def test_a_spread_curve_with_whole_nodes_is_refused(tmp_path: Path, slots: int |
     ]
     doc["slots_per_node"] = 2
     problem.write_text(json.dumps(doc))
-    done = subprocess.run(
-        [sys.executable, "-m", "bftrainer", "allocate", str(problem), "--json"],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+    done = allocate_json(problem)
     assert done.returncode == 0, done.stderr
 
 
