@@ -322,11 +322,16 @@ def format_summary(summary: TraceSummary, *, load_s: float | None = None) -> Seq
         f"DEC/h       {s.dec_per_h:.2f}   (events with leaves per hour)",
         f"idle ratio  {100 * s.idle_ratio:.2f} %",
         f"eq-nodes    {s.eq_nodes:.1f}   ({s.node_hours:,.0f} node-hours)",
-        f"fragments   {s.fragments:,}: median {s.fragment_median_s / 60:.1f} min, "
-        f"mean {s.fragment_mean_s / 60:.1f} min, p90 {s.fragment_p90_s / 60:.1f} min",
-        f"short       {100 * s.short_fragment_share:.1f} % of fragments < 10 min, "
-        f"holding {100 * s.short_fragment_time_share:.1f} % of their node-time",
     ]
+    if s.fragments:
+        lines += [
+            f"fragments   {s.fragments:,}: median {s.fragment_median_s / 60:.1f} min, "
+            f"mean {s.fragment_mean_s / 60:.1f} min, p90 {s.fragment_p90_s / 60:.1f} min",
+            f"short       {100 * s.short_fragment_share:.1f} % of fragments < 10 min, "
+            f"holding {100 * s.short_fragment_time_share:.1f} % of their node-time",
+        ]
+    else:  # their figures are undefined (null in --json), not "nan min"
+        lines.append("fragments   0: no node was idle")
     for a, b in s.possible_outages[:10]:
         lines.append(
             f"quiet       {format_time(a)} -> {format_time(b)} ({(b - a) / 3600:.1f} h with no "

@@ -57,6 +57,16 @@ def test_stats_text_slices_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "events_12h.png").exists()
 
 
+def test_stats_of_a_pool_never_idle_says_so_not_nan(tmp_path: Path) -> None:
+    """A machine full all along has no fragment: its figures printed as "nan min"."""
+    path = tmp_path / "t.csv"
+    path.write_text("time,node,idle\n2021-02-10 00:00:00,a,0\n2021-02-10 01:00:00,a,0\n")
+    code, out = run("trace", "stats", str(path))
+    assert code == 0, out
+    assert "fragments   0: no node was idle" in out
+    assert "nan" not in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
