@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterable
 
+from bftrainer.common.names import repeated_column
 from bftrainer.idle_monitor.joblog_model import (
     JobLog,
     JobLogError,
@@ -126,8 +127,8 @@ def parse_sacct(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
                     f"{where}: sacct header lacks {', '.join(missing)} (dump with "
                     "--format=JobID,Submit,Start,End,NNodes,NodeList,Timelimit; docs/traces.md)"
                 )
-            twice = next((c for c in columns if c and columns.count(c) > 1), None)
-            if twice is not None:  # read as a dict, the last would win without a word
+            twice = repeated_column(columns)
+            if twice is not None:
                 raise JobLogError(f"{where}: column {twice!r} appears more than once in the header")
             continue
         if len(cells) != len(columns):

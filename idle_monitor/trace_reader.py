@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bftrainer.common.names import repeated_column
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.idle_monitor.trace_model import REQUIRED_COLUMNS, Trace, TraceFormatError
 from bftrainer.idle_monitor.trace_time import format_time, parse_time_s
@@ -122,10 +123,10 @@ def parse_rows(
 ) -> Trace | None:
     """Check and group rows into a snapshot and events; None when there are no rows."""
     names = [h.strip() for h in header]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:  # which of the two is meant cannot be told: refused, not guessed
+    twice = repeated_column(header)
+    if twice is not None:
         raise TraceFormatError(
-            f"{path}:1: column {twice[0]!r} appears more than once in header {','.join(header)!r}"
+            f"{path}:1: column {twice!r} appears more than once in header {','.join(header)!r}"
         )
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:

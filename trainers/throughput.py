@@ -46,6 +46,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from bftrainer.common.names import repeated_column
+
 logger = logging.getLogger(__name__)
 
 GAMMA_MIN, GAMMA_MAX = 1.0, 10.0
@@ -425,8 +427,8 @@ def read_observations_csv(path: str | Path) -> list[StepObservation]:
         with p.open(newline="") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
-            twice = next((c for c in header if header.count(c) > 1), None)
-            if twice is not None:  # csv.DictReader keeps the last: another column won
+            twice = repeated_column(header)
+            if twice is not None:
                 raise ObservationFileError(
                     f"{p}:1: column {twice!r} appears more than once in header {','.join(header)!r}"
                 )

@@ -23,6 +23,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -151,3 +152,11 @@ def read_text(path: Path) -> str:
     ``NotRegularFileError`` for a FIFO and the like; ``BadNameError`` when it is not
     UTF-8)."""
     return decode_text(read_bytes(path), path)
+
+
+def repeated_column(header: Sequence[str]) -> str | None:
+    """The first column a CSV header names twice (blanks aside), else None. A reader that
+    keys rows by name keeps the last of the two without a word, and which was meant
+    cannot be told: every reader of a header refuses it (naming it in its own words)."""
+    names = [h.strip() for h in header]
+    return next((n for n in names if n and names.count(n) > 1), None)

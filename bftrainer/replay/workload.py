@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bftrainer.common.names import repeated_column
 from bftrainer.idle_monitor.trace import parse_time_s
 from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
@@ -87,8 +88,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
             missing = [c for c in required if c not in header]
             if missing:
                 raise WorkloadError(f"{path}: missing column {missing[0]!r}")
-            twice = next((c for c in header if header.count(c) > 1), None)
-            if twice is not None:  # csv.DictReader keeps the last: another column won
+            twice = repeated_column(header)
+            if twice is not None:
                 raise WorkloadError(f"{path}:1: column {twice!r} appears more than once")
             return [(i + 2, row) for i, row in enumerate(reader)]
     except OSError as e:
