@@ -236,8 +236,7 @@ TRAINER_NUMBERS = (
 
 def _trainers(trainers: pd.DataFrame) -> pd.DataFrame:
     trainers = trainers.rename(columns={"submit": "submitted"})
-    numbers = {c: trainers[c].replace("", None) for c in TRAINER_NUMBERS if c in trainers}
-    _check_amounts(pd.DataFrame({c: pd.to_numeric(v, errors="raise") for c, v in numbers.items()}))
+    _check_amounts(trainers, TRAINER_NUMBERS)
     for col in ("submitted", "started", "finished"):
         trainers[col] = _times(trainers[col].replace("", None))
     return trainers
@@ -266,14 +265,14 @@ def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _check_amounts(frame: pd.DataFrame, columns: Iterable[str] | None = None) -> None:
+def _check_amounts(frame: pd.DataFrame, columns: Iterable[str]) -> None:
     """Counts, samples and seconds, which the replay writes finite and >= 0 (empty where
     it has none): a negative or infinite one (a hand edit, another program) was drawn as
     it was, a Gantt bar of -3 nodes or a U of -7, without a word."""
-    for name in frame.columns if columns is None else columns:
+    for name in columns:
         if name not in frame:
             continue
-        values = pd.to_numeric(frame[name], errors="raise")
+        values = pd.to_numeric(frame[name].replace("", None), errors="raise")
         bad = (values < 0) | values.isin([math.inf, -math.inf])
         if bad.any():
             row = int(bad.to_numpy().argmax())
