@@ -52,18 +52,13 @@ STORAGE_BUSY_MAX_S = 600.0
 def storage_busy(exc: BaseException) -> bool:
     """Whether a storage error is another program's lock, which passes, rather than a
     lasting fault (a table missing, a full disk), which waiting would only hide."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        text = str(e).lower()
-        if any(w in text for w in LOCK_WORDS):
+    e: BaseException | None = exc
+    for _ in range(8):  # Optuna's error, SQLAlchemy's (its text holds the driver's), ...
+        if e is None:
+            return False
+        if any(w in str(e).lower() for w in LOCK_WORDS):
             return True
-        orig = getattr(e, "orig", None)  # SQLAlchemy's wrapped driver error
-        todo += [e.__cause__, e.__context__, orig if isinstance(orig, BaseException) else None]
+        e = e.__cause__ or e.__context__
     return False
 
 
