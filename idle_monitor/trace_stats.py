@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bftrainer.common.plotting import agg_pyplot
 from bftrainer.idle_monitor.trace import Trace, format_time
 
 log = logging.getLogger(__name__)
@@ -238,10 +239,7 @@ def write_plots(trace: Trace, directory: Path) -> list[Path]:
 
 
 def _draw_plots(trace: Trace, directory: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     directory.mkdir(parents=True, exist_ok=True)
     title = Path(trace.source).name

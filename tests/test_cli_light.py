@@ -22,8 +22,8 @@ HEAVY = ("scipy", "torch", "pandas", "matplotlib", "highspy", "pulp", "pyarrow",
 METADATA = "email"
 
 
-def imported_by(*args: str) -> set[str]:
-    """The top-level packages that ``bftrainer ARGS`` imported (it must succeed)."""
+def imported_by(*args: str, exit_code: int = 0) -> set[str]:
+    """The top-level packages that ``bftrainer ARGS`` imported (it must exit so)."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "bftrainer", *args],
         capture_output=True,
@@ -31,7 +31,7 @@ def imported_by(*args: str) -> set[str]:
         timeout=120,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == exit_code, done.stderr[-2000:]
     names = set()
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -54,6 +54,18 @@ def test_status_and_help_import_no_solver_frame_or_torch(
     extra = ("--state-dir", str(state)) if args[0] == "status" else ()
     heavy = imported_by(*args, *extra) & {*HEAVY, METADATA}
     assert not heavy, f"bftrainer {' '.join(args)} imported {sorted(heavy)}"
+
+
+def test_a_replay_or_report_refused_on_its_input_draws_nothing(tmp_path: Path) -> None:
+    """matplotlib is a second of CPU: a command that fails on its input says its one
+    line without it (the suite runs hundreds of such commands, a user a few)."""
+    log = tmp_path / "jobs.swf"
+    log.write_text("garbage\n")
+    for args in (
+        ("replay", str(log), "--out", str(tmp_path / "out")),
+        ("report", str(tmp_path / "no-such-folder")),
+    ):
+        assert "matplotlib" not in imported_by(*args, exit_code=2), args
 
 
 def test_the_version_is_read_when_asked() -> None:

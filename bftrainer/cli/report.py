@@ -12,7 +12,6 @@ from bftrainer.cli.outdir import OutputDirError, replaced_on_success
 from bftrainer.cli.params import Number
 from bftrainer.cli.trace import parse_time_option
 from bftrainer.report.frames import Frames, FramesError, load_replay, load_store, replay_runs
-from bftrainer.report.page import PAGE, write_report
 from bftrainer.state import resolve_state_dir
 
 
@@ -74,6 +73,9 @@ def report_cmd(
             raise UsageError(str(e)) from None
         out = out_dir
         title = f"bftrainer daemon: {state_dir}"
+    # matplotlib (a second of CPU) once the input is read: a bad one fails without it.
+    from bftrainer.report.page import PAGE, write_report
+
     try:
         with replaced_on_success(out, PAGE) as tmp:
             write_report(runs, tmp, top, title)

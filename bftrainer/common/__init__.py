@@ -8,5 +8,6 @@ imports nothing of bftrainer (tests/test_architecture.py checks both):
 - :mod:`strict_json`: JSON without NaN or infinities, both ways;
 - :mod:`squeue`: Slurm's ``squeue`` reply, parsed once for the daemon and the trainers;
 - :mod:`promise`: a search trial's promise (rungs passed) as milp's weight, for the
-  replay and the daemon.
+  replay and the daemon;
+- :mod:`plotting`: pyplot on the Agg backend, imported at the first plot.
 """

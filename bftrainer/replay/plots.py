@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from bftrainer.common.plotting import agg_pyplot
 from bftrainer.replay.run import ReplayResult, t_fwd_label
 
 
@@ -20,6 +16,7 @@ def _label(r: ReplayResult) -> str:
 
 def plot_windows(results: Sequence[ReplayResult], path: Path) -> None:
     """U per window for each policy (the paper's Fig. 10)."""
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for r in results:
         hours = [i * r.config.window_s / 3600 for i in range(len(r.windows))]
@@ -37,6 +34,7 @@ def plot_windows(results: Sequence[ReplayResult], path: Path) -> None:
 
 def plot_costs(results: Sequence[ReplayResult], path: Path) -> None:
     """Rescale and preemption costs per policy, in samples."""
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     labels = [_label(r) for r in results]
     rescale = [r.summary["rescale_cost_samples"] for r in results]
@@ -54,6 +52,7 @@ def plot_sweep(results: Sequence[ReplayResult], path: Path) -> None:
     """U against T_fwd (the paper's Fig. 9)."""
     fixed = [r for r in results if not isinstance(r.summary["t_fwd"], str)]
     pts = sorted((r.summary["t_fwd"], 100 * r.summary["utilization_efficiency"]) for r in fixed)
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
     for r in results:  # auto: a line at its U, across the fixed values

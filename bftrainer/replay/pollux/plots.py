@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bftrainer.common.plotting import agg_pyplot
 from bftrainer.loop import TrainerState
 
 if TYPE_CHECKING:
@@ -18,10 +19,7 @@ if TYPE_CHECKING:
 def plot_efficiency(runs: Sequence[tuple[str, PolluxReport]], path: Path) -> None:
     """Statistical efficiency over time: the mean over running trainers, and the share of
     processed samples that counted (samples-weighted), one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
     for label, rep in runs:
@@ -44,10 +42,7 @@ def plot_efficiency(runs: Sequence[tuple[str, PolluxReport]], path: Path) -> Non
 
 def plot_completion(runs: Sequence[tuple[str, Sequence[TrainerState]]], path: Path) -> None:
     """CDF of job completion times (hours), one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, trainers in runs:
