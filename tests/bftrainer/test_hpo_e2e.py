@@ -1,5 +1,5 @@
 """A real Optuna study and a real DeepHyper search on the real 8-node Slurm through one
-daemon, at once: `bftrainer hpo` and examples/hpo_deephyper.py each run 16 trials of
+daemon, at once: `bftrainer hpo` and examples/hpo_deephyper.py each run 10 trials of
 examples/hpo_digits.py (an MLP on scikit-learn's digits) as torchrun trainers, ASHA
 (Optuna's pruner, DeepHyper's stopper) ends the losers on their reported validation loss,
 and the daemon and both searches are killed -9 mid-search and started again.
@@ -38,7 +38,7 @@ from tests.conftest import REPO, SlurmCluster, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-TRIALS = 16
+TRIALS = 10
 WORK = 8000  # samples per trial if not pruned: 125 steps at batch 64
 # Rungs at 1,280 and 3,840 samples (reports every 20 steps of 64), x3 apart.
 HPO = [
