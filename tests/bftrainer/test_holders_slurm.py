@@ -107,10 +107,13 @@ def test_main_job_preempts_holders_within_seconds_and_steps_get_sigterm(
     held = wait_states(holders, dict.fromkeys(ids.values(), "running"), 30)
     assert {held[ids[n]].node for n in (a, b, c)} == {a, b, c}
 
-    # A worker inside the holder of `a`, as the trainers' launcher starts it.
+    # A worker inside the holder of `a`, as the trainers' launcher starts it. Its trap
+    # forks nothing (bash's own clock): once, in a suite at load 8, the step ended and
+    # the trap's file was never written, most likely a forked `date` not done within the
+    # 3 s between the local cluster's SIGTERM and its SIGKILL.
     term_file = tmp_path / "term"
     worker = (
-        f"trap 'date +%s.%N > {term_file}; exit 0' TERM; "
+        f"trap 'echo $EPOCHREALTIME > {term_file}; exit 0' TERM; "
         'echo "ready $SLURMD_NODENAME"; sleep infinity & wait'
     )
     step = subprocess.Popen(
