@@ -11,7 +11,7 @@ downloaded. A fixed fifth of them is held out for the validation loss.
 
 They are read from the CSV file scikit-learn installs, as its ``load_digits`` reads it,
 without importing scikit-learn: that import (scipy with it) cost each of a search's
-trials 1-2 s of CPU, at every rescale (each generation starts its workers afresh).
+trials about 2 s of CPU, at every rescale (each generation starts its workers afresh).
 """
 
 from __future__ import annotations
