@@ -38,6 +38,11 @@ _group: Path | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _group
     worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    for stale in ROOT.glob("bft-test-*-*"):  # an earlier run's (its processes lingered at
+        pid = stale.name.rsplit("-", 1)[1]  # its end): its worker gone, and empty
+        if not Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(OSError):
+                stale.rmdir()
     group = ROOT / f"bft-test-{worker}-{os.getpid()}"
     try:
         group.mkdir()
