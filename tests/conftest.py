@@ -7,12 +7,20 @@ Both skip (with the reason) where they cannot run: Slurm needs its Debian packag
 from __future__ import annotations
 
 import os
+import sys
 
 # numpy's OpenBLAS starts a thread per core, and an idle one spins before it sleeps: with
 # the suite's 4 workers and their trainers on 2 cores, two small in-process Pollux tests
 # took 145 s of wall and 65 s of CPU (276 s in a `make test`), against 2.7 s and 2.7 s
 # with one thread. Set before numpy loads; every process the tests start inherits it.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# Some images set PYTHONDONTWRITEBYTECODE (this project's machines do): then every Python
+# process the suite starts (thousands: commands, daemons, supervisors, trainers) compiled
+# bftrainer's sources again, and each xdist worker re-wrote every test module's asserts.
+# The suite writes bytecode, as Python does by default: the report and state tests spent
+# 79.0 s of CPU without it, 72.3 s with it (their commands 0.56 -> 0.37 s each).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import re
 import shutil
@@ -26,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+sys.dont_write_bytecode = False  # this process too (above): the test modules it imports
 REPO = Path(__file__).resolve().parents[1]
 
 # A suite started in the background by a shell without job control (`make test &` in a
@@ -92,13 +101,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout_s``."""
+    """Poll ``predicate`` until true; fail naming ``what`` after ``timeout_s``.
+
+    Polls every 0.25 s, or twice as long as the predicate itself took: a predicate that
+    runs a command (``bftrainer status``: 0.1-0.35 s of CPU) then spends at most a third
+    of a core, not most of one, while the test waits on 2 shared cores."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
+        started = time.monotonic()
         if predicate():
             return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        now = time.monotonic()
+        if now >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(min(max(0.25, 2 * (now - started)), deadline - now))
 
 
 # ---------------------------------------------------------------------- Slurm

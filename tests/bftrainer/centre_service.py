@@ -8,6 +8,7 @@ Used by tests/bftrainer/test_centre_e2e.py and the multi-user soak
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -110,6 +111,8 @@ def _public_install(folder: Path) -> Path:
     for where, source in layout.items():
         _public_tree(REPO / source, site / where, link=False)
     _public_tree(REPO / "examples", folder / "examples", link=False)
+    # Compiled here: the accounts that run the copy cannot write its bytecode.
+    compileall.compile_dir(site / "bftrainer", quiet=1)
     return site
 
 
