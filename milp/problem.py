@@ -176,6 +176,8 @@ class Problem:
                 minimum=FAIR_WEIGHT_RANGE[0],
                 maximum=FAIR_WEIGHT_RANGE[1],
             )
+        if self.fair_weights and self.fair_by == "trainer":  # they weigh users or accounts
+            raise ProblemError('fair_weights means nothing without fair_by "user" or "account"')
         _check_int(self.slots_per_node, "slots_per_node", minimum=1)
         ids: set[str] = set()
         for t in self.trainers:

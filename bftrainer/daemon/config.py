@@ -14,10 +14,13 @@ from pathlib import Path
 from bftrainer.common.promise import promise_error
 from bftrainer.daemon.live_driver import RESTART_BACKOFF_S
 from bftrainer.policies.config import (
+    POLICY_NEEDS,
     POLICY_TABLES,
     Config,
     ConfigError,
+    given_fields,
     load_config,
+    refuse_unused,
     with_overrides,
 )
 from bftrainer.policies.registry import LIVE_POLICIES
@@ -125,6 +128,8 @@ def load_daemon_config(
     if path is not None:
         config = load_config(path, config, DAEMON_TABLES)
     config = with_overrides(config, overrides, names)
+    if path is not None:  # the flags set no field that needs another
+        refuse_unused(config, given_fields(path, DAEMON_TABLES), POLICY_NEEDS)
     textfile = config.metrics_textfile
     if textfile is not None:  # as --metrics-textfile: a file, not a folder
         where = f"{path}: " if path is not None and not overrides.get("metrics_textfile") else ""

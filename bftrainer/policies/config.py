@@ -14,7 +14,7 @@ A file has a ``[policy]`` table with any of :class:`Config`'s fields::
     fairness_p = 1.0           # Pollux's fairness knob, -10..1
     fair_share_speedup = false
     fair_by = "trainer"        # trainer | user | account: whose shares fairness evens out
-    fair_weights = { alice = 2.0, physics = 0.5 }  # by user or account; absent: 1
+    fair_weights = { alice = 2.0, physics = 0.5 }  # with fair_by user or account; absent: 1
     max_trainers = 10          # P_jmax: trainers admitted at once
     redecide_every_s = 60.0    # a curve report re-decides at most this often (1e9: never)
     scavenger_size = 16        # the scavenger policy's rigid job size (omit: each job's n_max)
@@ -214,6 +214,10 @@ def given_fields(path: Path, tables: Mapping[str, Mapping[str, str]]) -> dict[st
 
 # In ``refuse_unused``'s needs: the other field set (not None), to any value.
 ANY = "<any value>"
+# The policy's own: weights are per user or account, so by trainer they would be ignored.
+POLICY_NEEDS: dict[str, tuple[str, Any, str]] = {
+    "fair_weights": ("fair_by", ("user", "account"), 'fair_by = "user" or "account" (--fair-by)'),
+}
 
 
 def refuse_unused(
@@ -223,13 +227,20 @@ def refuse_unused(
 ) -> None:
     """A setting that means nothing without another refused in one line (issue 42: it was
     accepted and ignored). ``given``: field -> where it was set (a flag, a file's key);
-    ``needs``: field -> (the field it needs, the value it needs or ``ANY``, how to set it)."""
+    ``needs``: field -> (the field it needs; the value it needs, a tuple of values, or
+    ``ANY``; how to set it)."""
     for name in sorted(given):
         if name not in needs:
             continue
         other, value, how = needs[name]
         have = getattr(config, other)
-        if have is None if value == ANY else have != value:
+        if value == ANY:
+            unmet = have is None
+        elif isinstance(value, tuple):
+            unmet = have not in value
+        else:
+            unmet = have != value
+        if unmet:
             raise ConfigError(f"{given[name]} means nothing without {how}")
 
 

@@ -28,7 +28,7 @@ from bftrainer.loop import (
     VirtualClock,
 )
 from bftrainer.loop.jobs import JobSpec
-from bftrainer.policies.config import ANY, POLICY_TABLES, Config, ConfigError
+from bftrainer.policies.config import ANY, POLICY_NEEDS, POLICY_TABLES, Config, ConfigError
 from bftrainer.policies.registry import POLICIES as POLICY_REGISTRY
 from bftrainer.policies.registry import MilpPolicy, ScavengerPolicy, make_policy
 from bftrainer.replay.allocations import AllocationChange, RecordingDriver
@@ -169,7 +169,8 @@ class ReplayConfig(Config):
 _LEARNED = ("curves", "learned", '--curves learned (curves = "learned")')
 _SEARCH = ("search", ANY, '--search (search = "tpe" or "random")')
 _REALISTIC = ("windows", "realistic", '--windows realistic (windows = "realistic")')
-REPLAY_NEEDS: dict[str, tuple[str, str, str]] = {
+REPLAY_NEEDS: dict[str, tuple[str, Any, str]] = {
+    **POLICY_NEEDS,
     **{f"curves_{k}": _LEARNED for k in ("prior", "noise", "observe_s", "growth", "seed")},
     **{f"search_{k}": _SEARCH for k in ("pruner", "trials", "seed", "promise")},
     **{f"windows_{k}": _REALISTIC for k in ("known_share", "lead_s", "error_s")},

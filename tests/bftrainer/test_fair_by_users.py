@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bftrainer.daemon.config import load_daemon_config
 from bftrainer.idle_monitor.trace_reader import load_trace
 from bftrainer.loop import Arrival, Input
 from bftrainer.loop.jobs import JobSpec
@@ -46,6 +47,23 @@ def test_the_policy_table_takes_fair_by_and_weights(tmp_path: Path) -> None:
     c = load_config(path, Config())
     assert c.fair_by == "account" and dict(c.fair_weights) == {"physics": 2, "bio": 0.5}
     assert Config().fair_by == "trainer" and dict(Config().fair_weights) == {}
+
+
+def test_weights_by_trainer_are_refused_at_start_not_ignored(tmp_path: Path) -> None:
+    """Weights are per user or account: a daemon by trainer ignored them (issue 42)."""
+    path = tmp_path / "bftrainer.toml"
+    path.write_text("[policy]\nfair_weights = { ann = 2 }\n")
+    with pytest.raises(ConfigError) as err:
+        load_daemon_config(path, {})
+    assert str(err.value) == (
+        f"{path}: [policy] fair_weights means nothing without "
+        'fair_by = "user" or "account" (--fair-by)'
+    )
+    assert load_daemon_config(path, {"fair_by": "user"}).fair_weights == {"ann": 2}  # the flag
+    path.write_text('[policy]\nfair_by = "account"\nfair_weights = { ann = 2 }\n')
+    assert load_daemon_config(path, {}).fair_by == "account"
+    with pytest.raises(ConfigError, match="fair_weights means nothing"):
+        load_daemon_config(path, {"fair_by": "trainer"})
 
 
 @pytest.mark.parametrize(

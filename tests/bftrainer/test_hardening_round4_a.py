@@ -318,6 +318,7 @@ def test_a_learning_option_without_learned_curves_is_refused(tmp_path, args, con
         (["--policy", "milp,equal", "--restart-cost", "5"], None, "--restart-cost means nothing"),
         (["--sweep", "tfwd=10,30", "--checkpoint-every", "60"], None, "--checkpoint-every means"),
         ([], "[policy]\nscavenger_size = 4\n", "[policy] scavenger_size means nothing"),
+        ([], "[policy]\nfair_weights = { ann = 2 }\n", "[policy] fair_weights means nothing"),
     ],
 )  # fmt: skip
 def test_a_search_window_or_scavenger_setting_alone_is_refused(tmp_path, args, config, what):

@@ -18,6 +18,10 @@ def curves(draw: st.DrawFn, n_max: int) -> tuple[tuple[float, float], ...]:
     return tuple(zip((float(x) for x in xs), values, strict=True))
 
 
+# fair_weights weigh users or accounts: by trainer a problem refuses them.
+WEIGHTS = ({}, {"ann": 2.0}, {"bob": 0.5, "phys": 3.0})
+
+
 @st.composite
 def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Problem:
     pool = [f"n{i}" for i in range(draw(st.integers(0, max_pool)))]
@@ -44,7 +48,7 @@ def problems(draw: st.DrawFn, max_pool: int = 8, max_trainers: int = 4) -> Probl
             )
         )
     fair_by = draw(st.sampled_from(["trainer", "trainer", "user", "account"]))
-    weights = draw(st.sampled_from([{}, {"ann": 2.0}, {"bob": 0.5, "phys": 3.0}]))
+    weights = {} if fair_by == "trainer" else draw(st.sampled_from(WEIGHTS))
     return Problem(
         pool=tuple(pool),
         trainers=tuple(trainers),

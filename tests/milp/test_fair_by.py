@@ -111,7 +111,7 @@ def test_fair_admission_rounds() -> None:
 @given(problems())
 def test_by_trainer_owners_change_nothing(problem: Problem) -> None:
     """The default: today's answer to the last digit, whoever owns the trainers."""
-    labelled = replace(problem, fair_by="trainer")
+    labelled = replace(problem, fair_by="trainer", fair_weights={})
     anonymous = replace(
         labelled,
         trainers=tuple(replace(t, user="", account="") for t in labelled.trainers),
@@ -124,7 +124,9 @@ def test_by_trainer_owners_change_nothing(problem: Problem) -> None:
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_at_p_one_without_fair_share_grouping_is_the_plain_sum(problem: Problem) -> None:
-    plain = replace(problem, fair_by="trainer", fairness_p=1.0, fair_share_speedup=False)
+    plain = replace(
+        problem, fair_by="trainer", fair_weights={}, fairness_p=1.0, fair_share_speedup=False
+    )
     one_group = replace(
         plain,
         fair_by="user",
@@ -161,6 +163,10 @@ def test_from_json_and_bad_input_in_one_line() -> None:
         problem_from_dict({**doc, "fair_weights": {"physics": 0}})
     with pytest.raises(ProblemError, match="fair_weights: 'x' is 'heavy', expected a number"):
         problem_from_dict({**doc, "fair_weights": {"x": "heavy"}})
+    # Weights are per user or account: by trainer they were ignored (issue 42's class).
+    with pytest.raises(ProblemError, match='fair_weights means nothing without fair_by "user"'):
+        problem_from_dict({**doc, "fair_by": "trainer"})
+    assert problem_from_dict({**doc, "fair_by": "trainer", "fair_weights": {}}).fair_by == "trainer"
     bad_user = {**doc["trainers"][0], "user": 7}  # type: ignore[index]
     with pytest.raises(ProblemError, match=r"trainers\[0\].*user is 7, expected a name"):
         problem_from_dict({**doc, "trainers": [bad_user]})
