@@ -220,6 +220,7 @@ def _events(events: pd.DataFrame) -> pd.DataFrame:
         raise ValueError("column decided holds other values than True and False")
     events["pool_nodes"].astype("int64")  # a missing count (a cut row) raises
     _check_amounts(events, EVENT_NUMBERS)
+    _check_in_time_order(events["time"])
     return events
 
 
@@ -262,7 +263,20 @@ def _allocations_read(allocations: pd.DataFrame) -> pd.DataFrame:
     if blank.any():  # every field of every row is written: a blank one is a cut row
         raise ValueError(f"row {int(blank.argmax()) + 2} misses a value or holds an unknown one")
     _check_amounts(out, ("nodes",))
+    _check_in_time_order(out["time"])
     return out
+
+
+def _check_in_time_order(times: pd.Series) -> None:
+    """The replay writes its rows as they happen: rows out of order (a hand edit, a sort
+    by another column) drew each trainer's Gantt bars between the wrong times."""
+    back = (times.diff() < pd.Timedelta(0)).to_numpy()
+    if back.any():
+        row = int(back.argmax())
+        raise ValueError(
+            f"row {row + 2}: time {times.iloc[row].isoformat()} is before the row above's; "
+            "the replay writes its rows in time order"
+        )
 
 
 def _check_amounts(frame: pd.DataFrame, columns: Iterable[str]) -> None:

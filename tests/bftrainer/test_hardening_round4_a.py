@@ -456,6 +456,27 @@ def test_a_report_on_an_allocations_file_cut_mid_row_is_refused(tmp_path, small_
     assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
 
 
+def _swap_first_rows(path) -> None:
+    """The first data row moved below the second (a sort by another column, a hand edit)."""
+    lines = path.read_text().splitlines(keepends=True)
+    later = next(i for i in range(2, len(lines)) if lines[i][:20] != lines[1][:20])
+    lines.insert(later, lines.pop(1))
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("name", ["allocations.csv", "events.csv"])
+def test_a_report_on_rows_out_of_time_order_is_refused(tmp_path, small_replay, name):
+    """They were drawn as they came: a trainer's Gantt bars between the wrong times."""
+    import shutil
+
+    run = tmp_path / "r"
+    shutil.copytree(small_replay, run)
+    _swap_first_rows(run / name)
+    r = run_cli("report", str(run), "--out", str(tmp_path / "rep"))
+    assert r.exit_code == 2 and name in r.output and "writes its rows in time order" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "rep").exists()
+
+
 def _set_cell(path, column: str, value: str) -> None:
     """The first data row's ``column`` set to ``value`` (a hand edit, another program)."""
     lines = path.read_text().splitlines(keepends=True)
