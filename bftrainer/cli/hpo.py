@@ -17,7 +17,7 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import state_dir_option
-from bftrainer.cli.params import NODES, SAMPLES, SEED, Number
+from bftrainer.cli.params import NODES, SAMPLES, SEED, Number, file_to_read_error
 from bftrainer.cli.user_commands import open_store
 from bftrainer.common import strict_json
 from bftrainer.state import BACKENDS, resolve_state_dir
@@ -169,8 +169,9 @@ def hpo_cmd(
     )
 
     script = script.expanduser().absolute()
-    if not script.is_file():
-        raise UsageError(f"trial script {script}: no such file")
+    problem = file_to_read_error(script)
+    if problem is not None:
+        raise UsageError(f"trial script {problem}")
     if n_max < n_min:
         raise UsageError(f"--max-nodes {n_max} is below --min-nodes {n_min}")
     _refuse_rung_options_without_rungs(pruner)

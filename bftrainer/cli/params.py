@@ -115,6 +115,14 @@ def not_regular_file(path: Path) -> str | None:
     return None if stat.S_ISREG(mode) else not_regular(path, mode)
 
 
+def file_to_read_error(path: Path) -> str | None:
+    """Why ``path`` is no file to read, naming it (missing, a folder, a FIFO...), or None:
+    for paths a command checks itself (a trainer script before its own arguments)."""
+    if not path.exists():
+        return f"{path}: no such file"
+    return not_regular_file(path)
+
+
 class InputFile(click.Path):
     """A file a command reads: a regular file (or '-' for stdin where allowed)."""
 

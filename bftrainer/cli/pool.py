@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import SECONDS, InputFile, Number
+from bftrainer.cli.params import SECONDS, InputFile, Number, file_to_read_error
 from bftrainer.common import strict_json
 from bftrainer.idle_monitor.runner import (
     MAX_TIMEOUT_S,
@@ -170,8 +170,9 @@ def build_source(
     retry = RetryPolicy(attempts=retries + 1)
     runner: CommandRunner
     if ssh_target:
-        if ssh_key is not None and not ssh_key.is_file():
-            raise UsageError(f"--ssh-key {ssh_key}: no such file")
+        problem = None if ssh_key is None else file_to_read_error(ssh_key)
+        if problem is not None:
+            raise UsageError(f"--ssh-key {problem}")
         try:
             runner = SshRunner(
                 ssh_target,

@@ -28,7 +28,7 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import socket_dir_option, state_dir_option
-from bftrainer.cli.params import NODES, SAMPLES, Number
+from bftrainer.cli.params import NODES, SAMPLES, Number, file_to_read_error
 from bftrainer.common import strict_json
 from bftrainer.common.names import BadNameError, NotRegularFileError, check_trainer_id, open_regular
 from bftrainer.state import (
@@ -189,8 +189,9 @@ def submit_cmd(
     `--` before arguments of the script that look like them.
     """
     script = script.expanduser().absolute()
-    if not script.is_file():
-        raise UsageError(f"trainer script {script}: no such file")
+    problem = file_to_read_error(script)
+    if problem is not None:
+        raise UsageError(f"trainer script {problem}")
     if n_max < n_min:
         raise UsageError(f"--max-nodes {n_max} is below --min-nodes {n_min}")
     if backend == "horovod" and importlib.util.find_spec("horovod") is None:

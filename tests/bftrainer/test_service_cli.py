@@ -93,6 +93,19 @@ def test_a_missing_script_is_refused(state_dir: Path, tmp_path: Path) -> None:
     assert out.strip().splitlines()[-1].endswith("nope.py: no such file")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_script_that_is_no_regular_file_is_named_so(
+    state_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """It was refused as "no such file", which it is not."""
+    script = tmp_path / "train.py"
+    os.mkfifo(script) if kind == "fifo" else script.mkdir()
+    code, out = run("submit", str(script), "--state-dir", str(state_dir))
+    what = "a FIFO" if kind == "fifo" else "a folder"
+    assert code == 2
+    assert out.strip().splitlines()[-1].endswith(f"train.py is {what}, not a regular file")
+
+
 def test_no_daemon_running_is_an_error(tmp_path: Path) -> None:
     path = ensure_state_dir(tmp_path / "state")
     Store.open(path).close()
