@@ -159,10 +159,13 @@ def hpo_cmd(
     import optuna
 
     from bftrainer.hpo import (
+        OPEN_ERRORS,
         Campaign,
         CampaignError,
         SpaceError,
         TrialSpec,
+        checked_name,
+        first_line,
         parse_space,
         study_lock,
         summary,
@@ -179,19 +182,30 @@ def hpo_cmd(
         raise UsageError("--backend horovod: Horovod is not installed here; use torchrun")
     try:
         space = parse_space(params)
-    except SpaceError as exc:
+        checked_name(study_name, "--study")
+    except (SpaceError, CampaignError) as exc:
         raise UsageError(str(exc)) from None
     path = resolve_state_dir(state_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with open_store(state_dir, need_daemon=True) as store:
-        study = optuna.create_study(
-            storage=storage or default_storage(path),
-            study_name=study_name,
-            direction="maximize" if direction == "maximize" else "minimize",
-            sampler=make_sampler(sampler, seed),
-            pruner=make_pruner(pruner, min_resource, reduction_factor),
-            load_if_exists=True,
-        )
+        try:
+            study = optuna.create_study(
+                storage=storage or default_storage(path),
+                study_name=study_name,
+                direction="maximize" if direction == "maximize" else "minimize",
+                sampler=make_sampler(sampler, seed),
+                pruner=make_pruner(pruner, min_resource, reduction_factor),
+                load_if_exists=True,
+            )
+        except OPEN_ERRORS as exc:  # a URL of no database, a driver not installed
+            where = storage or f"{path}/hpo.db"
+            raise UsageError(f"--study {study_name!r} in {where}: {first_line(exc)}") from None
+        kept = study.direction.name.lower()
+        if kept != direction:  # Optuna loads a study as it was, whatever was asked
+            raise UsageError(
+                f"--study {study_name!r} exists and {kept}s its value; give --direction "
+                f"{kept} (or another --study)"
+            )
         study.sampler = resumed_sampler(study, sampler, seed)
         work = math.inf if work_samples is None else work_samples
         spec = TrialSpec(script, args, backend, n_min, n_max, work)

@@ -62,10 +62,14 @@ def storage_busy(exc: BaseException) -> bool:
     return False
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """A storage error in one line: its cause's first (SQLAlchemy adds a URL on another)."""
     cause = exc.__cause__ or exc
     return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
 
+
+# What opening a study's storage raises for a URL of no database or a driver not installed.
+OPEN_ERRORS = (*STORAGE_ERRORS, sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError)
 
 TRIAL_OPTION = "--trial"  # the runtime's option (trainers/runtime_options.py)
 ATTR_TRAINER = "bftrainer_trainer"  # the trainer id that runs the trial
@@ -88,6 +92,14 @@ def checked_poll_s(poll_s: float) -> float:
     if not (math.isfinite(poll_s) and 0 < poll_s <= MAX_POLL_S):
         raise CampaignError(f"poll_s = {poll_s!r}: expected seconds > 0 and <= {MAX_POLL_S:g}")
     return float(poll_s)
+
+
+def checked_name(name: object, what: str) -> str:
+    """A study's or a search's name, as its trials' trainers carry it (``NAME#N``):
+    text, not blank, printable (a newline split the trainer's arguments), without '#'."""
+    if not isinstance(name, str) or not name.strip() or not name.isprintable() or "#" in name:
+        raise CampaignError(f"{what} {name!r}: give a printable name without '#'")
+    return name
 
 
 @dataclass(frozen=True)
@@ -228,6 +240,7 @@ class Campaign:
     ) -> None:
         if n_trials < 1:
             raise CampaignError(f"n_trials {n_trials}: must be at least 1")
+        checked_name(study.study_name, "study")
         spec = checked_trials(spec, max_parallel)
         if not space:
             raise CampaignError("the search space is empty: give at least one parameter")
@@ -293,18 +306,18 @@ class Campaign:
                 tally = self.step()
             except STORAGE_ERRORS as exc:
                 if not storage_busy(exc):
-                    raise CampaignError(f"the study's storage failed: {_first_line(exc)}") from None
+                    raise CampaignError(f"the study's storage failed: {first_line(exc)}") from None
                 # Another program reading or writing the study (a dashboard, a script):
                 # SQLite's lock outlasted its wait. A step is redone from what is stored,
                 # as after a kill, so the campaign tries again at the next poll.
                 now = time.monotonic()
                 if busy_since is None:
                     busy_since = now
-                    log.warning("the study's storage is busy (%s): trying again", _first_line(exc))
+                    log.warning("the study's storage is busy (%s): trying again", first_line(exc))
                 elif now - busy_since > STORAGE_BUSY_MAX_S:
                     raise CampaignError(
                         f"the study's storage stayed busy for {STORAGE_BUSY_MAX_S:g} s: "
-                        f"{_first_line(exc)}"
+                        f"{first_line(exc)}"
                     ) from None
                 time.sleep(poll_s)
                 continue

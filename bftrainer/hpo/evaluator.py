@@ -43,6 +43,7 @@ from bftrainer.hpo.campaign import (
     CampaignError,
     DaemonWatch,
     TrialSpec,
+    checked_name,
     checked_poll_s,
     checked_trials,
     room,
@@ -89,8 +90,7 @@ class TrainerEvaluator(Evaluator):
         poll_s: float = 5.0,
         callbacks: list[Any] | None = None,
     ) -> None:
-        if not name or "#" in name:
-            raise CampaignError(f"search name {name!r}: give a name without '#'")
+        checked_name(name, "search name")
         if not (math.isfinite(budget_samples) and budget_samples > 0):
             raise CampaignError(f"budget_samples {budget_samples!r}: must be > 0")
         self.spec, self.store, self.name = checked_trials(spec, max_parallel), store, name

@@ -47,6 +47,9 @@ def parse_param(text: str) -> tuple[str, BaseDistribution]:
         choices = [c for c in rest.split(",") if c]
         if not choices:
             raise SpaceError(f"--param {text!r}: cat needs at least one choice")
+        twice = next((c for i, c in enumerate(choices) if c in choices[:i]), None)
+        if twice is not None:  # the sampler would weigh it twice
+            raise SpaceError(f"--param {text!r}: choice {twice!r} is given twice")
         return name, CategoricalDistribution(choices)
     parts = rest.split(":")
     if kind not in ("float", "int") or len(parts) not in (2, 3):

@@ -21,6 +21,10 @@ from bftrainer.state import Store
         (["--param", "lr=float:0.1:1", "--param", "lr=int:1:2"], "--param lr is given twice"),
         (["--param", "lr=float:0.1:1", "--min-nodes", "3"], "--max-nodes 1 is below"),
         (["--param", "lr=float:0.1:1"], "no bftrainer daemon is running"),
+        (["--param", "opt=cat:sgd,sgd"], "choice 'sgd' is given twice"),
+        (["--param", "lr=float:0.1:1", "--study", ""], "--study '': give a printable name"),
+        (["--param", "lr=float:0.1:1", "--study", "a\nb"], "--study 'a\\nb': give a"),
+        (["--param", "lr=float:0.1:1", "--study", "s#1"], "without '#'"),
     ],
 )
 def test_bad_input_is_one_line_and_queues_nothing(
@@ -93,3 +97,47 @@ def test_a_rung_option_without_a_rung_pruner_is_refused(tmp_path: Path, extra: l
         f"Error: {extra[2]} means nothing without --pruner asha or hyperband"
     ]
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--storage", "bogus://x"], "--study 's' in bogus://x: Can't load plugin"),
+        (["--storage", "sqlite:////no/such/dir/x.db"], "unable to open database file"),
+        (["--direction", "minimize"], "--study 's' exists and maximizes its value; give"),
+    ],
+)
+def test_a_storage_or_a_study_it_cannot_run_is_one_line(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    """With a daemon up, these were tracebacks (a bad URL), or a silent wrong answer: a
+    study that maximizes run on as asked to minimize (Optuna loads it as it was)."""
+    import optuna
+
+    from bftrainer.state.lock import DaemonLock
+
+    state = tmp_path / "state"
+    Store.open(state).close()
+    optuna.create_study(
+        storage=f"sqlite:///{state / 'hpo.db'}", study_name="s", direction="maximize"
+    )
+    script = tmp_path / "trial.py"
+    script.write_text("")
+    lock = DaemonLock(state)  # as a running daemon holds it
+    lock.acquire()
+    try:  # a command that runs instead of refusing waits for trials: the timeout fails it
+        args = ["hpo", str(script), "--study", "s", "--n-trials", "2", "--state-dir", str(state)]
+        result = subprocess.run(
+            [sys.executable, "-m", "bftrainer", *args, "--param", "lr=float:0.1:1", *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        lock.release()
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    with Store.open(state) as store:
+        assert store.trainers() == []
