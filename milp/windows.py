@@ -178,6 +178,20 @@ def map_windows(
     grower orders, with shrinkers keeping their longest windows or (releasing those to
     the growers) their shortest; and each grower's offset in the free list.
     ``by_window``: ``pool`` is in window order (``_layout``)."""
+    nodes, offsets, _ = _map_windows(terms, counts, pool, w, t_fwd_s, by_window)
+    return nodes, offsets
+
+
+def _map_windows(
+    terms: list[TrainerTerms],
+    counts: Mapping[str, int],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+    by_window: bool = False,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], _Layout]:
+    """``map_windows``, and the layout of shrinkers keeping their longest windows (the
+    next round reads its free list: built once, not again)."""
     by_id = {t.id: t for t in terms}
     o = {t.id: t.count_values().tolist() for t in terms}
 
@@ -188,8 +202,11 @@ def map_windows(
     best: tuple[tuple[float, float], dict[str, tuple[str, ...]], dict[str, int]] | None = None
     shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
     moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
+    longest: _Layout | None = None
     for keep_longest in (True, False) if shrinking else (True,):
         layout = _layout(terms, counts, pool, w, keep_longest, by_window)
+        if longest is None:
+            longest = layout
         orders: list[Sequence[str]] = (
             list(itertools.permutations(layout.growers))
             if len(layout.growers) <= MAX_PERMUTED
@@ -202,18 +219,25 @@ def map_windows(
             for t in moving
             if t.id not in growing
         }
+        # A grower's set is its kept nodes and the block at its offset: its value
+        # depends on the offset alone, so it is valued once per offset, not per order.
+        at_offset: dict[tuple[str, int], tuple[float, float]] = {}
         for order in orders:
             nodes, offsets = _assign(layout, counts, order)
             v, later = 0.0, 0.0
             for t in moving:
                 vl = fixed.get(t.id)
                 if vl is None:
-                    vl = sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                    key = (t.id, offsets[t.id])
+                    vl = at_offset.get(key)
+                    if vl is None:
+                        ws = sorted(w[n] for n in nodes[t.id])
+                        vl = at_offset[key] = sorted_value(t, o[t.id], ws, t_fwd_s)
                 v, later = v + vl[0], later + vl[1]
             if best is None or better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
-    assert best is not None
-    return best[1], best[2]
+    assert best is not None and longest is not None
+    return best[1], best[2], longest
 
 
 def allocate_windows(
@@ -238,11 +262,20 @@ def allocate_windows(
     # the same order, without a lambda per node.)
     ordered = sorted(pool, key=raw.__getitem__, reverse=True)
 
-    def consider(counts: Mapping[str, int]) -> dict[str, int]:
-        nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)
-        if all(m[1] != nodes for m in maps):
-            maps.append((pair_value(terms, nodes, raw, t_fwd), nodes))
-        return offsets
+    # The map of each count vector, once: a third of the vectors considered repeat (a
+    # round's counts are often the window-free optimum's, or the other variant's), and
+    # their map is the same, already among ``maps``.
+    mapped: dict[tuple[int, ...], tuple[dict[str, int], _Layout]] = {}
+
+    def consider(counts: Mapping[str, int]) -> tuple[dict[str, int], _Layout]:
+        key = tuple(counts.get(t.id, 0) for t in terms)  # all that map_windows reads
+        found = mapped.get(key)
+        if found is None:
+            nodes, offsets, layout = _map_windows(terms, counts, ordered, raw, t_fwd, True)
+            if all(m[1] != nodes for m in maps):
+                maps.append((pair_value(terms, nodes, raw, t_fwd), nodes))
+            found = mapped[key] = (offsets, layout)
+        return found
 
     for counts in candidates:
         consider(counts)
@@ -291,7 +324,7 @@ def _rounds(
     cache: TableCache,
     own: Mapping[str, np.ndarray],
     growth: dict[str, np.ndarray],
-    consider: Callable[[Mapping[str, int]], dict[str, int]],
+    consider: Callable[[Mapping[str, int]], tuple[dict[str, int], _Layout]],
 ) -> None:
     """Step 2: the count DP on window-aware tables, each round with the growth offsets
     the previous round's mapping gave, until the counts repeat (``pool`` in window
@@ -304,8 +337,7 @@ def _rounds(
         if counts in seen:
             break
         seen.append(counts)
-        offsets = consider(counts)
-        layout = _layout(terms, counts, pool, w, by_window=True)
+        offsets, layout = consider(counts)  # its layout: _layout(..., by_window=True)
         avail = np.array([w[n] for n in layout.free])
         end = sum(counts[g] - len(layout.kept[g]) for g in layout.growers)
         growth = {t.id: avail[offsets[t.id] :] if t.id in offsets else avail[end:] for t in terms}
@@ -335,12 +367,23 @@ def improve_by_swaps(
     val = {tid: sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
     scale = 1e-9 * max(1.0, sum(abs(v[0]) for v in val.values() if math.isfinite(v[0])))
     seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
+    # change()'s answers per holder, while its set stays as it is: the search starts
+    # over after each improvement, which changes two sets, and asks the others' again.
+    asked: dict[str, dict[tuple[str | None, str | None], tuple | None]] = {t: {} for t in sets}
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
         if that would migrate."""
         if tid is None:
             return (None, out, into, [], (0.0, 0.0), 0, 0)
+        mine = asked[tid]
+        key = (out, into)
+        if key in mine:
+            return mine[key]
+        found = mine[key] = _change(tid, out, into)
+        return found
+
+    def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
         e = (
             extra[tid]
@@ -426,6 +469,7 @@ def improve_by_swaps(
                 if into is not None:
                     sets[tid].append(into)
                 wins[tid], val[tid], extra[tid], missing[tid] = ws, v, e, m
+                asked[tid] = {}
             moved = [n for n in (a[1], a[2]) if n is not None]
             for n in moved:
                 del classes[alike(n)][n]
