@@ -77,6 +77,10 @@ MAX_SWAP_TRIALS = 2000
 # Starts of the local search: the best maps of step 2 (by V). Two found a better map in
 # 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
+# Shortcuts that skip repeated work (issue 39); off only in the tests that check them
+# against the long path (tests/milp/test_windows_shortcuts.py).
+_MAP_ONCE = True  # a count vector's map, once per allocation
+_REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -269,7 +273,7 @@ def allocate_windows(
 
     def consider(counts: Mapping[str, int]) -> tuple[dict[str, int], _Layout]:
         key = tuple(counts.get(t.id, 0) for t in terms)  # all that map_windows reads
-        found = mapped.get(key)
+        found = mapped.get(key) if _MAP_ONCE else None
         if found is None:
             nodes, offsets, layout = _map_windows(terms, counts, ordered, raw, t_fwd, True)
             if all(m[1] != nodes for m in maps):
@@ -378,7 +382,7 @@ def improve_by_swaps(
             return (None, out, into, [], (0.0, 0.0), 0, 0)
         mine = asked[tid]
         key = (out, into)
-        if key in mine:
+        if key in mine and _REMEMBER_CHANGES:
             return mine[key]
         found = mine[key] = _change(tid, out, into)
         return found

@@ -235,3 +235,55 @@ def test_trainers_that_do_not_grow_valued_once_give_the_same_map(seed: int) -> N
         counts = {k: min(v, 16) for k, v in counts.items()}
         got = win.map_windows(terms, counts, ordered, raw, 120.0, by_window=True)
         assert got == map_windows_valuing_each_order(terms, counts, ordered, raw, 120.0)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_mapping_each_count_vector_once_and_remembered_changes_give_the_same_allocation(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated count vector is not mapped again, and the local search reuses a
+    holder's change() answers until its set changes: the same nodes, the same V, to the
+    bit, as mapping every vector and asking every change afresh."""
+    problem = queue_problem(seed)
+    short = allocate(problem, solver="dp")
+    monkeypatch.setattr(win, "_MAP_ONCE", False)
+    monkeypatch.setattr(win, "_REMEMBER_CHANGES", False)
+    long = allocate(problem, solver="dp")
+    assert short.status == long.status == "windows"
+    assert dict(short.nodes) == dict(long.nodes)
+    assert short.objective == long.objective
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_improve_by_swaps_with_remembered_changes_is_the_search_asking_afresh(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    rng = random.Random(seed)
+    for _ in range(5):  # from random maps without migration: many improvements each
+        nodes = random_map(terms, problem.pool, rng)
+        monkeypatch.setattr(win, "_REMEMBER_CHANGES", True)
+        short = win.improve_by_swaps(terms, nodes, problem.pool, raw, 120.0)
+        monkeypatch.setattr(win, "_REMEMBER_CHANGES", False)
+        long = win.improve_by_swaps(terms, nodes, problem.pool, raw, 120.0)
+        assert short == long
+
+
+def random_map(
+    terms: list[TrainerTerms], pool: tuple[str, ...], rng: random.Random
+) -> dict[str, tuple[str, ...]]:
+    """Each trainer keeps a prefix of its nodes, or keeps them all and grows by a few
+    free ones: a map without migration."""
+    held = {n for t in terms for n in t.current}
+    free = [n for n in pool if n not in held]
+    rng.shuffle(free)
+    nodes = {}
+    for t in terms:
+        grow = rng.randint(0, 3) if t.c < t.n_max else 0
+        if grow:
+            nodes[t.id], free = t.current + tuple(free[:grow]), free[grow:]
+        else:
+            nodes[t.id] = t.current[: rng.randint(0, t.c)]
+    return nodes
