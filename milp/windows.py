@@ -64,7 +64,6 @@ from bftrainer.milp.window_value import (
     TableCache,
     better,
     departure_horizon_s,
-    pair_value,
     sorted_value,
 )
 
@@ -182,8 +181,11 @@ def map_windows(
     grower orders, with shrinkers keeping their longest windows or (releasing those to
     the growers) their shortest; and each grower's offset in the free list.
     ``by_window``: ``pool`` is in window order (``_layout``)."""
-    nodes, offsets, _ = _map_windows(terms, counts, pool, w, t_fwd_s, by_window)
+    nodes, offsets, _, _ = _map_windows(terms, counts, pool, w, t_fwd_s, by_window)
     return nodes, offsets
+
+
+Valued = dict[str, tuple[float, float]]  # sorted_value of each trainer's set, by id
 
 
 def _map_windows(
@@ -193,9 +195,10 @@ def _map_windows(
     w: Mapping[str, float],
     t_fwd_s: float,
     by_window: bool = False,
-) -> tuple[dict[str, tuple[str, ...]], dict[str, int], _Layout]:
-    """``map_windows``, and the layout of shrinkers keeping their longest windows (the
-    next round reads its free list: built once, not again)."""
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], _Layout, Valued]:
+    """``map_windows``; the layout of shrinkers keeping their longest windows (the next
+    round reads its free list: built once, not again); and the value of each moving
+    trainer's set in the map (the map's V sums them with the others': not again)."""
     by_id = {t.id: t for t in terms}
     o = {t.id: t.count_values().tolist() for t in terms}
 
@@ -204,6 +207,7 @@ def _map_windows(
         return -t.rescale_down_s * float(t.value(counts[tid]))
 
     best: tuple[tuple[float, float], dict[str, tuple[str, ...]], dict[str, int]] | None = None
+    valued: Valued = {}
     shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
     moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
     longest: _Layout | None = None
@@ -240,8 +244,9 @@ def _map_windows(
                 v, later = v + vl[0], later + vl[1]
             if best is None or better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
+                valued = {t.id: fixed.get(t.id) or at_offset[(t.id, offsets[t.id])] for t in moving}
     assert best is not None and longest is not None
-    return best[1], best[2], longest
+    return best[1], best[2], longest, valued
 
 
 def allocate_windows(
@@ -270,14 +275,17 @@ def allocate_windows(
     # round's counts are often the window-free optimum's, or the other variant's), and
     # their map is the same, already among ``maps``.
     mapped: dict[tuple[int, ...], tuple[dict[str, int], _Layout]] = {}
+    # The value of each trainer's own nodes, kept: a map's V reads it for every trainer
+    # that neither grows nor shrinks (sorted_value of the same windows, once).
+    kept: Valued = {}
 
     def consider(counts: Mapping[str, int]) -> tuple[dict[str, int], _Layout]:
         key = tuple(counts.get(t.id, 0) for t in terms)  # all that map_windows reads
         found = mapped.get(key) if _MAP_ONCE else None
         if found is None:
-            nodes, offsets, layout = _map_windows(terms, counts, ordered, raw, t_fwd, True)
+            nodes, offsets, layout, valued = _map_windows(terms, counts, ordered, raw, t_fwd, True)
             if all(m[1] != nodes for m in maps):
-                maps.append((pair_value(terms, nodes, raw, t_fwd), nodes))
+                maps.append((_pair_value(terms, valued, kept, raw, t_fwd), nodes))
             found = mapped[key] = (offsets, layout)
         return found
 
@@ -309,6 +317,26 @@ def allocate_windows(
             best = found
     assert best is not None
     return best[0], best[1][0]
+
+
+def _pair_value(
+    terms: list[TrainerTerms],
+    valued: Valued,
+    kept: Valued,
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> tuple[float, float]:
+    """``pair_value`` of a map from its moving trainers' values (``valued``) and each
+    other trainer's value on its own nodes (``kept``, filled on first use): the same
+    sums, in the same order, of the same values."""
+    v, later = 0.0, 0.0
+    for t in terms:
+        vl = valued.get(t.id) or kept.get(t.id)
+        if vl is None:
+            o = t.count_values().tolist()
+            vl = kept[t.id] = sorted_value(t, o, sorted(w[n] for n in t.current), t_fwd_s)
+        v, later = v + vl[0], later + vl[1]
+    return v, later
 
 
 def _without(ascending: list[float], values: list[float]) -> list[float]:

@@ -287,3 +287,21 @@ def random_map(
         else:
             nodes[t.id] = t.current[: rng.randint(0, t.c)]
     return nodes
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_maps_value_from_its_mapping_is_pair_value(seed: int) -> None:
+    """V of a map summed from the values its mapping computed (and each unmoved
+    trainer's own, kept) is ``pair_value`` of its nodes, to the bit."""
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    ordered = sorted(problem.pool, key=lambda n: -raw[n])
+    rng = random.Random(seed)
+    kept: dict[str, tuple[float, float]] = {}
+    for _ in range(30):
+        counts = {t.id: rng.choice([0, t.c, max(t.c - 2, 0), t.c + 3]) for t in terms}
+        counts = {k: min(v, 16) for k, v in counts.items()}
+        nodes, _, _, valued = win._map_windows(terms, counts, ordered, raw, 120.0, True)
+        got = win._pair_value(terms, valued, kept, raw, 120.0)
+        assert got == wv.pair_value(terms, nodes, raw, 120.0)
