@@ -110,7 +110,10 @@ def has_windows(problem: Problem) -> bool:
     """True when some pool node leaves within the departure horizon: only then do
     windows matter."""
     t = departure_horizon_s(problem.t_fwd_s)
-    return any(w is not None and w < t for n, w in problem.windows_s.items())
+    for w in problem.windows_s.values():  # noqa: SIM110 (a generator per ~100 windows)
+        if w is not None and w < t:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -464,8 +467,11 @@ def improve_by_swaps(
                 if w[n] < math.inf:
                     leaving[owner[n]].add(w[n])
                     at.setdefault(w[n], []).append(n)
+            # Each holder's instants sorted once (nothing changes while this runs: an
+            # improvement ends it), not once per node.
+            instants = {h: sorted(times) for h, times in leaving.items()}
             for x in nodes_:
-                for when in sorted(leaving[owner[x]]):
+                for when in instants[owner[x]]:
                     for y in at[when]:
                         if owner[x] != owner[y] and w[x] != w[y]:
                             a = change(owner[x], x, y)
@@ -486,11 +492,16 @@ def improve_by_swaps(
                 break
             if a is None or b is None:
                 continue
-            delta = later = 0.0  # sum()'s additions, in its order, without a generator
-            for u in (a, b):
-                if u[0] is not None:
-                    delta += u[4][0] - val[u[0]][0]
-                    later += u[4][1] - val[u[0]][1]
+            # sum()'s additions, in its order, without a generator or a loop: a's, b's.
+            delta = later = 0.0
+            if a[0] is not None:
+                was = val[a[0]]
+                delta += a[4][0] - was[0]
+                later += a[4][1] - was[1]
+            if b[0] is not None:
+                was = val[b[0]]
+                delta += b[4][0] - was[0]
+                later += b[4][1] - was[1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
             for tid, out, into, ws, v, e, m in (a, b):

@@ -305,3 +305,20 @@ def test_a_maps_value_from_its_mapping_is_pair_value(seed: int) -> None:
         nodes, _, _, valued = win._map_windows(terms, counts, ordered, raw, 120.0, True)
         got = win._pair_value(terms, valued, kept, raw, 120.0)
         assert got == wv.pair_value(terms, nodes, raw, 120.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_has_windows_by_a_loop_is_any_over_the_windows(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(100):
+        pool = tuple(f"n{i}" for i in range(rng.randint(1, 12)))
+        windows = {n: rng.choice([None, 0.0, 30.0, 3599.0, 3600.0, 9e3]) for n in pool}
+        problem = Problem(
+            pool=pool,
+            trainers=(),
+            t_fwd_s=rng.choice([60.0, 5000.0]),
+            windows_s=dict(rng.sample(sorted(windows.items()), rng.randint(0, len(pool)))),
+        )
+        t = wv.departure_horizon_s(problem.t_fwd_s)
+        want = any(w is not None and w < t for w in problem.windows_s.values())
+        assert win.has_windows(problem) is want
