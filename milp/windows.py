@@ -80,6 +80,7 @@ STARTS = 1
 # against the long path (tests/milp/test_windows_shortcuts.py).
 _MAP_ONCE = True  # a count vector's map, once per allocation
 _REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
+_RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -300,16 +301,19 @@ def allocate_windows(
     free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
     own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
     # The windows the others hold, per trainer, shortest first: all held windows less
-    # the trainer's own (the same sorted values as sorting the others' afresh).
-    every = sorted(w[n] for u in terms for n in u.current)
-    others = {t.id: np.array(_without(every, [w[n] for n in t.current])) for t in terms}
+    # the trainer's own (the same sorted values as sorting the others' afresh). Only for
+    # a trainer that can grow past the free nodes: a table reads the first n_max - C_j
+    # windows of its growth, all free ones otherwise (``released``, _RELEASED_ALWAYS).
+    past = [t for t in terms if t.n_max - t.c > len(free) or _RELEASED_ALWAYS]
+    every = sorted(w[n] for u in terms for n in u.current) if past else []
+    others = {t.id: np.array(_without(every, [w[n] for n in t.current])) for t in past}
     # (Only when some trainer could grow past the free nodes.)
     variants = [others, {k: v[::-1] for k, v in others.items()}]
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
     cache = TableCache(t_fwd)
     for released in variants:
-        growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
+        growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
     maps.sort(key=lambda m: (-m[0][0], m[0][1]))
@@ -340,6 +344,12 @@ def _pair_value(
             vl = kept[t.id] = sorted_value(t, o, sorted(w[n] for n in t.current), t_fwd_s)
         v, later = v + vl[0], later + vl[1]
     return v, later
+
+
+def _growth(free: np.ndarray, released: np.ndarray | None) -> np.ndarray:
+    """The windows a trainer grows into: the free ones, then (when it can grow past
+    them) what the others release."""
+    return free if released is None else np.concatenate([free, released])
 
 
 def _without(ascending: list[float], values: list[float]) -> list[float]:

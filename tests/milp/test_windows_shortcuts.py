@@ -238,16 +238,18 @@ def test_trainers_that_do_not_grow_valued_once_give_the_same_map(seed: int) -> N
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_mapping_each_count_vector_once_and_remembered_changes_give_the_same_allocation(
+def test_the_window_aware_shortcuts_give_the_allocation_of_the_long_path(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A repeated count vector is not mapped again, and the local search reuses a
-    holder's change() answers until its set changes: the same nodes, the same V, to the
-    bit, as mapping every vector and asking every change afresh."""
+    """A repeated count vector is not mapped again, the local search reuses a holder's
+    change() answers until its set changes, and the others' windows are listed only for
+    trainers that can grow past the free nodes: the same nodes, the same V, to the bit,
+    as mapping every vector, asking every change afresh and listing them for all."""
     problem = queue_problem(seed)
     short = allocate(problem, solver="dp")
     monkeypatch.setattr(win, "_MAP_ONCE", False)
     monkeypatch.setattr(win, "_REMEMBER_CHANGES", False)
+    monkeypatch.setattr(win, "_RELEASED_ALWAYS", True)
     long = allocate(problem, solver="dp")
     assert short.status == long.status == "windows"
     assert dict(short.nodes) == dict(long.nodes)
