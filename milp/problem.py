@@ -36,6 +36,10 @@ TABLE_CELLS_MAX = 20_000_000
 # 1 == 1.0 == True, and a bool is refused. Cleared when full (learned curves are many).
 _VALID_CURVES: dict[tuple[int, str, int], tuple[tuple[float, float], ...]] = {}
 _VALID_CURVES_MAX = 4096
+# The last valid pool and its set: a replay's decisions mostly see the pool of the one
+# before (a completion changes no node), and the set of ~1,000-3,000 names was most of
+# building a problem; an equal tuple (a pass of identity checks) has the same set.
+_LAST_POOL: list[tuple[tuple[str, ...], frozenset[str]]] = []
 
 
 class ProblemError(ValueError):
@@ -144,11 +148,13 @@ class Problem:
     pool_set: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        pool_set = frozenset(self.pool)  # one set: the check below and pool_set
+        pool_set = _pool_set(self.pool)  # one set: the check below and pool_set
         if len(pool_set) != len(self.pool):
             seen: set[str] = set()
             dup = next(n for n in self.pool if n in seen or seen.add(n))  # type: ignore[func-returns-value]
             raise ProblemError(f"pool lists node {dup!r} twice")
+        if type(self.pool) is tuple:
+            _LAST_POOL[:] = [(self.pool, pool_set)]  # a pool without repeats only
         # T_fwd = 0 values every allocation at nothing: no trainer would ever start.
         _check_number(self.t_fwd_s, "t_fwd", minimum=0.0, maximum=T_FWD_MAX_S, open_min=True)
         if self.objective not in OBJECTIVES:
@@ -211,6 +217,15 @@ class Problem:
     def weight_of(self, group: str) -> float:
         """A group's weight (1 by trainer, or when the group is not listed)."""
         return 1.0 if self.fair_by == "trainer" else float(self.fair_weights.get(group, 1.0))
+
+
+def _pool_set(pool: Sequence[str]) -> frozenset[str]:
+    """``frozenset(pool)``; the last valid pool's set when ``pool`` is an equal tuple."""
+    if _LAST_POOL and type(pool) is tuple:
+        last, its_set = _LAST_POOL[0]
+        if pool is last or pool == last:
+            return its_set
+    return frozenset(pool)
 
 
 def _usual_windows(windows: Mapping[str, float | None], pool: frozenset[str]) -> bool:

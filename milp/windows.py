@@ -64,7 +64,6 @@ from bftrainer.milp.window_value import (
     TableCache,
     better,
     departure_horizon_s,
-    pair_value,
     sorted_value,
 )
 
@@ -77,6 +76,11 @@ MAX_SWAP_TRIALS = 2000
 # Starts of the local search: the best maps of step 2 (by V). Two found a better map in
 # 6 more of the 200 test instances and cost 30 ms more at 30 x 800 (docs/benchmarks.md).
 STARTS = 1
+# Shortcuts that skip repeated work (issue 39); off only in the tests that check them
+# against the long path (tests/milp/test_windows_shortcuts.py).
+_MAP_ONCE = True  # a count vector's map, once per allocation
+_REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
+_RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -107,7 +111,10 @@ def has_windows(problem: Problem) -> bool:
     """True when some pool node leaves within the departure horizon: only then do
     windows matter."""
     t = departure_horizon_s(problem.t_fwd_s)
-    return any(w is not None and w < t for n, w in problem.windows_s.items())
+    for w in problem.windows_s.values():  # noqa: SIM110 (a generator per ~100 windows)
+        if w is not None and w < t:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,24 @@ def map_windows(
     grower orders, with shrinkers keeping their longest windows or (releasing those to
     the growers) their shortest; and each grower's offset in the free list.
     ``by_window``: ``pool`` is in window order (``_layout``)."""
+    nodes, offsets, _, _ = _map_windows(terms, counts, pool, w, t_fwd_s, by_window)
+    return nodes, offsets
+
+
+Valued = dict[str, tuple[float, float]]  # sorted_value of each trainer's set, by id
+
+
+def _map_windows(
+    terms: list[TrainerTerms],
+    counts: Mapping[str, int],
+    pool: Sequence[str],
+    w: Mapping[str, float],
+    t_fwd_s: float,
+    by_window: bool = False,
+) -> tuple[dict[str, tuple[str, ...]], dict[str, int], _Layout, Valued]:
+    """``map_windows``; the layout of shrinkers keeping their longest windows (the next
+    round reads its free list: built once, not again); and the value of each moving
+    trainer's set in the map (the map's V sums them with the others': not again)."""
     by_id = {t.id: t for t in terms}
     o = {t.id: t.count_values().tolist() for t in terms}
 
@@ -186,10 +211,14 @@ def map_windows(
         return -t.rescale_down_s * float(t.value(counts[tid]))
 
     best: tuple[tuple[float, float], dict[str, tuple[str, ...]], dict[str, int]] | None = None
+    valued: Valued = {}
     shrinking = any(counts.get(t.id, 0) < t.c for t in terms)
     moving = [t for t in terms if counts.get(t.id, 0) != t.c]  # the others keep their nodes
+    longest: _Layout | None = None
     for keep_longest in (True, False) if shrinking else (True,):
         layout = _layout(terms, counts, pool, w, keep_longest, by_window)
+        if longest is None:
+            longest = layout
         orders: list[Sequence[str]] = (
             list(itertools.permutations(layout.growers))
             if len(layout.growers) <= MAX_PERMUTED
@@ -202,18 +231,26 @@ def map_windows(
             for t in moving
             if t.id not in growing
         }
+        # A grower's set is its kept nodes and the block at its offset: its value
+        # depends on the offset alone, so it is valued once per offset, not per order.
+        at_offset: dict[tuple[str, int], tuple[float, float]] = {}
         for order in orders:
             nodes, offsets = _assign(layout, counts, order)
             v, later = 0.0, 0.0
             for t in moving:
                 vl = fixed.get(t.id)
                 if vl is None:
-                    vl = sorted_value(t, o[t.id], sorted(w[n] for n in nodes[t.id]), t_fwd_s)
+                    key = (t.id, offsets[t.id])
+                    vl = at_offset.get(key)
+                    if vl is None:
+                        ws = sorted(w[n] for n in nodes[t.id])
+                        vl = at_offset[key] = sorted_value(t, o[t.id], ws, t_fwd_s)
                 v, later = v + vl[0], later + vl[1]
             if best is None or better((v, later), best[0]):
                 best = ((v, later), nodes, offsets)
-    assert best is not None
-    return best[1], best[2]
+                valued = {t.id: fixed.get(t.id) or at_offset[(t.id, offsets[t.id])] for t in moving}
+    assert best is not None and longest is not None
+    return best[1], best[2], longest, valued
 
 
 def allocate_windows(
@@ -238,11 +275,23 @@ def allocate_windows(
     # the same order, without a lambda per node.)
     ordered = sorted(pool, key=raw.__getitem__, reverse=True)
 
-    def consider(counts: Mapping[str, int]) -> dict[str, int]:
-        nodes, offsets = map_windows(terms, counts, ordered, raw, t_fwd, by_window=True)
-        if all(m[1] != nodes for m in maps):
-            maps.append((pair_value(terms, nodes, raw, t_fwd), nodes))
-        return offsets
+    # The map of each count vector, once: a third of the vectors considered repeat (a
+    # round's counts are often the window-free optimum's, or the other variant's), and
+    # their map is the same, already among ``maps``.
+    mapped: dict[tuple[int, ...], tuple[dict[str, int], _Layout]] = {}
+    # The value of each trainer's own nodes, kept: a map's V reads it for every trainer
+    # that neither grows nor shrinks (sorted_value of the same windows, once).
+    kept: Valued = {}
+
+    def consider(counts: Mapping[str, int]) -> tuple[dict[str, int], _Layout]:
+        key = tuple(counts.get(t.id, 0) for t in terms)  # all that map_windows reads
+        found = mapped.get(key) if _MAP_ONCE else None
+        if found is None:
+            nodes, offsets, layout, valued = _map_windows(terms, counts, ordered, raw, t_fwd, True)
+            if all(m[1] != nodes for m in maps):
+                maps.append((_pair_value(terms, valued, kept, raw, t_fwd), nodes))
+            found = mapped[key] = (offsets, layout)
+        return found
 
     for counts in candidates:
         consider(counts)
@@ -252,16 +301,19 @@ def allocate_windows(
     free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
     own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
     # The windows the others hold, per trainer, shortest first: all held windows less
-    # the trainer's own (the same sorted values as sorting the others' afresh).
-    every = sorted(w[n] for u in terms for n in u.current)
-    others = {t.id: np.array(_without(every, [w[n] for n in t.current])) for t in terms}
+    # the trainer's own (the same sorted values as sorting the others' afresh). Only for
+    # a trainer that can grow past the free nodes: a table reads the first n_max - C_j
+    # windows of its growth, all free ones otherwise (``released``, _RELEASED_ALWAYS).
+    past = [t for t in terms if t.n_max - t.c > len(free) or _RELEASED_ALWAYS]
+    every = sorted(w[n] for u in terms for n in u.current) if past else []
+    others = {t.id: np.array(_without(every, [w[n] for n in t.current])) for t in past}
     # (Only when some trainer could grow past the free nodes.)
     variants = [others, {k: v[::-1] for k, v in others.items()}]
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
     cache = TableCache(t_fwd)
     for released in variants:
-        growth = {t.id: np.concatenate([free, released[t.id]]) for t in terms}
+        growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
     maps.sort(key=lambda m: (-m[0][0], m[0][1]))
@@ -272,6 +324,32 @@ def allocate_windows(
             best = found
     assert best is not None
     return best[0], best[1][0]
+
+
+def _pair_value(
+    terms: list[TrainerTerms],
+    valued: Valued,
+    kept: Valued,
+    w: Mapping[str, float],
+    t_fwd_s: float,
+) -> tuple[float, float]:
+    """``pair_value`` of a map from its moving trainers' values (``valued``) and each
+    other trainer's value on its own nodes (``kept``, filled on first use): the same
+    sums, in the same order, of the same values."""
+    v, later = 0.0, 0.0
+    for t in terms:
+        vl = valued.get(t.id) or kept.get(t.id)
+        if vl is None:
+            o = t.count_values().tolist()
+            vl = kept[t.id] = sorted_value(t, o, sorted(w[n] for n in t.current), t_fwd_s)
+        v, later = v + vl[0], later + vl[1]
+    return v, later
+
+
+def _growth(free: np.ndarray, released: np.ndarray | None) -> np.ndarray:
+    """The windows a trainer grows into: the free ones, then (when it can grow past
+    them) what the others release."""
+    return free if released is None else np.concatenate([free, released])
 
 
 def _without(ascending: list[float], values: list[float]) -> list[float]:
@@ -291,7 +369,7 @@ def _rounds(
     cache: TableCache,
     own: Mapping[str, np.ndarray],
     growth: dict[str, np.ndarray],
-    consider: Callable[[Mapping[str, int]], dict[str, int]],
+    consider: Callable[[Mapping[str, int]], tuple[dict[str, int], _Layout]],
 ) -> None:
     """Step 2: the count DP on window-aware tables, each round with the growth offsets
     the previous round's mapping gave, until the counts repeat (``pool`` in window
@@ -304,8 +382,7 @@ def _rounds(
         if counts in seen:
             break
         seen.append(counts)
-        offsets = consider(counts)
-        layout = _layout(terms, counts, pool, w, by_window=True)
+        offsets, layout = consider(counts)  # its layout: _layout(..., by_window=True)
         avail = np.array([w[n] for n in layout.free])
         end = sum(counts[g] - len(layout.kept[g]) for g in layout.growers)
         growth = {t.id: avail[offsets[t.id] :] if t.id in offsets else avail[end:] for t in terms}
@@ -335,12 +412,23 @@ def improve_by_swaps(
     val = {tid: sorted_value(by_id[tid], o[tid], wins[tid], t_fwd_s) for tid in sets}
     scale = 1e-9 * max(1.0, sum(abs(v[0]) for v in val.values() if math.isfinite(v[0])))
     seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
+    # change()'s answers per holder, while its set stays as it is: the search starts
+    # over after each improvement, which changes two sets, and asks the others' again.
+    asked: dict[str, dict[tuple[str | None, str | None], tuple | None]] = {t: {} for t in sets}
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
         if that would migrate."""
         if tid is None:
             return (None, out, into, [], (0.0, 0.0), 0, 0)
+        mine = asked[tid]
+        key = (out, into)
+        if key in mine and _REMEMBER_CHANGES:
+            return mine[key]
+        found = mine[key] = _change(tid, out, into)
+        return found
+
+    def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
         e = (
             extra[tid]
@@ -389,8 +477,11 @@ def improve_by_swaps(
                 if w[n] < math.inf:
                     leaving[owner[n]].add(w[n])
                     at.setdefault(w[n], []).append(n)
+            # Each holder's instants sorted once (nothing changes while this runs: an
+            # improvement ends it), not once per node.
+            instants = {h: sorted(times) for h, times in leaving.items()}
             for x in nodes_:
-                for when in sorted(leaving[owner[x]]):
+                for when in instants[owner[x]]:
                     for y in at[when]:
                         if owner[x] != owner[y] and w[x] != w[y]:
                             a = change(owner[x], x, y)
@@ -411,11 +502,16 @@ def improve_by_swaps(
                 break
             if a is None or b is None:
                 continue
-            delta = later = 0.0  # sum()'s additions, in its order, without a generator
-            for u in (a, b):
-                if u[0] is not None:
-                    delta += u[4][0] - val[u[0]][0]
-                    later += u[4][1] - val[u[0]][1]
+            # sum()'s additions, in its order, without a generator or a loop: a's, b's.
+            delta = later = 0.0
+            if a[0] is not None:
+                was = val[a[0]]
+                delta += a[4][0] - was[0]
+                later += a[4][1] - was[1]
+            if b[0] is not None:
+                was = val[b[0]]
+                delta += b[4][0] - was[0]
+                later += b[4][1] - was[1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
             for tid, out, into, ws, v, e, m in (a, b):
@@ -426,6 +522,7 @@ def improve_by_swaps(
                 if into is not None:
                     sets[tid].append(into)
                 wins[tid], val[tid], extra[tid], missing[tid] = ws, v, e, m
+                asked[tid] = {}
             moved = [n for n in (a[1], a[2]) if n is not None]
             for n in moved:
                 del classes[alike(n)][n]

@@ -60,17 +60,30 @@ class SimulatedDriver:
         self._reported: set[str] = set()
         self.waste = Waste()
 
+    def _plain(self) -> bool:
+        """True when a trainer's rate is its job's curve at its node count (this class,
+        one slot per node): the hot loops read ``job.rate_sps`` directly instead of two
+        calls per trainer that give it (a replay steps every trainer at every event)."""
+        cls = type(self)
+        return (
+            self.slots_per_node == 1
+            and cls._rate is SimulatedDriver._rate
+            and cls.true_rate_sps is SimulatedDriver.true_rate_sps
+        )
+
     def advance(self, trainers: Sequence[TrainerState], now_s: float) -> Progress:
         dt_s = 0.0 if self._now_s is None else now_s - self._now_s
         self._now_s = now_s
         total = 0.0
         done: list[Completion] = []
+        plain = self._plain()
         for t in trainers:
             if dt_s > 0:
                 # A trainer done within the step (its wake-up is rounded to the clock's
                 # resolution) processes no more than its work.
                 left = max(0.0, t.job.work_samples - t.progress_samples)
-                samples = min(self._rate(t, t.nodes) * dt_s, left)
+                rate = t.job.rate_sps(len(t.nodes)) if plain else self._rate(t, t.nodes)
+                samples = min(rate * dt_s, left)
                 t.processed_samples += samples
                 total += samples
             if t.id not in self._reported and self._is_done(t):
@@ -130,8 +143,9 @@ class SimulatedDriver:
         job size, rate or clock magnitude.
         """
         best = math.inf
+        plain = self._plain()
         for t in trainers:
-            rate = self._rate(t, t.nodes)
+            rate = t.job.rate_sps(len(t.nodes)) if plain else self._rate(t, t.nodes)
             if rate > 0:
                 left_s = max(0.0, t.job.work_samples - t.progress_samples) / rate
                 best = min(best, max(now_s + left_s, math.nextafter(now_s, math.inf)))

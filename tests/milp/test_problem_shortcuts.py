@@ -99,3 +99,22 @@ def test_with_nodes_is_the_spec_built_with_those_nodes(nodes: list[str]) -> None
 def test_a_pool_listing_a_node_twice_is_named() -> None:
     with pytest.raises(ProblemError, match="pool lists node 'n2' twice"):
         Problem(("n1", "n2", "n3", "n2"), (SPEC,))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(["n1", "n2", "n3", "n4", "x", ""]), max_size=6), max_size=5)
+)
+def test_the_pool_set_of_an_equal_pool_is_its_own_set(pools: list[list[str]]) -> None:
+    """Problems built one after another (a replay's decisions): each one's pool_set is
+    ``frozenset`` of its own pool, whether or not the last pool was equal, and a pool
+    listing a node twice is refused all the same."""
+    for names in pools:
+        for pool in (tuple(names), tuple(names), list(names)):
+            if len(set(pool)) != len(pool):
+                with pytest.raises(ProblemError, match="twice"):
+                    Problem(pool, ())  # type: ignore[arg-type]
+                continue
+            problem = Problem(pool, ())  # type: ignore[arg-type]
+            assert problem.pool_set == frozenset(pool)
+            assert type(problem.pool_set) is frozenset

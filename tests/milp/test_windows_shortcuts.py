@@ -235,3 +235,92 @@ def test_trainers_that_do_not_grow_valued_once_give_the_same_map(seed: int) -> N
         counts = {k: min(v, 16) for k, v in counts.items()}
         got = win.map_windows(terms, counts, ordered, raw, 120.0, by_window=True)
         assert got == map_windows_valuing_each_order(terms, counts, ordered, raw, 120.0)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_window_aware_shortcuts_give_the_allocation_of_the_long_path(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated count vector is not mapped again, the local search reuses a holder's
+    change() answers until its set changes, and the others' windows are listed only for
+    trainers that can grow past the free nodes: the same nodes, the same V, to the bit,
+    as mapping every vector, asking every change afresh and listing them for all."""
+    problem = queue_problem(seed)
+    short = allocate(problem, solver="dp")
+    monkeypatch.setattr(win, "_MAP_ONCE", False)
+    monkeypatch.setattr(win, "_REMEMBER_CHANGES", False)
+    monkeypatch.setattr(win, "_RELEASED_ALWAYS", True)
+    long = allocate(problem, solver="dp")
+    assert short.status == long.status == "windows"
+    assert dict(short.nodes) == dict(long.nodes)
+    assert short.objective == long.objective
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_improve_by_swaps_with_remembered_changes_is_the_search_asking_afresh(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    rng = random.Random(seed)
+    for _ in range(5):  # from random maps without migration: many improvements each
+        nodes = random_map(terms, problem.pool, rng)
+        monkeypatch.setattr(win, "_REMEMBER_CHANGES", True)
+        short = win.improve_by_swaps(terms, nodes, problem.pool, raw, 120.0)
+        monkeypatch.setattr(win, "_REMEMBER_CHANGES", False)
+        long = win.improve_by_swaps(terms, nodes, problem.pool, raw, 120.0)
+        assert short == long
+
+
+def random_map(
+    terms: list[TrainerTerms], pool: tuple[str, ...], rng: random.Random
+) -> dict[str, tuple[str, ...]]:
+    """Each trainer keeps a prefix of its nodes, or keeps them all and grows by a few
+    free ones: a map without migration."""
+    held = {n for t in terms for n in t.current}
+    free = [n for n in pool if n not in held]
+    rng.shuffle(free)
+    nodes = {}
+    for t in terms:
+        grow = rng.randint(0, 3) if t.c < t.n_max else 0
+        if grow:
+            nodes[t.id], free = t.current + tuple(free[:grow]), free[grow:]
+        else:
+            nodes[t.id] = t.current[: rng.randint(0, t.c)]
+    return nodes
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_maps_value_from_its_mapping_is_pair_value(seed: int) -> None:
+    """V of a map summed from the values its mapping computed (and each unmoved
+    trainer's own, kept) is ``pair_value`` of its nodes, to the bit."""
+    problem = queue_problem(seed)
+    terms = build_terms(problem)
+    raw = win.raw_windows(problem)
+    ordered = sorted(problem.pool, key=lambda n: -raw[n])
+    rng = random.Random(seed)
+    kept: dict[str, tuple[float, float]] = {}
+    for _ in range(30):
+        counts = {t.id: rng.choice([0, t.c, max(t.c - 2, 0), t.c + 3]) for t in terms}
+        counts = {k: min(v, 16) for k, v in counts.items()}
+        nodes, _, _, valued = win._map_windows(terms, counts, ordered, raw, 120.0, True)
+        got = win._pair_value(terms, valued, kept, raw, 120.0)
+        assert got == wv.pair_value(terms, nodes, raw, 120.0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_has_windows_by_a_loop_is_any_over_the_windows(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(100):
+        pool = tuple(f"n{i}" for i in range(rng.randint(1, 12)))
+        windows = {n: rng.choice([None, 0.0, 30.0, 3599.0, 3600.0, 9e3]) for n in pool}
+        problem = Problem(
+            pool=pool,
+            trainers=(),
+            t_fwd_s=rng.choice([60.0, 5000.0]),
+            windows_s=dict(rng.sample(sorted(windows.items()), rng.randint(0, len(pool)))),
+        )
+        t = wv.departure_horizon_s(problem.t_fwd_s)
+        want = any(w is not None and w < t for w in problem.windows_s.values())
+        assert win.has_windows(problem) is want
