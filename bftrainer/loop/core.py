@@ -141,23 +141,8 @@ class Loop:
         self._running: list[TrainerState] | None = []  # _holding in arrival order
         self._held = 0  # nodes (slots) the holders hold, summed: the step's record reads it
         self.last_decision_s = state.last_decision_s
-        held: dict[str, str] = {}
-        slots: dict[str, int] = {}  # with S slots per node, a node once per slot held
+        state.check(config.slots_per_node)
         for t in state.trainers:
-            if t.id in self.trainers:
-                raise LoopError(f"trainer {t.id!r} appears twice in the state")
-            for n in t.nodes:
-                if n not in self.pool:
-                    raise LoopError(f"trainer {t.id!r} holds node {n!r}, not in the pool")
-                slots[n] = slots.get(n, 0) + 1
-                if slots[n] > config.slots_per_node:
-                    if config.slots_per_node == 1:
-                        raise LoopError(f"node {n!r} is held by both {held[n]!r} and {t.id!r}")
-                    raise LoopError(
-                        f"node {n!r} has {config.slots_per_node} slots; trainers up to "
-                        f"{t.id!r} hold {slots[n]}"
-                    )
-                held[n] = t.id
             self._add_trainer(t)
         self._dirty = True  # the first step decides (after a restore too)
         self._curves_changed = False

@@ -296,3 +296,28 @@ class LoopState:
     trainers: list[TrainerState] = field(default_factory=list)
     finished: list[TrainerState] = field(default_factory=list)
     last_decision_s: float = -math.inf
+
+    def check(self, slots_per_node: int) -> None:
+        """``LoopError`` naming the first trainer that cannot be restored as recorded:
+        listed twice, on a node outside the pool, or on a node whose slots (S per node)
+        its trainers overfill (S = 1: a node held by two)."""
+        pool = set(self.pool)
+        seen: set[str] = set()
+        held: dict[str, str] = {}
+        slots: dict[str, int] = {}  # with S slots per node, a node once per slot held
+        for t in self.trainers:
+            if t.id in seen:
+                raise LoopError(f"trainer {t.id!r} appears twice in the state")
+            seen.add(t.id)
+            for n in t.nodes:
+                if n not in pool:
+                    raise LoopError(f"trainer {t.id!r} holds node {n!r}, not in the pool")
+                slots[n] = slots.get(n, 0) + 1
+                if slots[n] > slots_per_node:
+                    if slots_per_node == 1:
+                        raise LoopError(f"node {n!r} is held by both {held[n]!r} and {t.id!r}")
+                    raise LoopError(
+                        f"node {n!r} has {slots_per_node} slots; trainers up to "
+                        f"{t.id!r} hold {slots[n]}"
+                    )
+                held[n] = t.id
