@@ -188,13 +188,15 @@ def hpo_cmd(
     path = resolve_state_dir(state_dir)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with open_store(state_dir, need_daemon=True) as store:
+        made_sampler = make_sampler(sampler, seed)
+        made_pruner = make_pruner(pruner, min_resource, reduction_factor)
         try:
             study = optuna.create_study(
                 storage=storage or default_storage(path),
                 study_name=study_name,
                 direction="maximize" if direction == "maximize" else "minimize",
-                sampler=make_sampler(sampler, seed),
-                pruner=make_pruner(pruner, min_resource, reduction_factor),
+                sampler=made_sampler,
+                pruner=made_pruner,
                 load_if_exists=True,
             )
         except OPEN_ERRORS as exc:  # a URL of no database, a driver not installed

@@ -68,8 +68,9 @@ def first_line(exc: BaseException) -> str:
     return str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
 
 
-# What opening a study's storage raises for a URL of no database or a driver not installed.
-OPEN_ERRORS = (*STORAGE_ERRORS, sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError)
+# What opening a study's storage raises: a URL that does not parse or names no database
+# (SQLAlchemy's ArgumentError, OperationalError), a driver not installed (ImportError).
+OPEN_ERRORS = (*STORAGE_ERRORS, sqlalchemy.exc.SQLAlchemyError, ImportError)
 
 TRIAL_OPTION = "--trial"  # the runtime's option (trainers/runtime_options.py)
 ATTR_TRAINER = "bftrainer_trainer"  # the trainer id that runs the trial
