@@ -19,10 +19,10 @@ import os
 import pwd
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -37,10 +37,12 @@ from bftrainer.state import (
     AllocationRow,
     StateError,
     Store,
+    StoreChangedError,
     TrainerRow,
     UnknownTrainerError,
     check_state_dir,
     daemon_running,
+    read_again,
     resolve_state_dir,
     settings,
 )
@@ -50,6 +52,7 @@ from bftrainer.trainers.launch.base import Launcher
 
 # A rescale that takes longer than a day is a typo, not an elastic job.
 RESCALE_S = Number(min=0.0, max=86400.0)
+T = TypeVar("T")
 
 
 def my_user() -> str:
@@ -82,7 +85,8 @@ def open_store(
     state_dir: Path | None, *, need_daemon: bool, read_only: bool = False
 ) -> Iterator[Store]:
     """The store of an existing state directory; one clear line when it cannot be used.
-    ``read_only`` (status, logs, cancel's look first): nothing in the directory changes."""
+    ``read_only``: nothing in the directory changes, and a store that changed under the
+    read raises ``StoreChangedError`` (``read_store`` reads it again)."""
     path = resolve_state_dir(state_dir)
     try:
         check_state_dir(path)
@@ -101,6 +105,8 @@ def open_store(
         raise click.ClickException(str(exc)) from None
     try:
         yield store
+    except StoreChangedError:
+        raise
     except StateError as exc:
         raise click.ClickException(str(exc)) from None
     except sqlite3.OperationalError as exc:
@@ -120,8 +126,28 @@ def open_store(
     finally:
         try:
             store.close()
+        except StoreChangedError:
+            raise
         except StateError as exc:
             raise click.ClickException(str(exc)) from None
+
+
+def read_store(
+    state_dir: Path | None, read: Callable[[Store], T], *, need_daemon: bool = False
+) -> T:
+    """``read(store)`` on a read-only open of an existing state directory (status, logs,
+    cancel's look first): nothing in it changes. Opened and read afresh when a writer
+    changed the files under the read (a daemon or ``submit`` opening or closing the store
+    right then); one clear line when that goes on, or the store cannot be used."""
+
+    def once() -> T:
+        with open_store(state_dir, need_daemon=need_daemon, read_only=True) as store:
+            return read(store)
+
+    try:
+        return read_again(once)
+    except StoreChangedError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -345,10 +371,13 @@ def status_cmd(
         from bftrainer.cli.centre_client import centre_view
 
         centre = centre_view(socket_dir.expanduser().absolute(), local)
-    with open_store(state_dir, need_daemon=False, read_only=True) as store:
+
+    def read(store: Store) -> dict[str, Any]:
         if local is not None:
             store.trainer(local)  # an unknown id: one line
-        data = status_json(store, path)
+        return status_json(store, path)
+
+    data = read_store(state_dir, read)
     if local is not None:
         data["trainers"] = [t for t in data["trainers"] if t["id"] == local]
     if centre is not None:
@@ -473,8 +502,8 @@ def cancel_cmd(trainer_id: str, state_dir: Path | None, socket_dir: Path | None)
         reply = ask(socket_dir.expanduser().absolute(), protocol.CANCEL, {"trainer": trainer_id})
         click.echo(f"{reply['trainer']}: cancel requested (your agent stops it)")
         return
-    with open_store(state_dir, need_daemon=True, read_only=True) as store:
-        row = store.trainer(trainer_id)  # an unknown id: one line, nothing written
+    # An unknown id: one line, nothing written.
+    row = read_store(state_dir, lambda store: store.trainer(trainer_id), need_daemon=True)
     if not row.finished:
         with open_store(state_dir, need_daemon=True) as store:
             row = store.request_cancel(trainer_id)
@@ -497,8 +526,7 @@ def logs_cmd(
 ) -> None:
     """Print a trainer's log: its launcher's and workers' output, tracebacks included."""
     trainer_id = own_trainer(trainer_id, socket_dir)
-    with open_store(state_dir, need_daemon=False, read_only=True) as store:
-        row = store.trainer(trainer_id)
+    row = read_store(state_dir, lambda store: store.trainer(trainer_id))
     if row.trainer_dir is None:
         raise click.ClickException(f"trainer {trainer_id} has not started yet: no log")
     log_path = Path(row.trainer_dir) / SUPERVISOR_LOG
@@ -535,8 +563,7 @@ def _finished(state_dir: Path | None, trainer_id: str, failed: list[str]) -> boo
     ``FOLLOW_TRIES`` failed looks in a row (``failed`` keeps them) end it, with the last
     one's line."""
     try:
-        with open_store(state_dir, need_daemon=False, read_only=True) as store:
-            ended = store.trainer(trainer_id).finished
+        ended = read_store(state_dir, lambda store: store.trainer(trainer_id).finished)
     except click.ClickException as exc:
         if isinstance(exc.__context__, UnknownTrainerError):
             raise

@@ -28,13 +28,20 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
 from bftrainer.loop import Step
 from bftrainer.replay.allocations import CHANGES as REPLAY_CHANGES
-from bftrainer.state import MetricRow, StateError, Store
+from bftrainer.state import (
+    AllocationRow,
+    MetricRow,
+    PoolEventRow,
+    StateError,
+    Store,
+    read_again,
+)
 from bftrainer.trainers.learned_curve import live_curve
 
 # A daemon's trainers can also fail; a replay's never do.
@@ -322,6 +329,16 @@ def _replay_states(trainers: pd.DataFrame) -> pd.Series:
 # ---------------------------------------------------------------------- a daemon's store
 
 
+class _Records(NamedTuple):
+    """What ``load_store`` reads from a store, in one read."""
+
+    trainers: list[dict[str, Any]]
+    history: dict[str, list[AllocationRow]]
+    holders: list[dict[str, Any]]
+    pool_events: list[PoolEventRow]
+    metrics: dict[str, list[MetricRow]]
+
+
 def load_store(
     state_dir: str | Path, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None
 ) -> Frames:
@@ -330,13 +347,20 @@ def load_store(
     d = Path(state_dir)
     if start is not None and end is not None and start >= end:
         raise FramesError(f"empty time range: {_fmt(start)} is not before {_fmt(end)}")
-    try:
+
+    def read() -> _Records:
         with Store.open(d, read_only=True) as store:
             rows = [vars(r) for r in store.trainers()]
-            history = {r["id"]: store.allocation_history(r["id"]) for r in rows}
-            holders = [vars(h) for h in store.holders(live_only=False)]
-            pool_events = store.pool_events()
-            metrics = {r["id"]: store.metrics(r["id"]) for r in rows}
+            return _Records(
+                rows,
+                {r["id"]: store.allocation_history(r["id"]) for r in rows},
+                [vars(h) for h in store.holders(live_only=False)],
+                store.pool_events(),
+                {r["id"]: store.metrics(r["id"]) for r in rows},
+            )
+
+    try:  # read afresh if a daemon opened or closed the store under the read
+        rows, history, holders, pool_events, metrics = read_again(read)
     except StateError as exc:
         raise FramesError(str(exc)) from None
     events = pd.DataFrame(

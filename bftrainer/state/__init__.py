@@ -23,7 +23,7 @@ and which states may follow which); ``schema`` (tables, migrations, row encoding
 writes). Callers import from ``bftrainer.state``.
 """
 
-from bftrainer.state.database import BUSY_TIMEOUT_S
+from bftrainer.state.database import BUSY_TIMEOUT_S, read_again
 from bftrainer.state.directory import (
     DB_NAME,
     ENV_STATE_DIR,
@@ -95,6 +95,7 @@ __all__ = [
     "check_state_dir",
     "daemon_running",
     "ensure_state_dir",
+    "read_again",
     "resolve_state_dir",
     "trainer_dir",
     "trainer_id_of",

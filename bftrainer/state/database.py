@@ -13,10 +13,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from bftrainer.state.directory import (
     DB_NAME,
@@ -37,6 +37,7 @@ from bftrainer.state.errors import (
 from bftrainer.state.schema import MIGRATIONS, SCHEMA_VERSION, TABLES, VIEWS, statements
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -44,6 +45,8 @@ BUSY_TIMEOUT_S = 30.0
 # Pauses before a read-only open looks again at a -wal and -shm that a writer made or
 # deleted while it opened (``Database.open``): a genuine fault is named 0.26 s later.
 READ_ONLY_RETRIES_S = (0.01, 0.05, 0.2)
+# Pauses before ``read_again`` reads afresh a store that changed under its read.
+READ_AGAIN_S = (0.05, 0.2, 0.5, 1.0)
 SQLITE_READONLY, SQLITE_CANTOPEN = 8, 14  # SQLite's primary result codes
 
 
@@ -52,6 +55,21 @@ def _raced_a_writer(exc: sqlite3.DatabaseError) -> bool:
     it chose by: it could not open them, or would have had to create one."""
     code = getattr(exc, "sqlite_errorcode", None)
     return code is not None and code & 0xFF in (SQLITE_READONLY, SQLITE_CANTOPEN)
+
+
+def read_again(read: Callable[[], T]) -> T:
+    """``read()`` (which opens the store read-only and reads it), done afresh after a
+    short pause while a writer changes the files under it (``StoreChangedError``: a
+    daemon or ``submit`` opened or closed the store right then). The last try's error
+    is raised, 1.75 s after the first."""
+    for pause_s in (*READ_AGAIN_S, None):
+        try:
+            return read()
+        except StoreChangedError:
+            if pause_s is None:
+                raise
+        time.sleep(pause_s)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 class Database:
@@ -66,10 +84,12 @@ class Database:
         path: Path,
         unchanged: tuple[int, ...] | None = None,
         *,
+        read_only: bool = False,
         wait_for_writers: bool = False,
     ) -> None:
         self._conn = conn
         self.path = path
+        self._read_only = read_only
         self._lock = threading.RLock()
         self._depth = 0
         self._unchanged = unchanged  # read as immutable: the file's identity when opened
@@ -133,7 +153,9 @@ class Database:
                     path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
                 )
             conn.row_factory = sqlite3.Row
-            store = cls(conn, path, unchanged, wait_for_writers=wait_for_writers)
+            store = cls(
+                conn, path, unchanged, read_only=read_only, wait_for_writers=wait_for_writers
+            )
             try:
                 store._setup(busy_timeout_s, create=create)
             except sqlite3.DatabaseError as exc:
@@ -363,4 +385,14 @@ class Database:
 
     def _query(self, sql: str, params: Sequence[object] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                # A read-only connection chose how to read by the -wal and -shm at its
+                # open; a writer that opened or closed since made or deleted them.
+                if self._read_only and _raced_a_writer(exc):
+                    raise StoreChangedError(
+                        f"{self.path} changed while it was read (a writer opened or closed "
+                        "it): run the command again"
+                    ) from None
+                raise

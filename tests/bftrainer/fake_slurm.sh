@@ -51,8 +51,13 @@ case "$cmd" in
     fi ;;
   sbatch)
     node=$(echo "$args" | sed -E 's/.*--nodelist=([^ ]+).*/\1/')
+    # One id each: the daemon submits holders in parallel, and two that read next_id
+    # together got the same id (Slurm never gives one twice).
+    exec 9>>"$dir/next_id.lock"
+    flock 9
     id=$(cat "$dir/next_id" 2>/dev/null || echo 100)
     echo $((id + 1)) > "$dir/next_id"
+    flock -u 9
     mkdir -p "$dir/jobs"
     if [ -s "$dir/job_fails" ]; then
       # Every new holder fails as slurmd would fail it: "EXIT REASON stderr line".
