@@ -33,11 +33,12 @@ ROOT = Path("/sys/fs/cgroup/cpuacct")
 OUT = Path(os.environ.get("CPU_BY_TEST_OUT", "benchmarks/results/cpu_by_test.jsonl"))
 
 _group: Path | None = None
+_worker = "main"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _group
-    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    global _group, _worker
+    worker = _worker = getattr(config, "workerinput", {}).get("workerid", "main")
     for stale in ROOT.glob("bft-test-*-*"):  # an earlier run's (its processes lingered at
         pid = stale.name.rsplit("-", 1)[1]  # its end): its worker gone, and empty
         if not Path(f"/proc/{pid}").exists():
@@ -78,6 +79,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "test": item.nodeid,
         "cpu_s": round(_usage_s() - cpu0, 3),
         "wall_s": round(time.monotonic() - wall0, 3),
+        "worker": _worker,
+        "end_s": round(time.time(), 3),  # epoch: when each worker went idle, below
     }
     with OUT.open("a") as f:
         f.write(json.dumps(line) + "\n")
@@ -101,6 +104,18 @@ def main() -> None:
     print("\nby file:")
     for name, (cpu, n) in sorted(by_file.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"{cpu:8.1f} {int(n):5d}  {name}")
+    timed = [r for r in rows if "end_s" in r]
+    if timed:
+        # A worker that goes idle long before the others: the run waited on a long test
+        # that started late, or on a group held to one worker.
+        start = min(r["end_s"] - r["wall_s"] for r in timed)
+        print("\nby worker: tests, their wall s, idle from (s after the first start), last test")
+        for worker in sorted({r["worker"] for r in timed}):
+            mine = [r for r in timed if r["worker"] == worker]
+            last = max(mine, key=lambda r: r["end_s"])
+            busy = sum(r["wall_s"] for r in mine)
+            idle = last["end_s"] - start
+            print(f"{worker:>6} {len(mine):5d} {busy:8.1f} {idle:8.1f}  {last['test']}")
 
 
 if __name__ == "__main__":

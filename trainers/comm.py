@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,6 +37,11 @@ BACKENDS = ("single", "torchrun", "horovod")
 # How long a preempted Horovod worker waits for its shut-down with the others: under a
 # second when they agree; a main job waits for the process to be gone.
 LEAVE_SHUTDOWN_S = 2.0
+# How a Horovod worker waits for an operation: asleep, 50 us at first, doubling up to 1 ms
+# (at most a millisecond past its end). Horovod 0.28's own wait spins on sched_yield for
+# as long as the operation takes, a negotiation cycle at least: on a CPU node the waiting
+# worker takes the core its peers and its data loading need.
+HOROVOD_POLL_FIRST_S, HOROVOD_POLL_MAX_S = 50e-6, 1e-3
 
 
 class BackendError(RuntimeError):
@@ -427,7 +433,11 @@ class _HorovodPending:
         self._hvd, self._handle, self._staged = hvd, handle, staged
 
     def wait(self) -> None:
-        self._hvd.synchronize(self._handle)
+        pause_s = HOROVOD_POLL_FIRST_S
+        while not self._hvd.poll(self._handle):
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, HOROVOD_POLL_MAX_S)
+        self._hvd.synchronize(self._handle)  # done: the result, or the operation's error
         if self._staged is not None:
             host, tensor = self._staged
             tensor.copy_(host, non_blocking=True)
