@@ -13,7 +13,7 @@ import sqlite3
 
 from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
 # with a table dropped is named at start, not by a traceback at the first write.
 TABLES = ("trainers", "allocations", "holders", "pool_events", "metrics", "settings")
@@ -116,6 +116,33 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE trainers RENAME COLUMN max_nodes TO n_max;
     ALTER TABLE trainers RENAME COLUMN submitted_s TO submit_s;
     ALTER TABLE holders RENAME COLUMN submitted_s TO submit_s;
+    """,
+    # 7: a job id names one live holder, not one for ever: a scheduler gives an id again
+    # once its ids wrap (LSF's MAX_JOBID, 999,999 unless raised) or restart (a Slurm
+    # rebuilt without FirstJobId), and a new holder with an ended one's id was refused.
+    # Rows keep their order (seq); the ended ones are kept as they were.
+    """
+    CREATE TABLE holders_v7 (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        job_id TEXT NOT NULL,
+        node TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'ended')),
+        submit_s REAL NOT NULL,
+        started_s REAL,
+        ended_s REAL,
+        trainer_id TEXT REFERENCES trainers(id),
+        reason TEXT NOT NULL DEFAULT '',
+        limit_s REAL
+    );
+    INSERT INTO holders_v7 (job_id, node, state, submit_s, started_s, ended_s, trainer_id,
+        reason, limit_s)
+        SELECT job_id, node, state, submit_s, started_s, ended_s, trainer_id, reason, limit_s
+        FROM holders ORDER BY submit_s, job_id;
+    DROP TABLE holders;
+    ALTER TABLE holders_v7 RENAME TO holders;
+    CREATE UNIQUE INDEX holders_live_node ON holders(node) WHERE state != 'ended';
+    CREATE UNIQUE INDEX holders_live_job ON holders(job_id) WHERE state != 'ended';
+    CREATE INDEX holders_job ON holders(job_id, seq);
     """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -302,8 +302,9 @@ class Store(Database):
         now_s: float | None = None,
     ) -> HolderRow:
         """Record a holder job just submitted for ``node`` with a time limit of
-        ``limit_s`` (None: none). ``HolderConflictError`` when the node already has a
-        live holder in the state."""
+        ``limit_s`` (None: none). ``HolderConflictError`` when the node, or the job id,
+        already has a live holder in the state (an ended holder's id may come again:
+        schedulers' ids wrap)."""
         check_states([state], HOLDER_STATES, "holder")
         if limit_s is not None and not (math.isfinite(limit_s) and limit_s > 0):
             raise ValueError(f"holder job {job_id}: time limit {limit_s!r} s is not positive")
@@ -336,15 +337,21 @@ class Store(Database):
             return self.holder(job_id)
 
     def holder(self, job_id: str) -> HolderRow:
-        rows = self._query("SELECT * FROM holders WHERE job_id = ?", (job_id,))
+        """The holder of ``job_id``: the live one, or the latest to end."""
+        return holder_from_row(self._latest_holder(job_id))
+
+    def _latest_holder(self, job_id: str) -> sqlite3.Row:
+        rows = self._query(
+            "SELECT * FROM holders WHERE job_id = ? ORDER BY seq DESC LIMIT 1", (job_id,)
+        )
         if not rows:
             raise UnknownHolderError(job_id)
-        return holder_from_row(rows[0])
+        return rows[0]
 
     def holders(self, *, live_only: bool = True) -> list[HolderRow]:
         """Holders not yet ended (or all of them), oldest first."""
         where = "WHERE state != 'ended'" if live_only else ""
-        rows = self._query(f"SELECT * FROM holders {where} ORDER BY submit_s, job_id")
+        rows = self._query(f"SELECT * FROM holders {where} ORDER BY submit_s, seq")
         return [holder_from_row(r) for r in rows]
 
     def set_holder_state(
@@ -355,7 +362,8 @@ class Store(Database):
         check_states([state], HOLDER_STATES, "holder")
         now = time.time() if now_s is None else now_s
         with self.transaction():
-            row = self.holder(job_id)
+            found = self._latest_holder(job_id)
+            row = holder_from_row(found)
             if state == row.state:
                 return row
             if state not in HOLDER_NEXT[row.state]:
@@ -363,20 +371,18 @@ class Store(Database):
             self._conn.execute(
                 "UPDATE holders SET state = ?, reason = ?,"
                 " started_s = CASE WHEN ? = 'running' THEN ? ELSE started_s END,"
-                " ended_s = CASE WHEN ? = 'ended' THEN ? ELSE ended_s END WHERE job_id = ?",
-                (state, reason or row.reason, state, now, state, now, job_id),
+                " ended_s = CASE WHEN ? = 'ended' THEN ? ELSE ended_s END WHERE seq = ?",
+                (state, reason or row.reason, state, now, state, now, found["seq"]),
             )
             return self.holder(job_id)
 
     def assign_holder(self, job_id: str, trainer_id: str | None) -> HolderRow:
         """Say which trainer a holder's node serves now (None: none)."""
         with self.transaction():
-            self.holder(job_id)
+            seq = self._latest_holder(job_id)["seq"]
             if trainer_id is not None:
                 self.trainer(trainer_id)
-            self._conn.execute(
-                "UPDATE holders SET trainer_id = ? WHERE job_id = ?", (trainer_id, job_id)
-            )
+            self._conn.execute("UPDATE holders SET trainer_id = ? WHERE seq = ?", (trainer_id, seq))
             return self.holder(job_id)
 
     # ------------------------------------------------------------- pool events

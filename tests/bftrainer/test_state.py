@@ -402,6 +402,57 @@ def test_holders_one_live_per_node(store: Store) -> None:
     assert [x.job_id for x in store.holders(live_only=False)] == ["101", "102"]
 
 
+def test_a_job_id_the_scheduler_gives_again_is_a_new_holder(store: Store) -> None:
+    """Schedulers' job ids wrap (LSF's MAX_JOBID) or restart (a rebuilt Slurm): a new
+    holder with an ended one's id is recorded beside it, the old one kept as it ended,
+    and the id then names the new one. A live holder's id is still refused again."""
+    tid = store.submit("a.py")
+    store.add_holder("101", "node1", now_s=1.0)
+    with pytest.raises(HolderConflictError, match="holder job 101 for node2"):
+        store.add_holder("101", "node2", now_s=1.5)
+    store.set_holder_state("101", "running", now_s=2.0)
+    store.assign_holder("101", tid)
+    store.set_holder_state("101", "ended", reason="preempted", now_s=3.0)
+    again = store.add_holder("101", "node2", limit_s=60.0, now_s=4.0)
+    assert (again.node, again.state, again.trainer_id) == ("node2", "pending", None)
+    store.set_holder_state("101", "running", now_s=5.0)
+    assert store.assign_holder("101", tid).node == "node2"
+    every = store.holders(live_only=False)
+    assert [(h.job_id, h.node, h.state, h.reason) for h in every] == [
+        ("101", "node1", "ended", "preempted"),
+        ("101", "node2", "running", ""),
+    ]
+    assert (every[0].started_s, every[0].ended_s, every[1].started_s) == (2.0, 3.0, 5.0)
+
+
+def test_a_version_6_database_keeps_its_holders_in_order(state_dir: Path) -> None:
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    for script in state.MIGRATIONS[:6]:
+        conn.executescript(script)
+    conn.executemany(
+        "INSERT INTO holders (job_id, node, state, submit_s, started_s, ended_s, reason,"
+        " limit_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            ("9", "node2", "running", 20.0, 21.0, None, "", None),
+            ("10", "node1", "ended", 10.0, 11.0, 15.0, "was preempted by a main job", 600.0),
+        ],
+    )
+    conn.execute("PRAGMA user_version = 6")
+    conn.commit()
+    conn.close()
+    with Store.open(state_dir) as store:
+        assert store.schema_version == state.SCHEMA_VERSION
+        got = [
+            (h.job_id, h.node, h.state, h.ended_s, h.limit_s)
+            for h in store.holders(live_only=False)
+        ]
+        assert got == [("10", "node1", "ended", 15.0, 600.0), ("9", "node2", "running", None, None)]
+        with pytest.raises(HolderConflictError, match="node2 already has live holder job 9"):
+            store.add_holder("11", "node2")
+        assert store.add_holder("10", "node1", now_s=30.0).state == "pending"
+
+
 def test_a_failed_transaction_writes_nothing(store: Store) -> None:
     tid = store.submit("a.py")
     with pytest.raises(RuntimeError), store.transaction():
