@@ -28,6 +28,9 @@ from bftrainer.policies.registry import LIVE_POLICIES
 GRES = "gres"  # slots_per_node read from the scheduler's GPU counts
 
 
+MAX_HOLDER_LEASE_S = 7 * 86400.0
+
+
 @dataclass(frozen=True)
 class DaemonConfig(Config):
     """The loop's settings (``[policy]``) and the daemon's own (``[daemon]``)."""
@@ -101,6 +104,14 @@ class DaemonConfig(Config):
                 or value < 0.1
             ):
                 raise ConfigError(f"{name} = {value!r}: expected a finite number >= 0.1 (seconds)")
+        if self.holder_lease_s > MAX_HOLDER_LEASE_S:
+            # A lease this long is none: the holder's shell could not even read the time
+            # it ends at (1e300 s was taken, and held nodes for nobody as if unleased).
+            raise ConfigError(
+                f"holder_lease_s = {self.holder_lease_s!r}: expected at most "
+                f"{MAX_HOLDER_LEASE_S:.0f} s (a week): it bounds how long a node stays held "
+                "for nobody once the daemon is gone"
+            )
 
 
 _POLICY_FIELDS = {f.name for f in fields(Config)}

@@ -205,6 +205,20 @@ def test_the_daemon_takes_slots_per_node_from_its_table_or_the_flag(tmp_path: Pa
     assert len([line for line in result.output.splitlines() if "Error" in line]) == 1
 
 
+@pytest.mark.parametrize("lease", ["1e300", "604801", "inf"])
+def test_the_daemon_refuses_a_holder_lease_that_bounds_nothing(tmp_path: Path, lease: str) -> None:
+    """A lease is how long a node stays held for nobody once the daemon is gone: one
+    over a week is refused in one line (1e300 s was taken, and held as if unleased)."""
+    from bftrainer.daemon import load_daemon_config
+
+    config = tmp_path / "d.toml"
+    config.write_text(f"[daemon]\nholder_lease_s = {lease}\n")
+    with pytest.raises(ConfigError, match=r"d\.toml: \[daemon\] holder_lease_s = .*expected"):
+        load_daemon_config(config, {})
+    config.write_text("[daemon]\nholder_lease_s = 604800\n")
+    assert load_daemon_config(config, {}).holder_lease_s == 604800.0
+
+
 @pytest.mark.parametrize(
     "scheduler", [["slurm", "--bf-partition", "bf"], ["lsf", "--bf-queue", "q"]]
 )
