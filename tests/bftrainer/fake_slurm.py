@@ -4,6 +4,7 @@ demand (an error exit, an empty reply, garbage, a hang), one command at a time."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -56,11 +57,21 @@ class FakeSlurm:
             mode.write_text(how)
 
     def jobs(self) -> dict[str, list[str]]:
-        """Job id -> [state, node, ...] as the fake holds them."""
-        return {p.name: p.read_text().split() for p in (self.root / "jobs").iterdir()}
+        """Job id -> [state, node, ...] as the fake holds them (one cancelled while they
+        are read is gone; one being written is not there yet)."""
+        out = {}
+        for path in (self.root / "jobs").iterdir():
+            if not path.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    out[path.name] = path.read_text().split()
+        return out
 
     def set_job(self, job_id: str, *fields: str) -> None:
-        (self.root / "jobs" / job_id).write_text(" ".join(fields) + "\n")
+        # Whole or not at all (a squeue running meanwhile read an empty file otherwise),
+        # as the script's sbatch writes it.
+        tmp = self.root / "jobs" / f".{job_id}"
+        tmp.write_text(" ".join(fields) + "\n")
+        tmp.replace(self.root / "jobs" / job_id)
 
     def calls(self, command: str) -> list[tuple[float, list[str]]]:
         """Each call of ``command``: (epoch s, its arguments)."""

@@ -62,11 +62,11 @@ case "$cmd" in
     if [ -s "$dir/job_fails" ]; then
       # Every new holder fails as slurmd would fail it: "EXIT REASON stderr line".
       read -r code reason message < "$dir/job_fails"
-      echo "FAILED $node $code $reason" > "$dir/jobs/$id"
+      echo "FAILED $node $code $reason" > "$dir/jobs/.$id" && mv "$dir/jobs/.$id" "$dir/jobs/$id"
       err=$(echo "$args" | sed -nE 's/.*--error=([^ ]+).*/\1/p')
       [ -n "$err" ] && echo "$message" > "${err//%j/$id}"
     else
-      echo "PENDING $node" > "$dir/jobs/$id"
+      echo "PENDING $node" > "$dir/jobs/.$id" && mv "$dir/jobs/.$id" "$dir/jobs/$id"
     fi
     echo "$id" ;;
   scancel)
