@@ -3,6 +3,7 @@ transitions, and several processes writing at once (bftrainer/state/)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -108,6 +109,20 @@ def test_a_file_as_state_dir_is_refused(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- schema
+@contextlib.contextmanager
+def old_store(state_dir: Path, version: int) -> Iterator[sqlite3.Connection]:
+    """A state directory as schema ``version`` left it: what is written in the block is
+    committed, under that version, when it ends."""
+    state_dir.mkdir(mode=0o700)
+    conn = sqlite3.connect(state_dir / "state.db")
+    try:
+        for script in state.MIGRATIONS[:version]:
+            conn.executescript(script)
+        yield conn
+        conn.execute(f"PRAGMA user_version = {version}")
+        conn.commit()
+    finally:
+        conn.close()
 
 
 def test_wal_mode_and_schema_version(store: Store) -> None:
@@ -132,16 +147,11 @@ def test_newer_schema_is_refused_and_left_untouched(state_dir: Path) -> None:
 def test_a_version_1_database_is_migrated_keeping_its_rows(state_dir: Path) -> None:
     """A state directory of the first release opens: holders gain a time limit
     (unknown for those recorded before), and nothing recorded is lost."""
-    state_dir.mkdir(mode=0o700)
-    conn = sqlite3.connect(state_dir / "state.db")
-    conn.executescript(state.MIGRATIONS[0])
-    conn.execute(
-        "INSERT INTO holders (job_id, node, state, submitted_s, started_s)"
-        " VALUES ('7', 'node1', 'running', 1.0, 2.0)"
-    )
-    conn.execute("PRAGMA user_version = 1")
-    conn.commit()
-    conn.close()
+    with old_store(state_dir, 1) as conn:
+        conn.execute(
+            "INSERT INTO holders (job_id, node, state, submitted_s, started_s)"
+            " VALUES ('7', 'node1', 'running', 1.0, 2.0)"
+        )
     with Store.open(state_dir) as store:
         assert store.schema_version == state.SCHEMA_VERSION
         old = store.holder("7")
@@ -155,21 +165,15 @@ def test_a_version_1_database_is_migrated_keeping_its_rows(state_dir: Path) -> N
 
 
 def test_a_version_3_database_keeps_its_allocations_and_records_slots(state_dir: Path) -> None:
-    state_dir.mkdir(mode=0o700)
-    conn = sqlite3.connect(state_dir / "state.db")
-    for script in state.MIGRATIONS[:3]:
-        conn.executescript(script)
-    conn.execute(
-        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
-        " rescale_down_s, state, submitted_s) VALUES"
-        " ('t1', 'x.py', '[]', 'torchrun', 1, 2, 1.0, 1.0, 'running', 0.0)"
-    )
-    conn.execute(
-        "INSERT INTO allocations (trainer_id, time_s, nodes) VALUES ('t1', 1.0, '[\"n1\"]')"
-    )
-    conn.execute("PRAGMA user_version = 3")
-    conn.commit()
-    conn.close()
+    with old_store(state_dir, 3) as conn:
+        conn.execute(
+            "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
+            " rescale_down_s, state, submitted_s) VALUES"
+            " ('t1', 'x.py', '[]', 'torchrun', 1, 2, 1.0, 1.0, 'running', 0.0)"
+        )
+        conn.execute(
+            "INSERT INTO allocations (trainer_id, time_s, nodes) VALUES ('t1', 1.0, '[\"n1\"]')"
+        )
     with Store.open(state_dir) as store:
         assert store.current_allocations()["t1"].nodes == ("n1",)
         assert store.current_allocations()["t1"].slots == {}
@@ -183,19 +187,13 @@ def test_a_version_3_database_keeps_its_allocations_and_records_slots(state_dir:
 def test_a_version_4_database_keeps_its_trainers_unmarked(state_dir: Path) -> None:
     """Version 5 adds a search trial's promise (the rungs passed): trainers recorded
     before are read back with none, and can be marked."""
-    state_dir.mkdir(mode=0o700)
-    conn = sqlite3.connect(state_dir / "state.db")
-    for script in state.MIGRATIONS[:4]:
-        conn.executescript(script)
-    conn.execute(
-        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
-        " rescale_down_s, state, submitted_s, restarts) VALUES"
-        " ('t1', 'x.py', '[\"--trial\", \"s#0\"]', 'torchrun', 1, 2, 1.0, 1.0, 'running',"
-        " 0.0, 1)"
-    )
-    conn.execute("PRAGMA user_version = 4")
-    conn.commit()
-    conn.close()
+    with old_store(state_dir, 4) as conn:
+        conn.execute(
+            "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, rescale_up_s,"
+            " rescale_down_s, state, submitted_s, restarts) VALUES"
+            " ('t1', 'x.py', '[\"--trial\", \"s#0\"]', 'torchrun', 1, 2, 1.0, 1.0, 'running',"
+            " 0.0, 1)"
+        )
     with Store.open(state_dir) as store:
         old = store.trainer("t1")
         assert (old.args, old.state, old.restarts, old.rungs) == (
@@ -213,28 +211,22 @@ def test_a_version_4_database_reads_every_trainer_back_under_the_records_names(
     """A state written before issue 43 (columns min_nodes, max_nodes, submitted_s) opens:
     every trainer and holder reads back whole under the names the record has now, and
     the renamed columns still refuse what they refused."""
-    state_dir.mkdir(mode=0o700)
-    conn = sqlite3.connect(state_dir / "state.db")
-    for script in state.MIGRATIONS[:4]:
-        conn.executescript(script)
-    conn.executemany(
-        "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, work_samples,"
-        " rescale_up_s, rescale_down_s, state, submitted_s, started_s, samples_done, reason,"
-        " restarts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            ("t0001", "a.py", '["--lr","0.1"]', "horovod", 2, 4, 500, 15.0, 5.0, "running",
-             100.0, 101.0, 40, "", 1),
-            ("t0002", "b.py", "[]", "torchrun", 1, 1, None, 20.0, 20.0, "done",
-             200.0, 201.0, 9, "its own stop", 0),
-        ],
-    )  # fmt: skip
-    conn.execute(
-        "INSERT INTO holders (job_id, node, state, submitted_s, started_s, trainer_id, limit_s)"
-        " VALUES ('7', 'node1', 'running', 99.0, 100.0, 't0001', 600.0)"
-    )
-    conn.execute("PRAGMA user_version = 4")
-    conn.commit()
-    conn.close()
+    with old_store(state_dir, 4) as conn:
+        conn.executemany(
+            "INSERT INTO trainers (id, script, args, backend, min_nodes, max_nodes, work_samples,"
+            " rescale_up_s, rescale_down_s, state, submitted_s, started_s, samples_done, reason,"
+            " restarts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                ("t0001", "a.py", '["--lr","0.1"]', "horovod", 2, 4, 500, 15.0, 5.0, "running",
+                 100.0, 101.0, 40, "", 1),
+                ("t0002", "b.py", "[]", "torchrun", 1, 1, None, 20.0, 20.0, "done",
+                 200.0, 201.0, 9, "its own stop", 0),
+            ],
+        )  # fmt: skip
+        conn.execute(
+            "INSERT INTO holders (job_id, node, state, submitted_s, started_s, trainer_id, limit_s)"
+            " VALUES ('7', 'node1', 'running', 99.0, 100.0, 't0001', 600.0)"
+        )
     with Store.open(state_dir) as store:
         assert store.schema_version == state.SCHEMA_VERSION
         got = {
@@ -426,21 +418,15 @@ def test_a_job_id_the_scheduler_gives_again_is_a_new_holder(store: Store) -> Non
 
 
 def test_a_version_6_database_keeps_its_holders_in_order(state_dir: Path) -> None:
-    state_dir.mkdir(mode=0o700)
-    conn = sqlite3.connect(state_dir / "state.db")
-    for script in state.MIGRATIONS[:6]:
-        conn.executescript(script)
-    conn.executemany(
-        "INSERT INTO holders (job_id, node, state, submit_s, started_s, ended_s, reason,"
-        " limit_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            ("9", "node2", "running", 20.0, 21.0, None, "", None),
-            ("10", "node1", "ended", 10.0, 11.0, 15.0, "was preempted by a main job", 600.0),
-        ],
-    )
-    conn.execute("PRAGMA user_version = 6")
-    conn.commit()
-    conn.close()
+    with old_store(state_dir, 6) as conn:
+        conn.executemany(
+            "INSERT INTO holders (job_id, node, state, submit_s, started_s, ended_s, reason,"
+            " limit_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                ("9", "node2", "running", 20.0, 21.0, None, "", None),
+                ("10", "node1", "ended", 10.0, 11.0, 15.0, "was preempted by a main job", 600.0),
+            ],
+        )
     with Store.open(state_dir) as store:
         assert store.schema_version == state.SCHEMA_VERSION
         got = [
