@@ -328,6 +328,8 @@ def format_summary(summary: TraceSummary, *, load_s: float | None = None) -> Seq
             f"short       {100 * s.short_fragment_share:.1f} % of fragments < 10 min, "
             f"holding {100 * s.short_fragment_time_share:.1f} % of their node-time",
         ]
+    elif s.idle_ratio > 0:  # idle all along, or from or to the trace's edge only
+        lines.append("fragments   0: no node's idle time both starts and ends inside the trace")
     else:  # their figures are undefined (null in --json), not "nan min"
         lines.append("fragments   0: no node was idle")
     for a, b in s.possible_outages[:10]:

@@ -67,6 +67,17 @@ def test_stats_of_a_pool_never_idle_says_so_not_nan(tmp_path: Path) -> None:
     assert "nan" not in out
 
 
+def test_stats_of_a_pool_idle_all_along_does_not_call_it_never_idle(tmp_path: Path) -> None:
+    """A fragment starts and ends inside the trace: a node idle from its first record to
+    its last has none, and is not "no node was idle" for it."""
+    path = tmp_path / "t.csv"
+    path.write_text("time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,a,1\n")
+    code, out = run("trace", "stats", str(path))
+    assert code == 0, out
+    assert "idle ratio  100.00 %" in out
+    assert "fragments   0: no node's idle time both starts and ends inside the trace" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
