@@ -235,12 +235,31 @@ BAD = {
         lambda: b"JobID|Start|End|NNodes|NodeList|NodeList\n1|1700000000|1700000100|1|n1|n2\n",
         "sacct.txt:1: column 'NodeList' appears more than once in the header",
     ),
+    # A text stream fails a whole chunk (8 KiB) at once: the line is found again in bytes.
+    "not UTF-8, thousands of lines in": (
+        "log.swf",
+        lambda: _swf_with_a_bad_byte_at(3001),
+        "log.swf:3001: not text (bytes that are not UTF-8)",
+    ),
+    "not UTF-8 in a gzip log": (
+        "log.swf.gz",
+        lambda: gzip.compress(_swf_with_a_bad_byte_at(3001)),
+        "log.swf.gz:3001: not text (bytes that are not UTF-8)",
+    ),
     "no size": (
         "cobalt.log",
         lambda: w.pbs(w.random_jobs(1, 4, 3), cobalt=True).encode(),
         "--nodes N",
     ),
 }
+
+
+def _swf_with_a_bad_byte_at(line: int) -> bytes:
+    """An SWF log of 5,000 lines (250 kB) whose line ``line`` holds a byte that is not UTF-8."""
+    lines = [b"; MaxNodes: 4\n"]
+    lines += [b"%d 0 0 10 2 -1 -1 2 60 -1 1 -1 -1 -1 -1 -1 -1 0\n" % i for i in range(1, 5000)]
+    lines[line - 1] = lines[line - 1].replace(b" 10 ", b" 1\xe90 ", 1)
+    return b"".join(lines)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

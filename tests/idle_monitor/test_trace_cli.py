@@ -67,6 +67,17 @@ def test_stats_of_a_pool_never_idle_says_so_not_nan(tmp_path: Path) -> None:
     assert "nan" not in out
 
 
+def test_stats_of_a_trace_that_is_not_text_names_its_line(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in a pool trace: its file and line, not the CSV reader's
+    byte offset ("cannot read trace: 'utf-8' codec can't decode byte 0xff in position
+    59")."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,\xff,1\n")
+    code, out = run("trace", "stats", str(path))
+    assert code == 2, out
+    assert f"{path}:3: not text (bytes that are not UTF-8)" in out
+
+
 def test_stats_of_a_pool_idle_all_along_does_not_call_it_never_idle(tmp_path: Path) -> None:
     """A fragment starts and ends inside the trace: a node idle from its first record to
     its last has none, and is not "no node was idle" for it."""
