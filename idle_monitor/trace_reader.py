@@ -154,7 +154,10 @@ def parse_rows(
 
     def flush() -> None:
         nonlocal snapshot_idle, snapshot_windows, start_s
-        if not nodes:  # the first time: the snapshot
+        if not nodes:  # the first time: the snapshot (every later node is one of its)
+            for node, (_, _, line) in group.items():
+                if not node.isprintable():  # a NUL or a newline made another node
+                    raise TraceFormatError(f"{where(line)}: node {node!r} is not a printable name")
             nodes.extend(group)
             for node, (idle, _, _) in group.items():
                 state[node] = idle

@@ -78,6 +78,15 @@ def test_stats_of_a_trace_that_is_not_text_names_its_line(tmp_path: Path) -> Non
     assert f"{path}:3: not text (bytes that are not UTF-8)" in out
 
 
+def test_a_node_name_with_a_control_character_is_refused(tmp_path: Path) -> None:
+    """A NUL in a node's name made another node ("a" and "a\\x00": 2 nodes)."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 00:00:00,a\x00,1\n")
+    code, out = run("trace", "stats", str(path))
+    assert code == 2, out
+    assert f"{path}:3: node 'a\\x00' is not a printable name" in out
+
+
 def test_stats_of_a_pool_idle_all_along_does_not_call_it_never_idle(tmp_path: Path) -> None:
     """A fragment starts and ends inside the trace: a node idle from its first record to
     its last has none, and is not "no node was idle" for it."""
