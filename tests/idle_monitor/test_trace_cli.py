@@ -67,24 +67,24 @@ def test_stats_of_a_pool_never_idle_says_so_not_nan(tmp_path: Path) -> None:
     assert "nan" not in out
 
 
-def test_stats_of_a_trace_that_is_not_text_names_its_line(tmp_path: Path) -> None:
-    """A byte that is not UTF-8 in a pool trace: its file and line, not the CSV reader's
-    byte offset ("cannot read trace: 'utf-8' codec can't decode byte 0xff in position
-    59")."""
+@pytest.mark.parametrize(
+    ("third_line", "message"),
+    [
+        # Not the CSV reader's byte offset ("cannot read trace: 'utf-8' codec can't
+        # decode byte 0xff in position 59").
+        (b"2021-02-10 01:00:00,\xff,1\n", "not text (bytes that are not UTF-8)"),
+        # A NUL in a node's name made another node ("a" and "a\x00": 2 nodes).
+        (b"2021-02-10 00:00:00,a\x00,1\n", "node 'a\\x00' is not a printable name"),
+    ],
+)
+def test_a_trace_refused_names_its_file_and_line(
+    tmp_path: Path, third_line: bytes, message: str
+) -> None:
     path = tmp_path / "t.csv"
-    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 01:00:00,\xff,1\n")
+    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n" + third_line)
     code, out = run("trace", "stats", str(path))
     assert code == 2, out
-    assert f"{path}:3: not text (bytes that are not UTF-8)" in out
-
-
-def test_a_node_name_with_a_control_character_is_refused(tmp_path: Path) -> None:
-    """A NUL in a node's name made another node ("a" and "a\\x00": 2 nodes)."""
-    path = tmp_path / "t.csv"
-    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n2021-02-10 00:00:00,a\x00,1\n")
-    code, out = run("trace", "stats", str(path))
-    assert code == 2, out
-    assert f"{path}:3: node 'a\\x00' is not a printable name" in out
+    assert f"{path}:3: {message}" in out
 
 
 def test_stats_of_a_pool_idle_all_along_does_not_call_it_never_idle(tmp_path: Path) -> None:
