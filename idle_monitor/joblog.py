@@ -25,7 +25,6 @@ from bftrainer.idle_monitor.joblog_model import (
     JobLog,
     JobLogError,
     JobRecord,
-    NotTextError,
     log_count,
     log_time,
     open_lines,
@@ -94,10 +93,6 @@ def is_job_log(path: str | os.PathLike[str]) -> bool:
             if f.read(4) == b"PAR1":
                 return False
         first = _first_lines(p)
-    except NotTextError:
-        # No trace either: the job log's reader names the file and line of the first
-        # byte that is not text, where the trace's CSV reader named a byte offset.
-        return True
     except (OSError, JobLogError):
         return False
     if first and {"time", "node", "idle"} <= {c.strip() for c in first[0].split(",")}:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bftrainer.idle_monitor.text_lines import line_not_text
 from bftrainer.idle_monitor.trace_time import check_epoch_s, parse_time_s
 
 # Formats, by the name `--format` takes.
@@ -29,10 +30,6 @@ _COUNT_DIGITS = 12
 
 class JobLogError(ValueError):
     """A job log that cannot be read; the message names ``file:line`` and the value."""
-
-
-class NotTextError(JobLogError):
-    """Bytes that are not UTF-8 text: no job log, and no pool trace either."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,29 +108,8 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
             f"{path}:{number + 1}: the file is cut or damaged ({exc}); nothing was written"
         ) from None
     except UnicodeDecodeError:
-        where = _line_not_text(path, magic == _GZIP_MAGIC) or number + 1
-        raise NotTextError(f"{path}:{where}: not text (bytes that are not UTF-8)") from None
-
-
-def _line_not_text(path: Path, gz: bool) -> int | None:
-    """The number of the first line of ``path`` that is not UTF-8, counted as the text
-    stream counts lines (``\\n``, ``\\r\\n`` or a lone ``\\r`` ends one). Found again
-    in bytes, on the error's path only: a text stream fails a whole chunk at once, so its
-    count named the chunk's first line, thousands of lines early. None if it cannot tell."""
-    number = 0
-    try:
-        with gzip.open(path, "rb") if gz else path.open("rb") as raw:
-            for line in raw:
-                line = line.removesuffix(b"\n").removesuffix(b"\r")
-                for part in line.split(b"\r"):  # a lone CR ends a line too
-                    number += 1
-                    try:
-                        part.decode("utf-8")
-                    except UnicodeDecodeError:
-                        return number
-    except (OSError, EOFError, zlib.error):
-        return None
-    return None
+        where = line_not_text(path, magic == _GZIP_MAGIC) or number + 1
+        raise JobLogError(f"{path}:{where}: not text (bytes that are not UTF-8)") from None
 
 
 def log_number(text: str, where: str, what: str) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 
 from bftrainer.common.names import repeated_column
 from bftrainer.idle_monitor.events import PoolEvent
+from bftrainer.idle_monitor.text_lines import line_not_text
 from bftrainer.idle_monitor.trace_model import REQUIRED_COLUMNS, Trace, TraceFormatError
 from bftrainer.idle_monitor.trace_time import format_time, parse_time_s
 
@@ -69,7 +70,8 @@ def _read(path: Path, *, strict: bool) -> tuple[list[str], Trace | None]:
     if magic == _PARQUET_MAGIC:
         header, rows = _parquet_rows(path)
         return header, parse_rows(path, header, rows, strict=strict, line_word="row")
-    opener: Any = gzip.open if magic.startswith(_GZIP_MAGIC) else open
+    gz = magic.startswith(_GZIP_MAGIC)
+    opener: Any = gzip.open if gz else open
     try:
         with opener(path, "rt", newline="", encoding="utf-8") as text:
             reader = csv.reader(text)
@@ -77,7 +79,12 @@ def _read(path: Path, *, strict: bool) -> tuple[list[str], Trace | None]:
             if first is None:
                 raise TraceFormatError(f"{path}: empty file (no header)")
             return first, parse_rows(path, first, reader, strict=strict, line_word="line")
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error, zlib.error) as exc:
+    except UnicodeDecodeError as exc:
+        line = line_not_text(path, gz)
+        if line is None:
+            raise TraceFormatError(f"{path}: cannot read trace: {exc}") from exc
+        raise TraceFormatError(f"{path}:{line}: not text (bytes that are not UTF-8)") from None
+    except (OSError, EOFError, csv.Error, zlib.error) as exc:
         # zlib.error: a corrupt gzip stream (gzip raises BadGzipFile, an OSError, only
         # for a bad header).
         raise TraceFormatError(f"{path}: cannot read trace: {exc}") from exc

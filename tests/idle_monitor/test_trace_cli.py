@@ -68,23 +68,26 @@ def test_stats_of_a_pool_never_idle_says_so_not_nan(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("third_line", "message"),
+    ("filler", "bad_line", "message"),
     [
         # Not the CSV reader's byte offset ("cannot read trace: 'utf-8' codec can't
         # decode byte 0xff in position 59").
-        (b"2021-02-10 01:00:00,\xff,1\n", "not text (bytes that are not UTF-8)"),
+        (0, b"2021-02-10 01:00:00,\xff,1\n", "not text (bytes that are not UTF-8)"),
+        # Past the text stream's first 8 KiB chunk, which it decodes at once.
+        (400, b"2021-02-11 00:00:00,\xff,1\n", "not text (bytes that are not UTF-8)"),
         # A NUL in a node's name made another node ("a" and "a\x00": 2 nodes).
-        (b"2021-02-10 00:00:00,a\x00,1\n", "node 'a\\x00' is not a printable name"),
+        (0, b"2021-02-10 00:00:00,a\x00,1\n", "node 'a\\x00' is not a printable name"),
     ],
 )
 def test_a_trace_refused_names_its_file_and_line(
-    tmp_path: Path, third_line: bytes, message: str
+    tmp_path: Path, filler: int, bad_line: bytes, message: str
 ) -> None:
     path = tmp_path / "t.csv"
-    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n" + third_line)
+    rows = b"".join(b"2021-02-10 %02d:%02d:00,a,1\n" % divmod(m + 1, 60) for m in range(filler))
+    path.write_bytes(b"time,node,idle\n2021-02-10 00:00:00,a,1\n" + rows + bad_line)
     code, out = run("trace", "stats", str(path))
     assert code == 2, out
-    assert f"{path}:3: {message}" in out
+    assert f"{path}:{3 + filler}: {message}" in out
 
 
 def test_stats_of_a_pool_idle_all_along_does_not_call_it_never_idle(tmp_path: Path) -> None:
