@@ -381,18 +381,21 @@ class Campaign:
         (the trainer is then cancelled: its nodes return at the daemon's next step)."""
         if row.trainer_dir is None:
             return False
-        reports, self._offsets[ft.number] = channel.read_reports(
+        reports, offset = channel.read_reports(
             Path(row.trainer_dir), self._offsets.get(ft.number, 0)
         )
         seen = set(ft.intermediate_values)
         new = [r for r in reports if r["samples_done"] not in seen]
-        if not new:
-            return False
         trial = optuna.trial.Trial(self.study, ft._trial_id)
         for r in new:
             if r["samples_done"] not in seen:
                 trial.report(float(r["value"]), int(r["samples_done"]))
                 seen.add(r["samples_done"])
+        # Only once the study holds them: a busy storage raises above, and the step that
+        # is redone reads these reports again (those told already are in ``seen``).
+        self._offsets[ft.number] = offset
+        if not new:
+            return False
         if row.finished:
             return False
         if not trial.should_prune():

@@ -250,14 +250,15 @@ class TrainerEvaluator(Evaluator):
         the trainer's work is done."""
         if row.trainer_dir is None:
             return
-        reports, seen.offset = channel.read_reports(Path(row.trainer_dir), seen.offset)
+        reports, offset = channel.read_reports(Path(row.trainer_dir), seen.offset)
         for r in reports:
             samples = int(r["samples_done"])
             if samples in seen.seen:
                 continue
+            value = self.sign * float(r["value"])
+            running.record(samples / self.budget_samples, value)
             seen.seen.add(samples)
-            seen.last = self.sign * float(r["value"])
-            running.record(samples / self.budget_samples, seen.last)
+            seen.last = value
             at_end = samples >= self.spec.work_samples
             stop = running.stopped()  # once per report: the stopper counts its rungs
             if not (stop or seen.stopped or row.finished):
@@ -270,6 +271,8 @@ class TrainerEvaluator(Evaluator):
                 self.store.set_setting(self._marks_key, marks)
                 self.store.request_cancel(row.id)
                 log.info("trainer %s stopped early at %d samples", row.id, samples)
+        # Only once all are taken: a step that raised reads them again (as a campaign).
+        seen.offset = offset
 
     def _mark(self, row: TrainerRow, running: Any) -> None:
         """Store the trial's promise with its trainer: the rungs DeepHyper's stopper

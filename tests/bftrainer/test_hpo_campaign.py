@@ -33,7 +33,7 @@ from bftrainer.hpo import (
     study_lock,
     trainers_by_trial,
 )
-from bftrainer.hpo.campaign import DaemonWatch
+from bftrainer.hpo.campaign import STORAGE_ERRORS, DaemonWatch, storage_busy
 from bftrainer.state import Store
 from bftrainer.state.lock import DaemonLock
 from bftrainer.trainers import channel
@@ -274,6 +274,33 @@ def test_a_campaign_outlasts_another_program_locking_its_study(
             t.join(timeout=10)
     assert any("storage is busy" in r.getMessage() for r in caplog.records)
     check_ends(s, store)
+
+
+def test_a_step_the_storage_refused_loses_no_report(tmp_path: Path, store: Store) -> None:
+    """The reports a refused step had read are told at the next one. The campaign read
+    past them before the study took them, so a trainer whose reports all came in one
+    such step ended "without a report" (seen in CI under the locking test above)."""
+    url = f"sqlite:///{tmp_path / 'hpo.db'}"
+    quick = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 0.05}})
+    s = optuna.create_study(storage=quick, study_name="s")
+    daemon = ScriptedDaemon(store, tmp_path / "trainers", nodes=1)
+    campaign = Campaign(s, SPACE, TrialSpec(tmp_path / "t.py"), store, n_trials=1)
+    campaign.step()  # asked and queued
+    daemon.step()  # running
+    daemon.step()  # its first report
+    other = sqlite3.connect(tmp_path / "hpo.db")
+    other.execute("BEGIN IMMEDIATE")  # readers go on, writers wait, then fail
+    try:
+        with pytest.raises(STORAGE_ERRORS) as refused:
+            campaign.step()
+        assert storage_busy(refused.value)
+    finally:
+        other.rollback()
+        other.close()
+    run(campaign, daemon)
+    (t,) = s.trials
+    assert t.state == TrialState.COMPLETE
+    assert sorted(t.intermediate_values) == list(STEPS)
 
 
 def test_a_storage_fault_that_waiting_cannot_mend_ends_the_campaign_at_once(
