@@ -69,9 +69,19 @@ def delete_while_written(folder: Path) -> None:
 
 
 def stepping_on(service: Service, trainer_id: str) -> int | None:
-    """The nodes of the trainer's last step (its last reset), None before its first."""
+    """The nodes of the trainer's last step on the hosts it was last given (its last
+    reset since the daemon wrote them), None before it. A reset from before is not
+    enough: a trainer moved 4 -> 2 -> 4 nodes (a newcomer took two, holders of new
+    nodes came a poll later) still showed its first reset on 4 while Horovod's new
+    workers joined, and a main job taking one of those held the others for Gloo's
+    whole timeout."""
+    trainer_dir = service.state_dir / "trainers" / trainer_id
+    try:
+        given_s = (trainer_dir / channel.HOSTS).stat().st_mtime
+    except FileNotFoundError:
+        return None
     last = resets(service.state_dir, trainer_id)[-1:]
-    return int(last[0]["nodes"]) if last else None
+    return int(last[0]["nodes"]) if last and last[0]["time_s"] > given_s else None
 
 
 def around_a_main_job(service: Service, trainers: tuple[str, str], kill_daemon: bool) -> None:
