@@ -1,5 +1,5 @@
 """A real Optuna study and a real DeepHyper search on the real 8-node Slurm through one
-daemon, at once: `bftrainer hpo` and examples/hpo_deephyper.py each run 10 trials of
+daemon, at once: `bftrainer hpo` runs 16 trials and examples/hpo_deephyper.py 10 of
 examples/hpo_digits.py (an MLP on scikit-learn's digits) as torchrun trainers, ASHA
 (Optuna's pruner, DeepHyper's stopper) ends the losers on their reported validation loss,
 and the daemon and both searches are killed -9 mid-search and started again.
@@ -38,7 +38,11 @@ from tests.conftest import REPO, SlurmCluster, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-TRIALS = 10
+# The issue's goal: a study of at least 16 trials. The DeepHyper search passes the same
+# checks on 10 (DeepHyper asks past max_evals for each end): a trial's cost is its
+# torchrun agent's imports, and this test is the suite's largest CPU share.
+TRIALS = 16
+SEARCH_TRIALS = 10
 WORK = 8000  # samples per trial if not pruned: 125 steps at batch 64
 # Rungs at 1,280 and 3,840 samples (reports every 20 steps of 64), x3 apart.
 HPO = [
@@ -58,7 +62,7 @@ HPO = [
 # rungs: a budget unit is a report, 1,280 samples), on the other 4 nodes.
 DH = [
     *(sys.executable, str(REPO / "examples" / "hpo_deephyper.py"), "--name", "dh"),
-    *("--max-evals", str(TRIALS), "--work-samples", str(WORK), "--max-parallel", "4"),
+    *("--max-evals", str(SEARCH_TRIALS), "--work-samples", str(WORK), "--max-parallel", "4"),
     *("--max-nodes", "1", "--poll-interval", "1", "--seed", "0"),
     *("--step-delay-s", "0.03", "--device", "cpu"),  # the trial script's own
 ]
@@ -214,7 +218,7 @@ def check_deephyper(
     names = Counter(r.args[r.args.index(TRIAL_OPTION) + 1] for r in rows)
     assert set(names.values()) == {1}, names
     assert sorted(results["m:trainer"]) == sorted(r.id for r in rows)
-    assert len(results) >= TRIALS
+    assert len(results) >= SEARCH_TRIALS
     by_id = {r.id: r for r in rows}
     assert all(r.finished for r in rows)  # none left running
     for _, res in results.iterrows():
