@@ -238,7 +238,7 @@ class HeldPool:
         holder is being cancelled. The plan (``Planned.plan``) is this step's orders, as
         data: every one made since the last plan."""
         if not (self._replan or decided) or self._view is None:
-            return Planned(plan=self._take())
+            return Planned(plan=self._take(), holdable=self._holdable(now_s))
         self._replan = False
         released = self._plan(self._view, demand, now_s) & self.usable
         self.changes.forget(released)
@@ -247,7 +247,18 @@ class HeldPool:
             self.store.add_pool_event(
                 joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
             )
-        return Planned(frozenset(released), self._take())
+        return Planned(frozenset(released), self._take(), self._holdable(now_s))
+
+    def _holdable(self, now_s: float) -> int | None:
+        """How many pool nodes the plan could hold now (``Planned.holdable``): the
+        pool less the nodes that wait after a failed holder (on a stale pool, the nodes
+        held already). None for a centre agent, which holds only what it is given, and
+        before the first poll."""
+        if self.follow_assignment or self._view is None:
+            return None
+        if self._view.growth_held:  # stale: the plan takes no new node, only its own
+            return len({h.node for h in self.store.holders(live_only=True)} & self._view.pool)
+        return len(self._view.pool - self.backoff.waiting(now_s))
 
     def _take(self) -> tuple[HoldOrder, ...]:
         staged, self._staged = tuple(self._staged), []

@@ -14,6 +14,14 @@ made. The loop raises :class:`LoopStalledError` instead of spinning when the clo
 cannot move and nothing happens (e.g. a trace in epoch milliseconds, where a wake-up a
 few microseconds ahead rounds to now).
 
+**Nodes on their way** (the daemon): a trainer's arrival raises the demand, and the
+planner holds more pool nodes for it, which join a poll or two later. A decision made
+before they join would shrink running trainers to give the newcomer their nodes, then
+grow them back on the new ones: two rescales of trainers that lose nothing in the end.
+So while nodes are coming (``Planned.holdable``), a decision that takes nodes from a
+running trainer waits for them, at most ``WAIT_FOR_HELD_S`` after it was first put
+off; one that only starts or grows trainers is made at once.
+
 **Decision latency** (``Step.latency_s``, logged at DEBUG): wall time from the moment
 the step's inputs were seen (the sources returned them) to the moment the last changed
 node set was handed to the driver (``driver.rescale`` returned).
@@ -81,6 +89,12 @@ from bftrainer.loop.records import (
 )
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
 
+# How long a decision that takes nodes from a running trainer waits for the nodes the
+# planner is holding for the queue (the module docstring): holders start within a
+# scheduler cycle (about a second on the local Slurm; Slurm's backfill pass, 30 s by
+# default at a centre), and a newcomer that waits that long costs less than two rescales.
+WAIT_FOR_HELD_S = 30.0
+
 if TYPE_CHECKING:
     from bftrainer.policies.config import Config
 
@@ -147,6 +161,8 @@ class Loop:
         self._dirty = True  # the first step decides (after a restore too)
         self._curves_changed = False
         self._hold: frozenset[str] = frozenset()  # the last decision's (Decision.hold)
+        self._holdable: int | None = None  # the planner's last Planned.holdable
+        self._waited_since_s: float | None = None  # a decision put off for held nodes
         self._stop = False
         self._started = False
         self._source_next_s = state.now_s  # poll every source at the first step
@@ -198,6 +214,8 @@ class Loop:
         t = min(self._source_next_s, until_s)
         if not self._started or self._dirty:
             return min(t, self.now_s)
+        if self._waited_since_s is not None:  # the nodes join at a poll, or it decides then
+            t = min(t, self._waited_since_s + WAIT_FOR_HELD_S)
         t = min(t, self.driver.next_wakeup_s(self.running(), self.now_s))
         if self._curves_changed:
             t = min(t, self.last_decision_s + self.config.redecide_every_s)
@@ -283,6 +301,7 @@ class Loop:
             return False
         planned = self.planner.plan(now, decided, self.demand())
         self._hold_plan = planned.plan
+        self._holdable = planned.holdable
         if not planned.released:
             return False
         return self._apply(PoolChange(PoolEvent(now, left=planned.released)))
@@ -448,7 +467,8 @@ class Loop:
             self._curves_changed
             and self.now_s >= self.last_decision_s + self.config.redecide_every_s
         )
-        if not (self._dirty or redecide):
+        waiting = self._waited_since_s is not None
+        if not (self._dirty or redecide or waiting):
             return None
         admitted = self.admitted()
         # A trainer that another user's newcomer took the place of (fair_by user or
@@ -467,6 +487,10 @@ class Loop:
             tuple(self.pool), admitted, churn, self.now_s, self.assignment, self.refused_until_s
         )
         decision = self.policy.decide(inputs) if admitted else Decision({})
+        if self._wait_for_held(admitted, decision):
+            self._dirty = False
+            return None
+        self._waited_since_s = None
         changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
         self._decided = {i: n for i, n in changes.items() if n != self.trainers[i].nodes}
         for t in admitted:
@@ -482,6 +506,31 @@ class Loop:
         self.last_decision_s = self.now_s
         self._hold = decision.hold
         return decision
+
+    def _wait_for_held(self, admitted: list[TrainerState], decision: Decision) -> bool:
+        """Whether to put ``decision`` off: it takes nodes from a running trainer while
+        the planner holds more for the demand (the module docstring), and it has not
+        waited ``WAIT_FOR_HELD_S`` yet. A step that evicted a trainer decides now."""
+        if self._holdable is None or any(c.why == "evict" for c in self._changes):
+            return False
+        if min(self.demand().nodes, self._holdable) <= len(self.pool):
+            return False  # no node is coming: the pool is all there is
+        takes = [
+            t.id
+            for t in admitted
+            if t.nodes and not set(t.nodes) <= set(decision.nodes.get(t.id, ()))
+        ]
+        if not takes:
+            return False
+        if self._waited_since_s is None:
+            self._waited_since_s = self.now_s
+            log.info(
+                "a decision that takes nodes from %s waits up to %g s for the nodes "
+                "being held for the queue",
+                ", ".join(takes),
+                WAIT_FOR_HELD_S,
+            )
+        return self.now_s < self._waited_since_s + WAIT_FOR_HELD_S
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def _add_trainer(self, t: TrainerState) -> None:

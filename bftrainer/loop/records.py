@@ -180,6 +180,12 @@ class Planned:
 
     released: frozenset[str] = frozenset()
     plan: object | None = None
+    # How many pool nodes the planner could hold now (the pool less the nodes that wait
+    # after a failed holder); None: it holds no more than it is told (a centre agent).
+    # While the demand wants more nodes than the loop's pool has and holdable ones
+    # remain, nodes are coming: the loop lets a decision that takes nodes from a running
+    # trainer wait for them (loop/core.py, WAIT_FOR_HELD_S).
+    holdable: int | None = None
 
 
 @dataclass(frozen=True)

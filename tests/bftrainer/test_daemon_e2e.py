@@ -176,6 +176,11 @@ def test_two_trainers_shrink_and_grow_around_main_jobs_with_the_daemon_up_then_k
     check_allocations(service.state_dir, {a: (1, 4), b: (1, 4)})
     with Store.open(service.state_dir) as store:
         live_nodes = [h.node for h in store.holders(live_only=True)]
+        counts = {t: [len(r.nodes) for r in store.allocation_history(t)] for t in trainers}
+    # b waited for the nodes held for it, rather than take two of a's: a lost only the
+    # main jobs' node, each time, and b started on 4 (not 4 -> 2 -> 4 for a, 2 -> 4 for b).
+    assert min(c for c in counts[a] if c) == 3, counts
+    assert next(c for c in counts[b] if c) == 4, counts
     assert len(live_nodes) == len(set(live_nodes)), "a node held twice"
     # With no trainer left, the daemon holds nothing.
     wait_until(
