@@ -14,13 +14,8 @@ made. The loop raises :class:`LoopStalledError` instead of spinning when the clo
 cannot move and nothing happens (e.g. a trace in epoch milliseconds, where a wake-up a
 few microseconds ahead rounds to now).
 
-**Nodes on their way** (the daemon): a trainer's arrival raises the demand, and the
-planner holds more pool nodes for it, which join a poll or two later. A decision made
-before they join would shrink running trainers to give the newcomer their nodes, then
-grow them back on the new ones: two rescales of trainers that lose nothing in the end.
-So while nodes are coming (``Planned.holdable``), a decision that takes nodes from a
-running trainer waits for them, at most ``WAIT_FOR_HELD_S`` after it was first put
-off; one that only starts or grows trainers is made at once.
+**Nodes on their way** (the daemon): a decision that takes nodes from a running trainer
+waits for the nodes the planner holds for the queue (``held_wait.py``).
 
 **Decision latency** (``Step.latency_s``, logged at DEBUG): wall time from the moment
 the step's inputs were seen (the sources returned them) to the moment the last changed
@@ -54,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.loop.churn import ChurnWindow
+from bftrainer.loop.held_wait import HeldWait
 from bftrainer.loop.jobs import JobSpec
 from bftrainer.loop.protocols import (
     Actuator,
@@ -88,12 +84,6 @@ from bftrainer.loop.records import (
     TrainerState,
 )
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
-
-# How long a decision that takes nodes from a running trainer waits for the nodes the
-# planner is holding for the queue (the module docstring): holders start within a
-# scheduler cycle (about a second on the local Slurm; Slurm's backfill pass, 30 s by
-# default at a centre), and a newcomer that waits that long costs less than two rescales.
-WAIT_FOR_HELD_S = 30.0
 
 if TYPE_CHECKING:
     from bftrainer.policies.config import Config
@@ -161,8 +151,7 @@ class Loop:
         self._dirty = True  # the first step decides (after a restore too)
         self._curves_changed = False
         self._hold: frozenset[str] = frozenset()  # the last decision's (Decision.hold)
-        self._holdable: int | None = None  # the planner's last Planned.holdable
-        self._waited_since_s: float | None = None  # a decision put off for held nodes
+        self._held_wait = HeldWait()  # a decision put off for nodes being held
         self._stop = False
         self._started = False
         self._source_next_s = state.now_s  # poll every source at the first step
@@ -214,8 +203,9 @@ class Loop:
         t = min(self._source_next_s, until_s)
         if not self._started or self._dirty:
             return min(t, self.now_s)
-        if self._waited_since_s is not None:  # the nodes join at a poll, or it decides then
-            t = min(t, self._waited_since_s + WAIT_FOR_HELD_S)
+        due_s = self._held_wait.due_s()  # the nodes join at a poll, or it decides then
+        if due_s is not None:
+            t = min(t, due_s)
         t = min(t, self.driver.next_wakeup_s(self.running(), self.now_s))
         if self._curves_changed:
             t = min(t, self.last_decision_s + self.config.redecide_every_s)
@@ -301,7 +291,7 @@ class Loop:
             return False
         planned = self.planner.plan(now, decided, self.demand())
         self._hold_plan = planned.plan
-        self._holdable = planned.holdable
+        self._held_wait.holdable = planned.holdable
         if not planned.released:
             return False
         return self._apply(PoolChange(PoolEvent(now, left=planned.released)))
@@ -467,7 +457,7 @@ class Loop:
             self._curves_changed
             and self.now_s >= self.last_decision_s + self.config.redecide_every_s
         )
-        waiting = self._waited_since_s is not None
+        waiting = self._held_wait.since_s is not None
         if not (self._dirty or redecide or waiting):
             return None
         admitted = self.admitted()
@@ -487,10 +477,12 @@ class Loop:
             tuple(self.pool), admitted, churn, self.now_s, self.assignment, self.refused_until_s
         )
         decision = self.policy.decide(inputs) if admitted else Decision({})
-        if self._wait_for_held(admitted, decision):
+        evicted = any(c.why == "evict" for c in self._changes)  # a step that evicts decides
+        if not evicted and self._held_wait.waits(
+            self.now_s, self.demand().nodes, len(self.pool), admitted, decision.nodes
+        ):
             self._dirty = False
             return None
-        self._waited_since_s = None
         changes = {t.id: decision.nodes.get(t.id, ()) for t in admitted}
         self._decided = {i: n for i, n in changes.items() if n != self.trainers[i].nodes}
         for t in admitted:
@@ -506,31 +498,6 @@ class Loop:
         self.last_decision_s = self.now_s
         self._hold = decision.hold
         return decision
-
-    def _wait_for_held(self, admitted: list[TrainerState], decision: Decision) -> bool:
-        """Whether to put ``decision`` off: it takes nodes from a running trainer while
-        the planner holds more for the demand (the module docstring), and it has not
-        waited ``WAIT_FOR_HELD_S`` yet. A step that evicted a trainer decides now."""
-        if self._holdable is None or any(c.why == "evict" for c in self._changes):
-            return False
-        if min(self.demand().nodes, self._holdable) <= len(self.pool):
-            return False  # no node is coming: the pool is all there is
-        takes = [
-            t.id
-            for t in admitted
-            if t.nodes and not set(t.nodes) <= set(decision.nodes.get(t.id, ()))
-        ]
-        if not takes:
-            return False
-        if self._waited_since_s is None:
-            self._waited_since_s = self.now_s
-            log.info(
-                "a decision that takes nodes from %s waits up to %g s for the nodes "
-                "being held for the queue",
-                ", ".join(takes),
-                WAIT_FOR_HELD_S,
-            )
-        return self.now_s < self._waited_since_s + WAIT_FOR_HELD_S
 
     # ---- bookkeeping ----------------------------------------------------------------------
     def _add_trainer(self, t: TrainerState) -> None:

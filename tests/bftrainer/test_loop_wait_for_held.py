@@ -22,7 +22,7 @@ from bftrainer.loop import (
     TimedSource,
     VirtualClock,
 )
-from bftrainer.loop.core import WAIT_FOR_HELD_S
+from bftrainer.loop.held_wait import WAIT_FOR_HELD_S
 from bftrainer.policies.config import Config
 from bftrainer.policies.registry import make_policy
 from tests.bftrainer.test_loop import ScriptedDriver, job
