@@ -51,6 +51,11 @@ from bftrainer.trainers.channel import renew_lease
 
 log = logging.getLogger(__name__)
 
+# A held node that no trainer needs any more is released this many polls after it became
+# spare, not at once (hold_plan.py says why): 3 s on the tests' 1 s poll, 30 s at the
+# default 10 s. Holding it costs the centre nothing: a main job preempts it as any other.
+SPARE_KEPT_POLLS = 3
+
 
 class HeldPool:
     """The loop's pool: nodes whose holder runs (see the module docstring)."""
@@ -101,6 +106,7 @@ class HeldPool:
         self._staged: list[HoldOrder] = []
         # Holders submitted and not recorded yet (job id -> node): ours, at the next read.
         self._submitted: dict[str, str] = {}
+        self._spare_since: dict[str, float] = {}  # held pool node no trainer uses -> since
         self.records = HolderRecords(holders, store, self.counts, self.backoff, self._lease_until)
 
     @property
@@ -331,6 +337,7 @@ class HeldPool:
                 pending=pending,
                 allocated=allocated,
                 demand=demand.nodes,
+                keep=self._young_spares(view.pool, running + pending, allocated, now_s),
             )
         by_node = {h.node: h.job_id for h in live}
         if plan.release:
@@ -340,6 +347,17 @@ class HeldPool:
         if not view.growth_held and plan.acquire:  # stale: take nothing on old information
             self._staged.append(Acquire(tuple(plan.acquire), view, now_s))
         return set(plan.release)
+
+    def _young_spares(
+        self, pool: frozenset[str], held: list[str], allocated: set[str], now_s: float
+    ) -> set[str]:
+        """The held pool nodes no trainer uses that became spare less than
+        ``SPARE_KEPT_POLLS`` polls ago: the plan keeps them (hold_plan.py)."""
+        spare = {n for n in held if n in pool and n not in allocated}
+        since = {n: self._spare_since.get(n, now_s) for n in spare}
+        self._spare_since = since
+        kept_s = SPARE_KEPT_POLLS * self.poll_interval_s
+        return {n for n, t in since.items() if now_s - t < kept_s}
 
     def _end(self, order: EndHolders, learnt: list[Submitted | Ended]) -> None:
         """Carry out one order to end holders, with its log line."""

@@ -8,7 +8,11 @@ trainers' ``n_max`` summed), never more than the pool, and lets go of the rest.
 
 The plan prefers the nodes that stay free longest (an open-ended window first), so that
 trainers are not built on nodes about to be taken back, and releases first what is
-pending (not yet usable), then the shortest windows. Nodes a trainer runs on are never
+pending (not yet usable), then the shortest windows. A node that has just become spare
+is kept a little while (``keep``, the held pool's ``SPARE_KEPT_POLLS``): in a search,
+a trial's end is followed within a poll or two by the next trial, and releasing its
+holder only to submit a new one then cost a scheduler cycle each time (the HPO e2e
+released and held node4 again within a second, three times). Nodes a trainer runs on are never
 released here: they leave only when the main scheduler preempts their holder, or when
 the allocator frees them (the daemon then calls this again).
 """
@@ -44,11 +48,13 @@ def plan_holders(
     pending: Collection[str],
     allocated: Collection[str],
     demand: int,
+    keep: Collection[str] = (),
 ) -> HoldPlan:
     """The holders to add and to cancel so that about ``demand`` pool nodes are held.
 
     ``pool``: the nodes the main scheduler leaves idle; ``running``/``pending``: nodes
-    whose holder job runs / waits in the queue; ``allocated``: nodes trainers run on now.
+    whose holder job runs / waits in the queue; ``allocated``: nodes trainers run on now;
+    ``keep``: spare held pool nodes not to release yet (they count as held).
     A held node outside the pool that no trainer uses is released (the scheduler wants
     it back or will soon); an allocated node is always kept.
     """
@@ -66,7 +72,8 @@ def plan_holders(
         free.sort(key=lambda n: (-_stays_s(windows_s, n), n))
         acquire = free[: target - len(kept)]
     elif len(kept) > target:
-        spare = [n for n in kept if n not in allocated_set]
+        keep_set = set(keep)
+        spare = [n for n in kept if n not in allocated_set and n not in keep_set]
         pending_set = set(pending)
         spare.sort(key=lambda n: (n not in pending_set, _stays_s(windows_s, n), n))
         release += spare[: len(kept) - target]

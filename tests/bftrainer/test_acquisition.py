@@ -70,3 +70,13 @@ def test_demand_zero_releases_all_unused() -> None:
         pool=["a", "b"], windows_s={}, running=["a", "b"], pending=[], allocated=[], demand=0
     )
     assert plan.release == ("a", "b")
+
+
+def test_a_node_kept_is_not_released_and_counts_as_held() -> None:
+    spare = dict(pool=["a", "b", "c"], windows_s={}, running=["a", "b"], pending=[])
+    plan = plan_holders(**spare, allocated=["a"], demand=1, keep=["b"])
+    assert plan.release == () and plan.acquire == ()
+    plan = plan_holders(**spare, allocated=["a"], demand=2, keep=["b"])
+    assert plan.release == () and plan.acquire == ()  # b serves the second trainer
+    plan = plan_holders(**spare, allocated=["a"], demand=1)
+    assert plan.release == ("b",)

@@ -156,3 +156,24 @@ def test_a_holder_submitted_in_a_step_is_ours_at_the_next_read(store: Store) -> 
     assert scancels(runner) == []  # not taken for a holder the store does not know
     pool.learn(learnt)  # that step records it
     assert store.holder("13").state == "pending"
+
+
+def test_a_spare_holder_is_kept_a_few_polls_for_the_next_trainer(store: Store) -> None:
+    """A trial's end, then the next trial a poll later: the freed node's holder is kept
+    for it (SPARE_KEPT_POLLS), not cancelled and submitted again (the HPO e2e cancelled
+    and held node4 again within a second, three times). Past the polls it is released."""
+    pool, runner = held_pool(store, scancel=[recorded()])
+    pool._view = PoolView(200.0, frozenset({"node1", "node2"}), {}, False, 0.0, False)
+    one = Demand(1, frozenset({"node1"}))  # node2's trainer has ended
+    plans = [pool.plan(200.0 + dt, True, one).plan for dt in (0.0, 10.0, 20.0)]
+    assert all(not p for p in plans), plans  # kept for 3 polls of 10 s: nothing ordered
+    two = Demand(2, frozenset({"node1"}))  # the next trial came: node2 is there for it
+    assert not pool.plan(225.0, True, two).plan
+    assert not pool.plan(260.0, True, Demand(2, frozenset({"node1", "node2"}))).plan
+    # Spare again, and for 3 polls: released, through the one cancel path.
+    for now_s in (270.0, 280.0, 290.0):
+        assert not pool.plan(now_s, True, one).plan
+    planned = pool.plan(300.0, True, one)
+    assert [(o.nodes, o.kind) for o in planned.plan] == [(("node2",), "release")]
+    pool.act(planned.plan)
+    assert scancels(runner) == [("scancel", "12")]
