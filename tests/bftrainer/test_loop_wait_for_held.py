@@ -43,6 +43,24 @@ class Holding:
         return Planned(holdable=self.holdable)
 
 
+def run_loop(
+    script: list[tuple[float, object]], holdable: int, policy: str = "equal"
+) -> ScriptedDriver:
+    """The loop on the 4 held nodes, with the held pool's ``holdable``, until 100 s."""
+    config = Config(policy=policy)
+    driver = ScriptedDriver()
+    Loop(
+        [TimedSource(script)],
+        driver,
+        VirtualClock(0.0),
+        config,
+        policy=make_policy(config),
+        state=LoopState(now_s=0.0, pool=HELD),
+        planner=Holding(holdable),
+    ).run(until_s=100.0)
+    return driver
+
+
 def nodes_over_time(holdable: int, join_s: float | None, policy: str = "equal") -> dict:
     """a arrives at 0 on the 4 held nodes, b at 10; the 4 coming nodes join at
     ``join_s`` (None: never). Each trainer's node counts as the loop set them."""
@@ -52,20 +70,8 @@ def nodes_over_time(holdable: int, join_s: float | None, policy: str = "equal") 
     ]
     if join_s is not None:
         script.append((join_s, PoolChange(PoolEvent(join_s, joined=COMING))))
-    config = Config(policy=policy)
-    driver = ScriptedDriver()
-    loop = Loop(
-        [TimedSource(script)],
-        driver,
-        VirtualClock(0.0),
-        config,
-        policy=make_policy(config),
-        state=LoopState(now_s=0.0, pool=HELD),
-        planner=Holding(holdable),
-    )
-    loop.run(until_s=100.0)
     out: dict[str, list[tuple[float, int]]] = {"a": [], "b": []}
-    for name, at_s, detail in driver.calls:
+    for name, at_s, detail in run_loop(script, holdable, policy).calls:
         if name == "rescale":
             tid, nodes = detail
             out[tid].append((at_s, len(nodes)))
@@ -94,16 +100,6 @@ def test_with_no_node_to_hold_the_pool_is_shared_at_once() -> None:
 def test_a_decision_that_only_grows_is_not_put_off() -> None:
     """b's arrival takes nothing while a holds 2 of 4 held nodes: b starts at once."""
     script = [(0.0, Arrival(job("a", n_max=2))), (10.0, Arrival(job("b", n_max=4)))]
-    config = Config(policy="equal")
-    driver = ScriptedDriver()
-    Loop(
-        [TimedSource(script)],
-        driver,
-        VirtualClock(0.0),
-        config,
-        policy=make_policy(config),
-        state=LoopState(now_s=0.0, pool=HELD),
-        planner=Holding(8),
-    ).run(until_s=50.0)
+    driver = run_loop(script, holdable=8)
     starts = [(at, d) for name, at, d in driver.calls if name == "rescale"]
     assert starts == [(0.0, ("a", ("n1", "n2"))), (10.0, ("b", ("n3", "n4")))]
