@@ -43,7 +43,7 @@ from bftrainer.holders.base import HolderError, Holders, WindowTooShortError
 from bftrainer.holders.failures import HolderBackoff
 from bftrainer.idle_monitor.runner import CommandError
 from bftrainer.idle_monitor.source import LivePoolSource, PoolView
-from bftrainer.loop import Demand, LoopView, Planned, Polled, PoolChange
+from bftrainer.loop import WAIT_FOR_HELD_S, Demand, LoopView, Planned, Polled, PoolChange
 from bftrainer.service.pool_changes import PoolChanges
 from bftrainer.service.reading import HoldCounts
 from bftrainer.state import HolderConflictError, HolderRow, Store
@@ -257,14 +257,21 @@ class HeldPool:
 
     def _holdable(self, now_s: float) -> int | None:
         """How many pool nodes the plan could hold now (``Planned.holdable``): the
-        pool less the nodes that wait after a failed holder (on a stale pool, the nodes
-        held already). None for a centre agent, which holds only what it is given, and
-        before the first poll."""
+        pool less the nodes that wait after a failed holder and those whose holder has
+        pended longer than a decision waits (on a stale pool, the nodes held already).
+        None for a centre agent, which holds only what it is given, and before the
+        first poll."""
         if self.follow_assignment or self._view is None:
             return None
+        live = self.store.holders(live_only=True)
         if self._view.growth_held:  # stale: the plan takes no new node, only its own
-            return len({h.node for h in self.store.holders(live_only=True)} & self._view.pool)
-        return len(self._view.pool - self.backoff.waiting(now_s))
+            return len({h.node for h in live} & self._view.pool)
+        # A holder pending longer than a decision waits is not coming soon (a partition's
+        # node cap, a reservation): counted, every arrival would wait for it in vain.
+        stuck = {
+            h.node for h in live if h.state == "pending" and now_s - h.submit_s >= WAIT_FOR_HELD_S
+        }
+        return len(self._view.pool - self.backoff.waiting(now_s) - stuck)
 
     def _take(self) -> tuple[HoldOrder, ...]:
         staged, self._staged = tuple(self._staged), []

@@ -51,6 +51,7 @@ step's :class:`Orders` inside the transaction and carries them out after the com
 
 from bftrainer.loop.clocks import VirtualClock, WallClock
 from bftrainer.loop.core import MAX_STALLED_STEPS, Loop, run
+from bftrainer.loop.held_wait import WAIT_FOR_HELD_S
 from bftrainer.loop.protocols import (
     Actuator,
     Clock,
@@ -91,6 +92,7 @@ from bftrainer.loop.sources import WINDOW_TOLERANCE_S, Inbox, TimedSource, depar
 
 __all__ = [
     "MAX_STALLED_STEPS",
+    "WAIT_FOR_HELD_S",
     "WINDOW_TOLERANCE_S",
     "Actuator",
     "Arrival",

@@ -26,7 +26,7 @@ from bftrainer.idle_monitor.runner import (
     recorded,
 )
 from bftrainer.idle_monitor.source import PoolView
-from bftrainer.loop import Demand
+from bftrainer.loop import WAIT_FOR_HELD_S, Demand
 from bftrainer.state import Store, ensure_state_dir
 
 PARTITION_BF = "PartitionName=bf AllowGroups=ALL Default=NO MaxTime=UNLIMITED State=UP\n"
@@ -177,3 +177,17 @@ def test_a_spare_holder_is_kept_a_few_polls_for_the_next_trainer(store: Store) -
     assert [(o.nodes, o.kind) for o in planned.plan] == [(("node2",), "release")]
     pool.act(planned.plan)
     assert scancels(runner) == [("scancel", "12")]
+
+
+def test_a_holder_pending_past_the_wait_is_not_counted_as_coming(store: Store) -> None:
+    """A newcomer waits for nodes being held (loop/held_wait.py), but not for a holder
+    that has pended longer than that wait: a partition's node cap would keep it pending
+    for good, and every arrival would wait in vain."""
+    store.add_holder("13", "node3", now_s=100.0)  # pending
+    pool, _ = held_pool(store)
+    pool._view = PoolView(
+        100.0, frozenset({"node1", "node2", "node3", "node4"}), {}, False, 0.0, False
+    )
+    demand = Demand(4, frozenset({"node1", "node2"}))
+    assert pool.plan(100.0 + WAIT_FOR_HELD_S / 2, False, demand).holdable == 4
+    assert pool.plan(100.0 + WAIT_FOR_HELD_S, False, demand).holdable == 3

@@ -13,6 +13,7 @@ import pytest
 
 from bftrainer.idle_monitor.events import PoolEvent
 from bftrainer.loop import (
+    WAIT_FOR_HELD_S,
     Arrival,
     Demand,
     Loop,
@@ -22,7 +23,6 @@ from bftrainer.loop import (
     TimedSource,
     VirtualClock,
 )
-from bftrainer.loop.held_wait import WAIT_FOR_HELD_S
 from bftrainer.policies.config import Config
 from bftrainer.policies.registry import make_policy
 from tests.bftrainer.test_loop import ScriptedDriver, job
