@@ -12,9 +12,9 @@ pending (not yet usable), then the shortest windows. A node that has just become
 is kept a little while (``keep``, the held pool's ``SPARE_KEPT_POLLS``): in a search,
 a trial's end is followed within a poll or two by the next trial, and releasing its
 holder only to submit a new one then cost a scheduler cycle each time (the HPO e2e
-released and held node4 again within a second, three times). Nodes a trainer runs on are never
-released here: they leave only when the main scheduler preempts their holder, or when
-the allocator frees them (the daemon then calls this again).
+released and held node4 again within a second, three times). Nodes a trainer runs on
+are never released here: they leave only when the main scheduler preempts their holder,
+or when the allocator frees them (the daemon then calls this again).
 """
 
 from __future__ import annotations

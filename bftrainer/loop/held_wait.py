@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from bftrainer.loop.records import TrainerState
 
-log = logging.getLogger("bftrainer.loop.core")
+log = logging.getLogger(__name__)
 
 # Holders start within a scheduler cycle (about a second on the local Slurm; Slurm's
 # backfill pass, 30 s by default at a centre): a newcomer that waits that long costs
