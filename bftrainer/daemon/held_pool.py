@@ -107,6 +107,9 @@ class HeldPool:
         # Holders submitted and not recorded yet (job id -> node): ours, at the next read.
         self._submitted: dict[str, str] = {}
         self._spare_since: dict[str, float] = {}  # held pool node no trainer uses -> since
+        # Planned.holdable, as the last plan found it (None: a centre agent, or no plan
+        # yet); between polls it stands, as the pool and the holders it counts do.
+        self._holdable: int | None = None
         self.records = HolderRecords(holders, store, self.counts, self.backoff, self._lease_until)
 
     @property
@@ -244,7 +247,7 @@ class HeldPool:
         holder is being cancelled. The plan (``Planned.plan``) is this step's orders, as
         data: every one made since the last plan."""
         if not (self._replan or decided) or self._view is None:
-            return Planned(plan=self._take(), holdable=self._holdable(now_s))
+            return Planned(plan=self._take(), holdable=self._holdable)
         self._replan = False
         released = self._plan(self._view, demand, now_s) & self.usable
         self.changes.forget(released)
@@ -253,25 +256,7 @@ class HeldPool:
             self.store.add_pool_event(
                 joined=(), left=released, windows_s={}, stale=self._view.stale, now_s=now_s
             )
-        return Planned(frozenset(released), self._take(), self._holdable(now_s))
-
-    def _holdable(self, now_s: float) -> int | None:
-        """How many pool nodes the plan could hold now (``Planned.holdable``): the
-        pool less the nodes that wait after a failed holder and those whose holder has
-        pended longer than a decision waits (on a stale pool, the nodes held already).
-        None for a centre agent, which holds only what it is given, and before the
-        first poll."""
-        if self.follow_assignment or self._view is None:
-            return None
-        live = self.store.holders(live_only=True)
-        if self._view.growth_held:  # stale: the plan takes no new node, only its own
-            return len({h.node for h in live} & self._view.pool)
-        # A holder pending longer than a decision waits is not coming soon (a partition's
-        # node cap, a reservation): counted, every arrival would wait for it in vain.
-        stuck = {
-            h.node for h in live if h.state == "pending" and now_s - h.submit_s >= WAIT_FOR_HELD_S
-        }
-        return len(self._view.pool - self.backoff.waiting(now_s) - stuck)
+        return Planned(frozenset(released), self._take(), self._holdable)
 
     def _take(self) -> tuple[HoldOrder, ...]:
         staged, self._staged = tuple(self._staged), []
@@ -337,6 +322,7 @@ class HeldPool:
             plan = plan_assigned(view.pool, running, pending, allocated, set(demand.hold))
             plan = replace(plan, acquire=tuple(n for n in plan.acquire if n not in waiting))
         else:
+            self._holdable = holdable_nodes(view, live, waiting, now_s)
             plan = plan_holders(
                 pool=sorted(view.pool - waiting),
                 windows_s=view.windows_s,
@@ -512,6 +498,20 @@ def leave_by_s(
             ends.append(now_s + claim)
         out[h.node] = min(ends) if ends else None
     return out
+
+
+def holdable_nodes(
+    view: PoolView, live: Sequence[HolderRow], waiting: set[str], now_s: float
+) -> int:
+    """How many pool nodes the plan could hold now (``Planned.holdable``): the pool less
+    the nodes that wait after a failed holder and those whose holder has pended longer
+    than a decision waits: a partition's node cap or a reservation keeps it pending, and
+    counted, every arrival would wait for it in vain. On a stale pool the plan takes no
+    new node: the nodes held already."""
+    if view.growth_held:
+        return len({h.node for h in live} & view.pool)
+    stuck = {h.node for h in live if h.state == "pending" and now_s - h.submit_s >= WAIT_FOR_HELD_S}
+    return len(view.pool - waiting - stuck)
 
 
 def _outlives_claim(holder: HolderRow, view: PoolView) -> bool:

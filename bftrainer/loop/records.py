@@ -180,11 +180,11 @@ class Planned:
 
     released: frozenset[str] = frozenset()
     plan: object | None = None
-    # How many pool nodes the planner could hold now (the pool less the nodes that wait
-    # after a failed holder); None: it holds no more than it is told (a centre agent).
-    # While the demand wants more nodes than the loop's pool has and holdable ones
-    # remain, nodes are coming: the loop lets a decision that takes nodes from a running
-    # trainer wait for them (loop/core.py, WAIT_FOR_HELD_S).
+    # How many pool nodes the planner could hold now (the daemon: the pool less the
+    # nodes that wait after a failed holder or whose holder pends too long); None: it
+    # holds no more than it is told (a centre agent). While the demand wants more nodes
+    # than the loop's pool has and holdable ones remain, nodes are coming: the loop lets
+    # a decision that takes nodes from a running trainer wait for them (held_wait.py).
     holdable: int | None = None
 
 

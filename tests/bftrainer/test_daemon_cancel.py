@@ -189,5 +189,5 @@ def test_a_holder_pending_past_the_wait_is_not_counted_as_coming(store: Store) -
         100.0, frozenset({"node1", "node2", "node3", "node4"}), {}, False, 0.0, False
     )
     demand = Demand(4, frozenset({"node1", "node2"}))
-    assert pool.plan(100.0 + WAIT_FOR_HELD_S / 2, False, demand).holdable == 4
-    assert pool.plan(100.0 + WAIT_FOR_HELD_S, False, demand).holdable == 3
+    assert pool.plan(100.0 + WAIT_FOR_HELD_S / 2, True, demand).holdable == 4
+    assert pool.plan(100.0 + WAIT_FOR_HELD_S, True, demand).holdable == 3

@@ -36,10 +36,8 @@ class Holding:
 
     def __init__(self, holdable: int) -> None:
         self.holdable = holdable
-        self.demands: list[int] = []
 
     def plan(self, now_s: float, decided: bool, demand: Demand) -> Planned:
-        self.demands.append(demand.nodes)
         return Planned(holdable=self.holdable)
 
 
