@@ -477,9 +477,13 @@ class Loop:
             tuple(self.pool), admitted, churn, self.now_s, self.assignment, self.refused_until_s
         )
         decision = self.policy.decide(inputs) if admitted else Decision({})
-        evicted = any(c.why == "evict" for c in self._changes)  # a step that evicts decides
-        if not evicted and self._held_wait.waits(
-            self.now_s, self.demand().nodes, len(self.pool), admitted, decision.nodes
+        if self._held_wait.holdable is not None and self._held_wait.waits(
+            self.now_s,
+            self.demand().nodes,  # not for a replay: admitted() of a year's queue again
+            len(self.pool),
+            admitted,
+            decision.nodes,
+            evicted=any(c.why == "evict" for c in self._changes),
         ):
             self._dirty = False
             return None

@@ -43,10 +43,12 @@ class HeldWait:
         pool_nodes: int,
         trainers: Sequence[TrainerState],
         nodes: Mapping[str, tuple[str, ...]],
+        evicted: bool = False,
     ) -> bool:
         """Whether a decision giving ``trainers`` their ``nodes`` is put off now: it
-        takes nodes from a running trainer while more are coming, within the bound."""
-        if self.holdable is None or min(demand_nodes, self.holdable) <= pool_nodes:
+        takes nodes from a running trainer while more are coming, within the bound. A
+        step that ``evicted`` a trainer (another user's newcomer took its place) decides."""
+        if evicted or self.holdable is None or min(demand_nodes, self.holdable) <= pool_nodes:
             self.since_s = None  # nothing is coming: the pool is all there is
             return False
         takes = [t.id for t in trainers if t.nodes and not set(t.nodes) <= set(nodes.get(t.id, ()))]
