@@ -12,7 +12,9 @@ driver and the held pool act on it only after it commits (``bftrainer.loop.core`
 After a kill -9, :meth:`Daemon.restore` reconciles the holders with the scheduler
 (unknown ones are cancelled, ended ones dropped), re-attaches to the trainers'
 supervisors (which never stopped), rebuilds the loop's state from the records and does
-what the killed daemon decided and did not do (``LiveDriver.restore``). On
+what the killed daemon decided and did not do: the holder ends and leftovers of its
+kept orders not marked done (``StepActuator.redo``), the trainers' starts, hosts and
+stops from their record (``LiveDriver.restore``). On
 SIGTERM the daemon stops taking work: it releases the holders no trainer uses and
 exits, leaving running trainers and their holders as they are for the next start.
 
@@ -98,6 +100,7 @@ class Daemon(LiveService):
         self.queue = SubmissionQueue(
             store, curves=self.driver.curves, promise=config.search_promise
         )
+        self.actuator = StepActuator(self.driver, self.pool, store)
 
     def restore(self) -> LoopState | None:
         """The loop's state from the store, after reconciling holders with the scheduler
@@ -106,7 +109,9 @@ class Daemon(LiveService):
         now_s = self._sync_holders_at_start()
         if now_s is None:
             return None
+        learnt = self.actuator.redo()  # what a killed daemon committed and did not do
         with self.store.transaction():
+            self.actuator.learn(learnt)
             state, orders = self._restore_trainers(now_s)
         learnt = self.driver.act(orders)  # what the earlier daemon decided and did not do
         with self.store.transaction():
@@ -221,7 +226,7 @@ class Daemon(LiveService):
             transaction=self.store.transaction,
             readers=readers,
             planner=self.pool,
-            actuator=StepActuator(self.driver, self.pool),
+            actuator=self.actuator,
         )
         if self.centre is not None:
             self.centre.attach(self.store)

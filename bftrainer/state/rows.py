@@ -141,6 +141,18 @@ class MetricRow:
     record: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class OrdersRow:
+    """A step's orders as the daemon kept them (``record``: the order log's JSON,
+    bftrainer/daemon/order_log.py); ``done_s``: when they were carried out (None: not
+    known to be)."""
+
+    step: int
+    time_s: float
+    record: str
+    done_s: float | None
+
+
 def trainer_id_of(seq: int) -> str:
     """``t0001``: short; zero-padded to 4 digits so ids sort by submission up to t9999
     (beyond, sort by ``(len(id), id)``, as ``Store.trainers`` does by sequence)."""

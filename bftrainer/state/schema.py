@@ -13,10 +13,18 @@ import sqlite3
 
 from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
 # with a table dropped is named at start, not by a traceback at the first write.
-TABLES = ("trainers", "allocations", "holders", "pool_events", "metrics", "settings")
+TABLES = (
+    "trainers",
+    "allocations",
+    "holders",
+    "pool_events",
+    "metrics",
+    "settings",
+    "orders",
+)
 VIEWS = ("current_allocations",)
 
 # MIGRATIONS[k] takes a database from version k to k + 1.
@@ -143,6 +151,18 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX holders_live_node ON holders(node) WHERE state != 'ended';
     CREATE UNIQUE INDEX holders_live_job ON holders(job_id) WHERE state != 'ended';
     CREATE INDEX holders_job ON holders(job_id, seq);
+    """,
+    # 8: a step's orders as one record (issue 43), kept in the step's transaction and
+    # marked done once carried out: a restart does what was committed and not done
+    # (bftrainer/daemon/order_log.py).
+    """
+    CREATE TABLE orders (
+        step INTEGER PRIMARY KEY AUTOINCREMENT,
+        time_s REAL NOT NULL,
+        record TEXT NOT NULL,
+        done_s REAL
+    );
+    CREATE INDEX orders_undone ON orders(step) WHERE done_s IS NULL;
     """,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION

@@ -35,6 +35,7 @@ from bftrainer.state.rows import (
     AllocationRow,
     HolderRow,
     MetricRow,
+    OrdersRow,
     PoolEventRow,
     TrainerRow,
     check_states,
@@ -429,6 +430,33 @@ class Store(Database):
         rows = self._query("SELECT max(id) FROM pool_events")
         last = rows[0][0]
         return None if last is None else self.pool_events(after_id=last - 1, limit=1)[0]
+
+    # ------------------------------------------------------------- orders
+
+    def add_orders(self, record: str, *, now_s: float) -> int:
+        """Keep a step's orders (in its transaction); their step number."""
+        with self.transaction():
+            cur = self._conn.execute(
+                "INSERT INTO orders (time_s, record) VALUES (?, ?)", (now_s, record)
+            )
+        return int(cur.lastrowid or 0)
+
+    def orders(self, *, undone_only: bool = True) -> list[OrdersRow]:
+        """The kept orders, oldest first: those not yet carried out, or all kept."""
+        where = " WHERE done_s IS NULL" if undone_only else ""
+        return [
+            OrdersRow(r["step"], r["time_s"], r["record"], r["done_s"])
+            for r in self._query(f"SELECT * FROM orders{where} ORDER BY step")
+        ]
+
+    def orders_done(self, *, now_s: float, keep: int) -> None:
+        """Mark every kept order carried out; keep the last ``keep`` steps' orders (a
+        journal: what a step ordered, for a person reading the store), not all."""
+        with self.transaction():
+            self._conn.execute("UPDATE orders SET done_s = ? WHERE done_s IS NULL", (now_s,))
+            self._conn.execute(
+                "DELETE FROM orders WHERE step <= (SELECT max(step) FROM orders) - ?", (keep,)
+            )
 
     # ------------------------------------------------------------- metrics
 
