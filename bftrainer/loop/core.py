@@ -83,6 +83,7 @@ from bftrainer.loop.records import (
     Step,
     TrainerState,
 )
+from bftrainer.loop.roster import Roster
 from bftrainer.loop.sources import WINDOW_TOLERANCE_S
 
 if TYPE_CHECKING:
@@ -122,10 +123,6 @@ class Loop:
         self.actuator = actuator
         # The daemon's store.transaction: a step's writes commit once, before it acts.
         self.transaction = transaction
-        # A replay reads its finished trainers at the end (their JCTs); a service that
-        # runs for months records them elsewhere and keeps none here, so that its memory
-        # does not grow with every trainer it ever ran.
-        self.keep_finished = keep_finished
         self.driver = driver
         self.clock = clock
         self.config = config
@@ -134,20 +131,13 @@ class Loop:
         state = state if state is not None else LoopState(now_s=clock.now_s())
         self.now_s = state.now_s
         self.pool: dict[str, None] = dict.fromkeys(state.pool)  # an ordered set
-        self.trainers: dict[str, TrainerState] = {}  # unfinished, arrival order
-        self.finished: list[TrainerState] = list(state.finished)
-        # Per step, the loop's work follows the trainers that hold nodes (at most the
-        # admitted ones), not all unfinished ones: a year's replay queues thousands.
-        self._finished_ids = {t.id for t in self.finished}
-        self._arrival: dict[str, int] = {}  # trainer id -> arrival position
-        self._next_arrival = 0
-        self._holding: dict[str, TrainerState] = {}  # trainers with nodes, any order
-        self._running: list[TrainerState] | None = []  # _holding in arrival order
-        self._held = 0  # nodes (slots) the holders hold, summed: the step's record reads it
+        self.roster = Roster(state.finished, keep_finished=keep_finished)
+        self.trainers = self.roster.trainers  # unfinished, arrival order
+        self.finished = self.roster.finished
         self.last_decision_s = state.last_decision_s
         state.check(config.slots_per_node)
         for t in state.trainers:
-            self._add_trainer(t)
+            self.roster.add(t)
         self._dirty = True  # the first step decides (after a restore too)
         self._curves_changed = False
         self._hold: frozenset[str] = frozenset()  # the last decision's (Decision.hold)
@@ -319,9 +309,7 @@ class Loop:
 
     def running(self) -> list[TrainerState]:
         """The trainers that hold nodes, in arrival order (a new list each time)."""
-        if self._running is None:
-            self._running = sorted(self._holding.values(), key=lambda t: self._arrival[t.id])
-        return list(self._running)
+        return self.roster.running()
 
     def admitted(self) -> list[TrainerState]:
         """The ``max_trainers`` unfinished trainers that take part, in arrival order, as
@@ -395,7 +383,7 @@ class Loop:
             for t in self.running():
                 if any(n in left for n in t.nodes):
                     old = len(t.nodes)
-                    self._set_nodes(t, tuple(n for n in t.nodes if n not in left))
+                    self.roster.set_nodes(t, tuple(n for n in t.nodes if n not in left))
                     self._changes.append(NodeChange(t.id, t.nodes, "preempt", old))
                     self._add("preemption", self.driver.preempt(t, old))
             for n in left:
@@ -427,9 +415,7 @@ class Loop:
         return True
 
     def _arrive(self, job: JobSpec) -> None:
-        if job.id in self.trainers or job.id in self._finished_ids:
-            raise LoopError(f"trainer {job.id!r} arrived twice")
-        self._add_trainer(TrainerState(job))
+        self.roster.add(TrainerState(job))
         if len(self.trainers) <= self.config.max_trainers or (
             self.config.fair_by != "trainer" and any(t.id == job.id for t in self.admitted())
         ):
@@ -437,15 +423,10 @@ class Loop:
         self._add("arrivals", 1)
 
     def _retire(self, trainer_id: str, why: str) -> TrainerState | None:
-        t = self.trainers.pop(trainer_id, None)
+        t = self.roster.retire(trainer_id)
         if t is None:
             log.warning("%s of unknown or finished trainer %r ignored", why, trainer_id)
             return None
-        self._set_nodes(t, ())
-        del self._arrival[trainer_id]
-        if self.keep_finished:
-            self.finished.append(t)
-            self._finished_ids.add(t.id)
         self._dirty = True
         log.debug("trainer %s retired (%s) at %.0f", trainer_id, why, self.now_s)
         return t
@@ -468,7 +449,7 @@ class Loop:
             if t.id not in taking_part:
                 self._changes.append(NodeChange(t.id, (), "evict", len(t.nodes)))
                 self._add("rescale", self.driver.rescale(t, ()))
-                self._set_nodes(t, ())
+                self.roster.set_nodes(t, ())
         churn = self.churn.snapshot(self.now_s)
         if self.leave_by_s:  # known departures still ahead (a passed one is no knowledge)
             windows = {n: t - self.now_s for n, t in self.leave_by_s.items() if t > self.now_s}
@@ -496,7 +477,7 @@ class Loop:
                 self._add("rescale", self.driver.rescale(t, new))
                 if new and t.started_s is None:
                     t.started_s = self.now_s
-                self._set_nodes(t, new)
+                self.roster.set_nodes(t, new)
         self._dirty = False
         self._curves_changed = False
         self.last_decision_s = self.now_s
@@ -504,41 +485,20 @@ class Loop:
         return decision
 
     # ---- bookkeeping ----------------------------------------------------------------------
-    def _add_trainer(self, t: TrainerState) -> None:
-        """A trainer joins the unfinished ones, after all others in arrival order."""
-        self.trainers[t.id] = t
-        self._arrival[t.id] = self._next_arrival
-        self._next_arrival += 1
-        if t.nodes:
-            self._holding[t.id] = t
-            self._running = None
-            self._held += len(t.nodes)
-
-    def _set_nodes(self, t: TrainerState, nodes: tuple[str, ...]) -> None:
-        """The one place the loop changes a trainer's nodes: keeps the holders' index."""
-        if bool(nodes) != bool(t.nodes):
-            if nodes:
-                self._holding[t.id] = t
-            else:
-                self._holding.pop(t.id, None)
-            self._running = None
-        self._held += len(nodes) - len(t.nodes)
-        t.nodes = nodes
-
     def _add(self, key: str, value: float) -> None:
         self._pending[key] = self._pending.get(key, 0.0) + value
 
     def _record(self, decision: Decision | None, latency_s: float) -> Step:
         p = self._pending
-        running = len(self._holding)
+        running = self.roster.holding
         step = Step(
             time_s=self.now_s,
             pool_nodes=len(self.pool),
             # Nodes holding a slot at least (with S = 1 every held node once: no node has
             # two holders, so the count kept is that number, without a set of them).
-            allocated_nodes=self._held
+            allocated_nodes=self.roster.held
             if self.config.slots_per_node == 1
-            else len({n for t in self._holding.values() for n in t.nodes}),
+            else len(self.roster.held_nodes()),
             running=running,
             waiting=len(self.trainers) - running,
             joined=int(p.get("joined", 0)),

@@ -148,6 +148,7 @@ def make_loop(
     driver: ScriptedDriver | None = None,
     config: Config | None = None,
     policy: RecordingPolicy | None = None,
+    keep_finished: bool = True,
 ) -> tuple[Loop, ScriptedDriver, RecordingPolicy, Steps]:
     driver = driver or ScriptedDriver()
     policy = policy or RecordingPolicy()
@@ -160,6 +161,7 @@ def make_loop(
         policy=policy,
         observer=obs,
         state=LoopState(now_s=0.0, pool=pool),
+        keep_finished=keep_finished,
     )
     return loop, driver, policy, obs
 
@@ -201,8 +203,7 @@ def test_a_services_loop_keeps_no_finished_trainer() -> None:
     script: list[tuple[float, Input]] = [
         (10.0 * i, Arrival(job(f"t{i:03d}", work=5.0))) for i in range(50)
     ]
-    loop, _, _, obs = make_loop(script, pool=("a", "b"))
-    loop.keep_finished = False
+    loop, _, _, obs = make_loop(script, pool=("a", "b"), keep_finished=False)
     loop.run(until_s=600.0)
     assert sum(s.completions for s in obs.steps) == 50 and not loop.trainers
     assert loop.finished == []
