@@ -36,7 +36,7 @@ COMMANDS: dict[str, str] = {
     "replay": "bftrainer.cli.replay:replay_cmd",
     "report": "bftrainer.cli.report:report_cmd",
     "run": "bftrainer.cli.run:run_cmd",
-    "status": "bftrainer.cli.user_commands:status_cmd",
+    "status": "bftrainer.cli.status:status_cmd",
     "submit": "bftrainer.cli.user_commands:submit_cmd",
     "trace": "bftrainer.cli.trace:trace",
 }

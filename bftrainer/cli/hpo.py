@@ -18,7 +18,7 @@ import click
 from bftrainer.cli import UsageError
 from bftrainer.cli.options import state_dir_option
 from bftrainer.cli.params import NODES, SAMPLES, SEED, Number, file_to_read_error
-from bftrainer.cli.user_commands import open_store
+from bftrainer.cli.store_access import open_store
 from bftrainer.common import strict_json
 from bftrainer.state import BACKENDS, resolve_state_dir
 

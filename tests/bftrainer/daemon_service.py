@@ -17,7 +17,8 @@ from typing import Any
 
 import click
 
-from bftrainer.cli.user_commands import open_store, status_json
+from bftrainer.cli.status import status_json
+from bftrainer.cli.store_access import open_store
 from bftrainer.common import strict_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bftrainer.cli.user_commands import status_json
+from bftrainer.cli.status import status_json
 from bftrainer.daemon import Daemon, load_daemon_config
 from bftrainer.daemon.gpu_slots import GresError, slots_from_gpus
 from bftrainer.holders.base import HolderStatus, ReconcileResult

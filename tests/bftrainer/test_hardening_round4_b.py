@@ -100,10 +100,7 @@ def test_status_takes_a_recycled_supervisor_pid_for_no_supervisor(tmp_path: Path
 
 def test_status_imports_no_numpy() -> None:
     """status runs often: trainers.channel (read by status) must not pull numpy in."""
-    code = (
-        "import sys; from bftrainer.cli.user_commands import status_cmd; "
-        "print('numpy' in sys.modules)"
-    )
+    code = "import sys; from bftrainer.cli.status import status_cmd; print('numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
 
