@@ -11,7 +11,8 @@ from bftrainer.cli import UsageError
 from bftrainer.cli.outdir import OutputDirError, replaced_on_success
 from bftrainer.cli.params import Number
 from bftrainer.cli.trace import parse_time_option
-from bftrainer.report.frames import Frames, FramesError, load_replay, load_store, replay_runs
+from bftrainer.report.frames import Frames, FramesError, load_replay, replay_runs
+from bftrainer.report.store_frames import load_store
 from bftrainer.state import resolve_state_dir
 
 

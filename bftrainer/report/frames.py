@@ -19,6 +19,8 @@ integers, and each kind of record is one frame:
 
     from bftrainer.report.frames import load_replay
     f = load_replay("out/demo/milp-tfwdauto")
+
+A daemon's store is read by ``bftrainer.report.store_frames.load_store``.
 """
 
 from __future__ import annotations
@@ -28,19 +30,14 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pandas as pd
 
 from bftrainer.loop import Step
 from bftrainer.replay.allocations import CHANGES as REPLAY_CHANGES
 from bftrainer.state import (
-    AllocationRow,
     MetricRow,
-    PoolEventRow,
-    StateError,
-    Store,
-    read_again,
 )
 from bftrainer.trainers.learned_curve import live_curve
 
@@ -49,9 +46,9 @@ CHANGES = (*REPLAY_CHANGES, "fail")
 CHANGE_TYPE = pd.CategoricalDtype(list(CHANGES))
 # The files every replay's run folder holds (bftrainer/replay/output.py).
 REPLAY_FILES = ("summary.json", "events.csv", "trainers.csv", "allocations.csv", "windows.csv")
-# A decrease whose nodes left the pool this long before it is a preemption.
+# A decrease whose nodes left the pool this long before it is a preemption (a daemon's
+# store: bftrainer/report/store_frames.py).
 PREEMPT_SLACK_S = 1.0
-_END_CHANGE = {"done": "complete", "cancelled": "cancel", "failed": "fail"}
 
 
 class FramesError(ValueError):
@@ -73,7 +70,7 @@ class Frames:
     summary: dict[str, Any] = field(default_factory=dict)
     start: pd.Timestamp | None = None
     end: pd.Timestamp | None = None
-    curves: pd.DataFrame = field(default_factory=lambda: _store_curves({}, {}, math.inf))
+    curves: pd.DataFrame = field(default_factory=lambda: curves_frame({}, {}, math.inf))
 
 
 # ---------------------------------------------------------------------- replays
@@ -133,7 +130,7 @@ def load_replay(path: str | Path) -> Frames:
         allocations=allocations,
         trainers=trainers,
         pool=pool.reset_index(drop=True),
-        holders=_empty_holders(),
+        holders=empty_holders(),
         windows=windows,
         summary=summary,
         start=_time_or_none(summary.get("start")),
@@ -326,176 +323,10 @@ def _replay_states(trainers: pd.DataFrame) -> pd.Series:
     return state
 
 
-# ---------------------------------------------------------------------- a daemon's store
+# ---------------------------------------------------------------------- frame shapes
 
 
-class _Records(NamedTuple):
-    """What ``load_store`` reads from a store, in one read."""
-
-    trainers: list[dict[str, Any]]
-    history: dict[str, list[AllocationRow]]
-    holders: list[dict[str, Any]]
-    pool_events: list[PoolEventRow]
-    metrics: dict[str, list[MetricRow]]
-
-
-def load_store(
-    state_dir: str | Path, start: pd.Timestamp | None = None, end: pd.Timestamp | None = None
-) -> Frames:
-    """A daemon's records from its state directory, between ``start`` and ``end`` (None:
-    from the first, to the last). Opened with the daemon's own state API."""
-    d = Path(state_dir)
-    if start is not None and end is not None and start >= end:
-        raise FramesError(f"empty time range: {_fmt(start)} is not before {_fmt(end)}")
-
-    def read() -> _Records:
-        with Store.open(d, read_only=True) as store:
-            rows = [vars(r) for r in store.trainers()]
-            return _Records(
-                rows,
-                {r["id"]: store.allocation_history(r["id"]) for r in rows},
-                [vars(h) for h in store.holders(live_only=False)],
-                store.pool_events(),
-                {r["id"]: store.metrics(r["id"]) for r in rows},
-            )
-
-    try:  # read afresh if a daemon opened or closed the store under the read
-        rows, history, holders, pool_events, metrics = read_again(read)
-    except StateError as exc:
-        raise FramesError(str(exc)) from None
-    events = pd.DataFrame(
-        {
-            "time": _epoch([e.time_s for e in pool_events]),
-            "joined": pd.Series([len(e.joined) for e in pool_events], dtype="int64"),
-            "left": pd.Series([len(e.left) for e in pool_events], dtype="int64"),
-            "stale": pd.Series([e.stale for e in pool_events], dtype="bool"),
-        }
-    )
-    size, sizes = 0, []
-    for e in pool_events:
-        size += len(e.joined) - len(e.left)
-        sizes.append(size)
-    pool = pd.DataFrame({"time": events["time"], "nodes": pd.Series(sizes, dtype="int64")})
-    left_at: dict[str, list[float]] = {}
-    for e in pool_events:
-        for n in e.left:
-            left_at.setdefault(n, []).append(e.time_s)
-    changes: list[tuple[float, str, int, str]] = []
-    for r in rows:
-        changes += _store_changes(r, history[r["id"]], left_at)
-    allocations = _allocations(changes)
-    trainers = _store_trainers(rows, allocations)
-    holders_df = _store_holders(holders)
-    times = [
-        *events["time"],
-        *allocations["time"],
-        *trainers["submitted"],
-        *trainers["finished"].dropna(),
-        *holders_df["submitted"],
-        *holders_df["ended"].dropna(),
-    ]
-    if not times:
-        raise FramesError(f"{d}: the store holds no records yet")
-    first, last = min(times), max(times)
-    if (start is not None and start > last) or (end is not None and end < first):
-        raise FramesError(
-            f"empty time range: nothing between {_fmt(start or first)} and {_fmt(end or last)} "
-            f"(the store has records from {_fmt(first)} to {_fmt(last)})"
-        )
-    # Clamped to the records: the page's series are as long as the span, and --start 0
-    # on a store of seconds asked for 56 years of them.
-    lo = max(start, first) if start is not None else first
-    hi = min(end, last) if end is not None else last
-    shown = trainers[(trainers["submitted"] <= hi) & ~(trainers["finished"] < lo)]
-    limits = {r["id"]: (r["n_min"], r["n_max"]) for r in rows if r["id"] in set(shown["id"])}
-    return Frames(
-        source="daemon",
-        label=str(d),
-        events=_between(events, lo, hi),
-        allocations=_clip_steps(allocations, lo, hi, "trainer"),
-        trainers=shown.reset_index(drop=True),
-        pool=_clip_steps(pool, lo, hi),
-        holders=holders_df[
-            (holders_df["submitted"] <= hi) & ~(holders_df["ended"] < lo)
-        ].reset_index(drop=True),
-        windows=pd.DataFrame(),
-        start=lo,
-        end=hi,
-        curves=_store_curves(limits, metrics, hi.timestamp()),
-    )
-
-
-def _store_changes(
-    trainer: dict[str, Any], history: Iterable[Any], left_at: dict[str, list[float]]
-) -> list[tuple[float, str, int, str]]:
-    """A trainer's allocation history as count changes, with their kind: a decrease
-    whose nodes had just left the pool is a preemption."""
-    out: list[tuple[float, str, int, str]] = []
-    prev: tuple[str, ...] = ()
-    prev_s = -math.inf
-    for a in history:
-        if len(a.nodes) != len(prev):
-            lost = set(prev) - set(a.nodes)
-            preempted = any(
-                prev_s - PREEMPT_SLACK_S <= t <= a.time_s + PREEMPT_SLACK_S
-                for n in lost
-                for t in left_at.get(n, ())
-            )
-            if not out and a.nodes:
-                kind = "start"
-            elif preempted:
-                kind = "preempt"
-            elif not a.nodes and _at_end(trainer, a.time_s):
-                kind = _END_CHANGE.get(trainer["state"], "rescale")
-            else:
-                kind = "rescale"
-            out.append((a.time_s, trainer["id"], len(a.nodes), kind))
-        prev, prev_s = a.nodes, a.time_s
-    end = _END_CHANGE.get(trainer["state"])
-    if end and trainer["finished_s"] is not None and out and out[-1][3] != end:
-        out.append((trainer["finished_s"], trainer["id"], 0, end))  # its end, at zero nodes
-    return out
-
-
-def _at_end(trainer: dict[str, Any], time_s: float) -> bool:
-    """The trainer ended at ``time_s`` (an empty allocation then is its end, not a
-    shrink to zero while it waited)."""
-    finished = trainer["finished_s"]
-    return finished is not None and abs(time_s - finished) <= PREEMPT_SLACK_S
-
-
-def _allocations(changes: list[tuple[float, str, int, str]]) -> pd.DataFrame:
-    changes.sort(key=lambda c: c[0])
-    return pd.DataFrame(
-        {
-            "time": _epoch([c[0] for c in changes]),
-            "trainer": pd.Series([c[1] for c in changes], dtype="string"),
-            "nodes": pd.Series([c[2] for c in changes], dtype="int64"),
-            "change": pd.Series([c[3] for c in changes], dtype=CHANGE_TYPE),
-        }
-    )
-
-
-def _store_trainers(rows: list[dict[str, Any]], allocations: pd.DataFrame) -> pd.DataFrame:
-    rescales = allocations[allocations["change"] == "rescale"].groupby("trainer").size()
-    df = pd.DataFrame(
-        {
-            "id": pd.Series([r["id"] for r in rows], dtype="string"),
-            "submitted": _epoch([r["submit_s"] for r in rows]),
-            "started": _epoch([r["started_s"] for r in rows]),
-            "finished": _epoch([r["finished_s"] for r in rows]),
-            "state": pd.Series([r["state"] for r in rows], dtype="string"),
-            "min_nodes": pd.Series([r["n_min"] for r in rows], dtype="int64"),
-            "max_nodes": pd.Series([r["n_max"] for r in rows], dtype="int64"),
-            "samples_done": pd.Series([r["samples_done"] for r in rows], dtype="int64"),
-            "reason": pd.Series([r["reason"] for r in rows], dtype="string"),
-        }
-    )
-    df["rescales"] = df["id"].map(rescales).fillna(0).astype("int64")
-    return df
-
-
-def _store_curves(
+def curves_frame(
     limits: dict[str, tuple[int, int]], metrics: dict[str, list[MetricRow]], until_s: float
 ) -> pd.DataFrame:
     """Each trainer's curve from its metrics records up to ``until_s`` (the one
@@ -515,17 +346,17 @@ def _store_curves(
     )
 
 
-def _store_holders(holders: list[dict[str, Any]]) -> pd.DataFrame:
+def holders_frame(holders: list[dict[str, Any]]) -> pd.DataFrame:
     if not holders:
-        return _empty_holders()
+        return empty_holders()
     return pd.DataFrame(
         {
             "job_id": pd.Series([h["job_id"] for h in holders], dtype="string"),
             "node": pd.Series([h["node"] for h in holders], dtype="string"),
             "state": pd.Series([h["state"] for h in holders], dtype="string"),
-            "submitted": _epoch([h["submit_s"] for h in holders]),
-            "started": _epoch([h["started_s"] for h in holders]),
-            "ended": _epoch([h["ended_s"] for h in holders]),
+            "submitted": epoch_times([h["submit_s"] for h in holders]),
+            "started": epoch_times([h["started_s"] for h in holders]),
+            "ended": epoch_times([h["ended_s"] for h in holders]),
             "trainer": pd.Series([h["trainer_id"] for h in holders], dtype="string"),
             "reason": pd.Series([h["reason"] for h in holders], dtype="string"),
             "limit_s": pd.Series([h["limit_s"] for h in holders], dtype="float64"),
@@ -533,8 +364,8 @@ def _store_holders(holders: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def _empty_holders() -> pd.DataFrame:
-    return _store_holders(
+def empty_holders() -> pd.DataFrame:
+    return holders_frame(
         [
             dict.fromkeys(
                 ("job_id", "node", "state", "submit_s", "started_s", "ended_s", "trainer_id")
@@ -560,7 +391,7 @@ def _times(col: pd.Series) -> pd.Series:
     return times
 
 
-def _epoch(values: list[float | None]) -> pd.Series:
+def epoch_times(values: list[float | None]) -> pd.Series:
     return pd.to_datetime(pd.Series(values, dtype="float64"), unit="s", utc=True)
 
 
@@ -568,15 +399,15 @@ def _time_or_none(text: Any) -> pd.Timestamp | None:
     return pd.Timestamp(text) if isinstance(text, str) else None
 
 
-def _fmt(t: pd.Timestamp) -> str:
+def fmt_time(t: pd.Timestamp) -> str:
     return t.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _between(df: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> pd.DataFrame:
+def between(df: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp) -> pd.DataFrame:
     return df[(df["time"] >= lo) & (df["time"] <= hi)].reset_index(drop=True)
 
 
-def _clip_steps(
+def clip_steps(
     df: pd.DataFrame, lo: pd.Timestamp, hi: pd.Timestamp, key: str | None = None
 ) -> pd.DataFrame:
     """Rows of a step function (each holds until the next of its ``key``) between

@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bftrainer.report.frames import FramesError, load_replay, load_store, replay_runs
+from bftrainer.report.frames import FramesError, load_replay, replay_runs
+from bftrainer.report.store_frames import load_store
 from bftrainer.state import Store
 
 T0 = 1_700_000_000.0

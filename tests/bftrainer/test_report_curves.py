@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bftrainer.report.frames import load_store
+from bftrainer.report.store_frames import load_store
 from bftrainer.state import Store
 from bftrainer.trainers.learned_curve import live_curve
 from tests.bftrainer.test_frames import T0, build_store
