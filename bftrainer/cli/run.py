@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 
 from bftrainer.cli import UsageError
-from bftrainer.cli.params import NODES, SECONDS, InputFile
+from bftrainer.cli.params import NODES, InputFile, Number
 from bftrainer.common import strict_json
 from bftrainer.common.names import (
     BadNameError,
@@ -38,7 +38,14 @@ from bftrainer.common.names import (
 )
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 from bftrainer.trainers import channel, lifeline
-from bftrainer.trainers.launch.base import BACKENDS, Launcher, LaunchError, LaunchSpec
+from bftrainer.trainers.launch.base import (
+    BACKENDS,
+    DEFAULT_STOP_GRACE_S,
+    MAX_STOP_GRACE_S,
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+)
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
 
 logger = logging.getLogger(__name__)
@@ -213,8 +220,8 @@ def _say_waiting(hosts: list[str], hosts_file: Path) -> None:
 @click.option("--ssh-arg", "ssh_args", multiple=True, help="Extra ssh argument (repeatable).")
 @click.option(
     "--stop-grace-s",
-    type=SECONDS,
-    default=30.0,
+    type=Number(min=0.0, max=MAX_STOP_GRACE_S),
+    default=DEFAULT_STOP_GRACE_S,
     show_default=True,
     help="Ctrl-C, SIGTERM or this command's death: the workers' time to checkpoint.",
 )

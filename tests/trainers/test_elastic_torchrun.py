@@ -160,7 +160,7 @@ def test_a_second_sigterm_does_not_cut_the_agents_stop_short(tmp_path: Path) -> 
     """Slurm signals every process of a step and the resident passes its own on: the
     agent gets SIGTERM twice. It still waits for its workers to commit and leave (torch's
     agent shuts them down again when a signal interrupts the first shutdown)."""
-    from bftrainer.trainers.launch.supervisor import WORKER_FILE
+    from bftrainer.trainers.launch.backends import WORKER_FILE
 
     script = tmp_path / "slow_to_stop.py"
     script.write_text(SLOW_TO_STOP)

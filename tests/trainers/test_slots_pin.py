@@ -106,7 +106,7 @@ print("PROBE " + json.dumps({
 def test_workers_forked_by_torchruns_agent_run_their_slots_threads(tmp_path: Path) -> None:
     """torch is loaded before the worker pins itself: OMP_NUM_THREADS comes too late,
     so the pin sets torch's thread count (the agent's is the node's)."""
-    from bftrainer.trainers.launch.supervisor import WORKER_FILE
+    from bftrainer.trainers.launch.backends import WORKER_FILE
 
     cpus = sorted(os.sched_getaffinity(0))
     channel.write_exec(tmp_path, "local", slots={"n1": [1, 0]}, slots_per_node=2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("horovod", "torchrun")
 STOP_GRACE = "stop.grace"  # Launcher.stop's grace for the supervisor, in seconds
+# How long workers get to checkpoint and exit when stopped; longer than the bound is a
+# hang, not a checkpoint (``run --stop-grace-s``, ``stop.grace``, BFTRAINER_STOP_GRACE_S).
+DEFAULT_STOP_GRACE_S = 30.0
+MAX_STOP_GRACE_S = 3600.0
 # The module every supervisor runs as (Launcher.start; Launcher.running_in looks for it).
 SUPERVISOR_MODULE = "bftrainer.trainers.launch.supervisor"
 
@@ -108,6 +113,20 @@ class TrainerExit:
     # For a failure: "script" (the trainer's own code), "restarts" (its restart budget
     # spent) or "infrastructure" (what ran it), see channel.EXIT_CAUSES.
     cause: str | None = None
+
+
+def stop_grace_s(text: str | None = None) -> float:
+    """The grace ``text`` gives (``stop.grace``'s), else BFTRAINER_STOP_GRACE_S's, else
+    the default: a value that is not a number in [0, MAX_STOP_GRACE_S] is passed over
+    (an endless grace would keep a stopped trainer's processes for ever)."""
+    for given in (text, os.environ.get("BFTRAINER_STOP_GRACE_S")):
+        try:
+            value = float(given) if given is not None else math.nan
+        except ValueError:
+            continue
+        if 0.0 <= value <= MAX_STOP_GRACE_S:
+            return value
+    return DEFAULT_STOP_GRACE_S
 
 
 class Launcher:
