@@ -83,8 +83,9 @@ def read_json(path: Path) -> Any | None:
 
 def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
     """``host[:slots]`` lines (blank lines and ``#`` comments ignored) as (host, slots).
-    A host listed twice is refused: each line starts one agent, and two agents on one
-    host never agree on a rendezvous (``host:slots`` gives a host more slots)."""
+    A host listed twice (in any letter case) is refused: each line starts one agent, and
+    two agents on one host never agree on a rendezvous (``host:slots`` gives a host more
+    slots)."""
     out: list[tuple[str, int]] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
@@ -99,12 +100,13 @@ def parse_hosts(text: str, source: str = "<hosts>") -> list[tuple[str, int]]:
             raise ChannelError(
                 f"{source}:{lineno}: expected 'host' or 'host:slots', got {raw[:120]!r}: {e}"
             ) from None
-        if host in first_line:
+        key = host.lower()  # host names are not case-sensitive: LOCALHOST is localhost
+        if key in first_line:
             raise ChannelError(
                 f"{source}:{lineno}: host {host!r} is listed twice (first at line "
-                f"{first_line[host]}): list each host once, as 'host:slots' for more slots"
+                f"{first_line[key]}): list each host once, as 'host:slots' for more slots"
             )
-        first_line[host] = lineno
+        first_line[key] = lineno
         out.append((host, slots))
     return out
 

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,6 +87,24 @@ def check_output_dir(out: Path, command: str) -> None:
                     "or choose another folder"
                 )
     check_can_create(out.absolute().parent)
+
+
+def refuse_inputs_inside(out: Path, inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    """Refuse up front an ``out`` that holds one of the command's inputs (by identity: a
+    link, another spelling of the path): the new output replaces the folder whole, and
+    the input with it, a file no command can rebuild."""
+    if not out.is_dir():
+        return
+    root = out.resolve()
+    for flag, given in inputs:
+        if given is None or not Path(given).exists():
+            continue
+        path = Path(given).resolve()
+        if path == root or root in path.parents:
+            raise OutputDirError(
+                f"{out}: holds {flag} {given}, which the new output would replace; move it "
+                "or choose another folder"
+            )
 
 
 def check_can_create(folder: Path) -> None:

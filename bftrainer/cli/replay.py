@@ -16,7 +16,12 @@ import click
 
 from bftrainer.cli import UsageError
 from bftrainer.cli.joblog_options import LogOptions, options_from
-from bftrainer.cli.outdir import OutputDirError, check_output_dir, replaced_on_success
+from bftrainer.cli.outdir import (
+    OutputDirError,
+    check_output_dir,
+    refuse_inputs_inside,
+    replaced_on_success,
+)
 from bftrainer.cli.policy_options import T_FWD, policy_flags
 from bftrainer.cli.replay_options import DEFAULT, FLAG_NAMES, replay_options
 from bftrainer.cli.trace import load_trace_or_log, parse_node_range, parse_time_option
@@ -35,7 +40,7 @@ from bftrainer.replay.output import summary_table
 from bftrainer.replay.pollux.output import pollux_summary, pollux_table
 from bftrainer.replay.run import REPLAY_NEEDS, REPLAY_TABLES, ReplayConfig, ReplayError
 from bftrainer.replay.runs_output import write_outputs
-from bftrainer.replay.sweep import policy_configs, run_label, scavenger_only, sweep_configs
+from bftrainer.replay.sweep import policy_configs, run_label, sweep_configs, unused_by_policies
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,14 @@ def replay_cmd(
     folder and the top-level summary.json lists them all. See docs/replay.md.
     """
     log_options_given = options_from(policy)
+    if trace_path is not None:
+        _refuse_given(
+            ("synthetic_nodes", "synthetic_hours"), "shapes the synthetic trace: not with TRACE"
+        )
+        if jobs_path is not None:
+            _refuse_given(
+                ("seed",), "shapes the synthetic trace and workload: not with TRACE and --jobs"
+            )
     trace, from_log = _load(
         trace_path,
         log_options_given,
@@ -184,9 +197,9 @@ def replay_cmd(
             configs = policy_configs(base, policies, pollux=factory is not None)
         except ReplayError as e:
             raise UsageError(str(e)) from None
-    unused = scavenger_only(configs, set_by)
+    unused = unused_by_policies(configs, set_by)
     if unused is not None:
-        raise UsageError(f"{unused} means nothing without --policy scavenger")
+        raise UsageError(f"{unused[0]} means nothing without --policy {unused[1]}")
     windows_count = (trace.end_s - trace.start_s) / base.window_s
     if windows_count > MAX_WINDOWS:
         raise UsageError(
@@ -202,8 +215,19 @@ def replay_cmd(
     if executor != "slurm" and any(v is not None for v in slurm_flags.values()):
         given = next(k for k, v in slurm_flags.items() if v is not None)
         raise UsageError(f"{given} needs --executor slurm")
+    inputs = (
+        ("TRACE", trace_path),
+        ("--jobs", jobs_path),
+        ("--profiles", profiles_path),
+        ("--config", config_path),
+        ("--pollux-data", pollux_data),
+        ("--pollux-workload", pollux_workload),
+        ("--node-list", log_options_given.node_list),
+        ("--down", log_options_given.down),
+    )
     try:
         check_output_dir(out_dir, "replay")  # before the run, not after an hour of it
+        refuse_inputs_inside(out_dir, inputs)
     except OutputDirError as e:
         raise UsageError(f"--out {e}") from None
     failures: list[tuple[ReplayConfig, str, Path]] = []

@@ -14,7 +14,7 @@ from bftrainer.cli.params import POSITIVE, SEED, SYNTHETIC_HOURS, InputFile, Num
 from bftrainer.cli.policy_options import FLAG_NAMES as POLICY_FLAG_NAMES
 from bftrainer.cli.policy_options import policy_options
 from bftrainer.replay.learning import CURVES, PRIORS
-from bftrainer.replay.run import POLICIES, ReplayConfig
+from bftrainer.replay.run import MAX_WINDOWS_ERROR_S, MAX_WINDOWS_LEAD_S, POLICIES, ReplayConfig
 from bftrainer.replay.search import SEARCH_PRUNERS, SEARCH_TRIALS_MAX, SEARCHES
 from bftrainer.replay.windows import WINDOW_MODES
 from bftrainer.replay.zoo import ZOO_SPS
@@ -174,14 +174,14 @@ def replay_options(func: F) -> F:
         click.option(
             "--windows-lead",
             "windows_lead_s",
-            type=Number(min=0.0, max=1e9),
+            type=Number(min=0.0, max=MAX_WINDOWS_LEAD_S),
             help="realistic: a departure is known this many seconds ahead (default: from the "
             "join).",
         ),
         click.option(
             "--windows-error",
             "windows_error_s",
-            type=Number(min=0.0, max=1e7),
+            type=Number(min=0.0, max=MAX_WINDOWS_ERROR_S),
             help="realistic: standard deviation of the stated departure time, s (default 0).",
         ),
         click.option(

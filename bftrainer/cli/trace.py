@@ -33,7 +33,7 @@ from bftrainer.idle_monitor.trace import (
     parse_time_s,
     write_trace,
 )
-from bftrainer.idle_monitor.trace_stats import format_summary, summarize, write_plots
+from bftrainer.idle_monitor.trace_stats import PLOT_NAMES, format_summary, summarize, write_plots
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,21 @@ def stats(
     end_s = parse_time_option("--end", end)
     if start_s is not None and end_s is not None and end_s <= start_s:
         raise UsageError(f"--start {start} and --end {end}: the span is empty")
+    options = options_from(log_kwargs)
     if plots_dir is not None:
         try:
             check_can_create(plots_dir)  # before the trace is read and summarised
         except OutputDirError as exc:
             raise UsageError(f"--plots {exc}") from None
+        inputs = (
+            ("TRACE", trace_path),
+            ("--node-list", options.node_list),
+            ("--down", options.down),
+        )
+        for name in PLOT_NAMES:  # a plot named as an input would replace it
+            _refuse_out_over_an_input(plots_dir / name, inputs, "--plots", "the plot")
     began = time.perf_counter()
-    loaded, _ = load_trace_or_log(trace_path, options_from(log_kwargs), nodes, start_s, end_s)
+    loaded, _ = load_trace_or_log(trace_path, options, nodes, start_s, end_s)
     if loaded.end_s <= loaded.start_s:
         raise UsageError(f"{trace_path}: the trace (as sliced) spans no time: no statistics")
     load_s = time.perf_counter() - began
@@ -196,15 +204,20 @@ def from_log(log_path: Path, out: Path, **log_kwargs: Any) -> None:
     )
 
 
-def _refuse_out_over_an_input(out: Path, inputs: tuple[tuple[str, Path | None], ...]) -> None:
-    """--out naming the job log (or its node list, its down list) replaced the user's log
-    with the trace, a file no command can rebuild: refused, by identity (a link, another
-    spelling of the path)."""
+def _refuse_out_over_an_input(
+    out: Path,
+    inputs: tuple[tuple[str, Path | None], ...],
+    option: str = "--out",
+    written: str = "the trace",
+) -> None:
+    """An output naming an input (--out the job log, its node list, its down list; a plot
+    of --plots the trace) replaced the user's file with ours, a file no command can
+    rebuild: refused, by identity (a link, another spelling of the path)."""
     if not out.exists():
         return
     for flag, path in inputs:
         if path is not None and path.exists() and out.samefile(path):
-            raise UsageError(f"--out {out} is {flag} {path}: the trace would replace its input")
+            raise UsageError(f"{option} {out} is {flag} {path}: {written} would replace its input")
 
 
 @trace.command("synth")

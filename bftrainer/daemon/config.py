@@ -112,6 +112,14 @@ class DaemonConfig(Config):
                 f"{MAX_HOLDER_LEASE_S:.0f} s (a week): it bounds how long a node stays held "
                 "for nobody once the daemon is gone"
             )
+        if self.poll_interval_s > self.holder_lease_s / 2:
+            # The daemon renews a spare held node's lease at a poll once half of it is
+            # gone: a longer poll let the lease lapse, and the holder end, between two.
+            raise ConfigError(
+                f"poll_interval_s = {self.poll_interval_s!r}: expected at most half the "
+                f"holder lease ({self.holder_lease_s:g} s): the daemon renews its holders' "
+                "leases at its polls"
+            )
 
 
 _POLICY_FIELDS = {f.name for f in fields(Config)}

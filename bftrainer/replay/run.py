@@ -60,6 +60,10 @@ from bftrainer.replay.search import (
 from bftrainer.replay.simulator import SimulatedDriver, Waste
 from bftrainer.replay.windows import WINDOW_MODES, WindowKnowledge, events_with_windows
 
+# The realistic windows' limits, the flags' and the config's alike: a departure known
+# at most ~32 years ahead (beyond, say nothing: the default), stated within 1e7 s.
+MAX_WINDOWS_LEAD_S = 1e9
+MAX_WINDOWS_ERROR_S = 1e7
 POLICIES = tuple(POLICY_REGISTRY)
 
 
@@ -141,10 +145,12 @@ class ReplayConfig(Config):
             )
         for name, lo, hi in (
             ("windows_known_share", 0.0, 1.0),
-            ("windows_lead_s", 0.0, math.inf),
-            ("windows_error_s", 0.0, 1e7),
+            ("windows_lead_s", 0.0, MAX_WINDOWS_LEAD_S),
+            ("windows_error_s", 0.0, MAX_WINDOWS_ERROR_S),
         ):
             v = getattr(self, name)
+            if name == "windows_lead_s" and v == math.inf:
+                continue  # the default: known from the join
             if isinstance(v, bool) or not isinstance(v, int | float) or not (lo <= v <= hi):
                 raise ConfigError(f"{name} = {v!r}: expected a number in [{lo:g}, {hi:g}]")
 

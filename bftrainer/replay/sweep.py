@@ -46,13 +46,32 @@ def policy_configs(base: ReplayConfig, policies: str | None, pollux: bool) -> li
     return configs
 
 
-# The scavenger policy's rigid jobs: these mean nothing unless one of the runs is its.
-SCAVENGER_ONLY = ("scavenger_size", "checkpoint_every_s", "restart_s")
+# Settings one policy alone reads: each means nothing unless one of the runs is its
+# (the scavenger's rigid jobs; the allocator's model and solver).
+POLICY_ONLY: dict[str, tuple[str, ...]] = {
+    "scavenger": ("scavenger_size", "checkpoint_every_s", "restart_s"),
+    "milp": (
+        "objective",
+        "formulation",
+        "solver",
+        "t_fwd_s",
+        "time_limit_s",
+        "fairness_p",
+        "fair_share_speedup",
+    ),
+}
 
 
-def scavenger_only(configs: Sequence[ReplayConfig], given: Mapping[str, str]) -> str | None:
-    """Where a setting of the scavenger's rigid jobs was given (a flag, a file's key) when
-    no run is the scavenger policy's, else None: it would be ignored without a word."""
-    if any(c.policy == "scavenger" for c in configs):
-        return None
-    return next((given[f] for f in SCAVENGER_ONLY if f in given), None)
+def unused_by_policies(
+    configs: Sequence[ReplayConfig], given: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """Where a setting that one policy alone reads was given (a flag, a file's key), and
+    that policy, when no run is that policy's; else None: it would be ignored without a
+    word."""
+    for policy, names in POLICY_ONLY.items():
+        if any(c.policy == policy for c in configs):
+            continue
+        where = next((given[f] for f in names if f in given), None)
+        if where is not None:
+            return where, policy
+    return None

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from bftrainer.common.names import repeated_column
+from bftrainer.common.names import NotRegularFileError, open_regular, repeated_column
 from bftrainer.idle_monitor.trace import parse_time_s
 from bftrainer.loop.jobs import JobSpec
 from bftrainer.replay.zoo import ZOO_SPS, zoo_curve
@@ -81,8 +82,12 @@ def _read_profiles(path: Path) -> dict[str, tuple[tuple[float, float], ...]]:
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """The rows of a job set's CSV file with their line numbers; a row with fewer or
+    more fields than the header is named (``csv.DictReader`` fills the missing with
+    None and files the extra under None)."""
     try:
-        with path.open(newline="") as f:
+        # A FIFO or a device found by name is refused, never waited on (open_regular).
+        with open_regular(path) as raw, io.TextIOWrapper(raw, newline="") as f:
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             missing = [c for c in required if c not in header]
@@ -91,7 +96,22 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
             twice = repeated_column(header)
             if twice is not None:
                 raise WorkloadError(f"{path}:1: column {twice!r} appears more than once")
-            return [(i + 2, row) for i, row in enumerate(reader)]
+            rows = []
+            for row in reader:
+                if None in row or None in row.values():
+                    given = (
+                        len(row) - 1 + len(row[None])
+                        if None in row
+                        else sum(v is not None for v in row.values())
+                    )
+                    raise WorkloadError(
+                        f"{path}:{reader.line_num}: {given} field(s) where the header has "
+                        f"{len(header)}"
+                    )
+                rows.append((reader.line_num, row))
+            return rows
+    except NotRegularFileError as e:
+        raise WorkloadError(str(e.strerror)) from None
     except OSError as e:
         raise WorkloadError(f"{path}: cannot read: {e.strerror}") from None
     except (UnicodeDecodeError, csv.Error) as e:

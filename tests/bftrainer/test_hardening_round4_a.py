@@ -339,7 +339,7 @@ def test_a_search_window_or_scavenger_setting_alone_is_refused(tmp_path, args, c
 def test_the_scavenger_settings_with_a_scavenger_run_are_taken(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "bftrainer", "replay", "--synthetic-nodes", "32",
-         "--synthetic-hours", "1", "--jobs-count", "3", "--no-progress", "--solver", "dp",
+         "--synthetic-hours", "1", "--jobs-count", "3", "--no-progress",
          "--policy", "equal,scavenger", "--scavenger-size", "2", "--restart-cost", "5",
          "--out", str(tmp_path / "o")],
         capture_output=True, text=True, check=False, timeout=300,

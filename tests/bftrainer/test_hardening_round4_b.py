@@ -232,13 +232,14 @@ def test_fresh_removes_only_what_bftrainer_wrote(tmp_path: Path) -> None:
     for name in ("hosts", "metrics.jsonl", "checkpoint.pt", "supervisor.log", "exit.json"):
         (d / name).write_text("x")
     (d / ".checkpoint.pt.abc123.tmp").write_text("x")
-    (d / "torchrun").mkdir()
-    (d / "torchrun" / "log").write_text("x")
+    run = d / "torchrun" / "t1-0_k3j9x2ab" / "attempt_0" / "0"  # torchrun's --log-dir
+    run.mkdir(parents=True)
+    (run / "error.json").write_text("x")
     (d / "notes.txt").write_text("mine")
     (d / "data").mkdir()
     assert is_trainer_dir(d)
     assert remove_own_files(d) == ["data", "notes.txt"]
-    assert sorted(p.name for p in d.iterdir()) == ["data", "notes.txt"]
+    assert sorted(p.name for p in d.iterdir()) == ["data", "notes.txt"]  # torchrun/ too
 
 
 # ---------------------------------------------------------------------- hostlists

@@ -37,7 +37,10 @@ FILES = frozenset(
         "discover-hosts.sh",  # Horovod's discovery script (launch/supervisor.py)
     }
 )
-FOLDERS = frozenset({"bin", "torchrun"})  # the ssh shim, torchrun's --log-dir
+# The folders the supervisor makes: the ssh shim's (launch/backends.py) and torchrun's
+# --log-dir, in which each agent's run folder is "<trainer id>-<generation>_<suffix>".
+FOLDERS = frozenset({"bin", "torchrun"})
+SHIMS = frozenset({"ssh"})
 SPEC_KEYS = frozenset({"trainer_id", "script", "args", "trainer_dir", "backend"})
 
 
@@ -71,10 +74,37 @@ def _ours(entry: Path) -> bool:
 
 def remove_own_files(folder: Path) -> list[str]:
     """Remove what bftrainer wrote in the trainer directory ``folder`` (see
-    :func:`is_trainer_dir`); the names of what is left, in order."""
+    :func:`is_trainer_dir`); the names of what is left, in order (a user's file in one
+    of our folders as ``bin/name``: the folder stays with it)."""
+    trainer_id = json.loads((folder / channel.SPEC).read_text()).get("trainer_id")
     left = []
     for entry in sorted(folder.iterdir()):
         if not _ours(entry):
+            left.append(entry.name)
+        elif entry.is_dir():
+            kept = _remove_inside(entry, str(trainer_id))
+            left += [f"{entry.name}/{name}" for name in kept]
+            if not kept:
+                entry.rmdir()
+        else:
+            entry.unlink()
+    return left
+
+
+def _remove_inside(folder: Path, trainer_id: str) -> list[str]:
+    """Remove what bftrainer wrote in one of its ``FOLDERS``; the names left."""
+    left = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink():
+            ours = False
+        elif folder.name == "bin":
+            ours = entry.name in SHIMS and entry.is_file()
+        else:  # torchrun's run folders of this trainer's generations
+            head, sep, _ = entry.name.rpartition("_")
+            prefix, dash, generation = head.rpartition("-")
+            ours = bool(sep and dash) and prefix == trainer_id and generation.isdigit()
+            ours = ours and entry.is_dir()
+        if not ours:
             left.append(entry.name)
         elif entry.is_dir():
             shutil.rmtree(entry)
