@@ -9,7 +9,13 @@ from bftrainer.milp.allocate import (
     AllocatorConfigError,
     allocate,
 )
-from bftrainer.milp.problem import Problem, ProblemError, TrainerSpec, problem_from_dict
+from bftrainer.milp.problem import (
+    Problem,
+    ProblemError,
+    TrainerSpec,
+    check_speedup,
+    problem_from_dict,
+)
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -22,5 +28,6 @@ __all__ = [
     "ProblemError",
     "TrainerSpec",
     "allocate",
+    "check_speedup",
     "problem_from_dict",
 ]

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bftrainer.milp.objective import TrainerTerms
+from bftrainer.milp.objective import TrainerTerms, check_table
 
 # The share of its time the DP runs before it judges its pace (the most it can waste).
 PACE_SHARE = 0.05
@@ -136,7 +136,11 @@ class Tables:
         self.terms, self.t_fwd_s, self.given = terms, t_fwd_s, given
 
     def __getitem__(self, j: int) -> np.ndarray:
-        return self.terms[j].scores(self.t_fwd_s) if self.given is None else self.given[j]
+        if self.given is None:
+            return self.terms[j].scores(self.t_fwd_s)  # checked once, where computed
+        table = self.given[j]
+        check_table(self.terms[j].id, table)
+        return table
 
     def part(self, start: int, end: int) -> Tables:
         given = None if self.given is None else self.given[start:end]

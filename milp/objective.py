@@ -40,7 +40,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bftrainer.milp.problem import Problem, TrainerSpec, fair_admission
+from bftrainer.milp.problem import (
+    Problem,
+    ProblemError,
+    TrainerSpec,
+    check_divisor,
+    fair_admission,
+)
 from bftrainer.milp.slot_packing import DEFAULT_SPREAD_PENALTY, is_packed, packable_counts
 
 
@@ -102,6 +108,7 @@ class TrainerTerms:
         else:
             values = self.count_values()
         s = self.eq16_terms(t_fwd_s, values)
+        check_table(self.id, s)
         if len(self._scores) >= SCORES_KEPT:  # terms outlive a decision (build_terms'
             del self._scores[next(iter(self._scores))]  # cache); T_fwd "auto" moves
         self._scores[t_fwd_s] = s
@@ -194,22 +201,58 @@ def fairness_transform(values: np.ndarray, p: float) -> np.ndarray:
     return e**p * np.expm1(p * log_gain) / p
 
 
+def check_table(trainer_id: str, table: np.ndarray) -> None:
+    """Refuse a value table holding NaN or +inf (no sum over it means anything); -inf is
+    what a count below n_min is worth. Problem's limits keep them out: a last guard."""
+    if not (table < np.inf).all():
+        raise ProblemError(f"trainer {trainer_id!r}: its objective table holds NaN or +inf")
+
+
 def _value_table(
     problem: Problem, t: TrainerSpec, share: float, group: tuple[int, float] | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Steps 1-3 of the module docstring: breakpoints of O_j over 0..curve end.
 
     ``group``: (k_u, w_u) of the trainer's group when fair by user or account."""
-    curve = VALUE_CURVES[problem.objective](t)
-    xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
-    ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
+    xs, ys = _metric_points(problem, t)
     if problem.fair_share_speedup:
-        at_share = float(np.interp(min(max(share, t.n_min), t.n_max), xs, ys))
+        at_share = _at_share(t, share, xs, ys)
+        _check_share_divisor(t, share, at_share, float(ys.max()))
         ys = ys / at_share if at_share > 0 else ys
     if problem.fairness_p != 1.0:  # f_p is not linear: tabulate at every whole count
         grid = np.arange(int(np.ceil(xs[-1])) + 1, dtype=float)
         xs, ys = grid, np.interp(grid, xs, ys)
     return xs, _fair(ys, problem, group)
+
+
+def _metric_points(problem: Problem, t: TrainerSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1: the metric's breakpoints, from (0, 0)."""
+    curve = VALUE_CURVES[problem.objective](t)
+    xs = np.array([0.0] + [float(n) for n, _ in curve if n > 0])
+    ys = np.array([0.0] + [float(v) for n, v in curve if n > 0])
+    return xs, ys
+
+
+def _at_share(t: TrainerSpec, share: float, xs: np.ndarray, ys: np.ndarray) -> float:
+    """Step 2's divisor: the metric at the fair share, within n_min..n_max."""
+    return float(np.interp(_share_count(t, share), xs, ys))
+
+
+def _share_count(t: TrainerSpec, share: float) -> float:
+    return min(max(share, t.n_min), t.n_max)
+
+
+def _check_share_divisor(t: TrainerSpec, share: float, at_share: float, top: float) -> None:
+    """Step 2 divides values reaching ``top`` by ``at_share``: refuse (``ProblemError``,
+    naming the trainer) one that would pass the curve limit (docs/allocator.md,
+    "Limits"); the speedup's own divisor is checked by ``Problem``."""
+    check_divisor(
+        t,
+        at_share,
+        f"fair-share speedup divides its values by its value at its fair share of "
+        f"{_share_count(t, share):g}",
+        top,
+    )
 
 
 def _fair(values: np.ndarray, problem: Problem, group: tuple[int, float] | None) -> np.ndarray:
@@ -413,16 +456,27 @@ def _slot_values(
         else (1.0 - DEFAULT_SPREAD_PENALTY) * packed
     )
     spread = np.minimum(spread, packed)
+    norm, at_share = _slot_divisors(problem, t, share)
+    if problem.fair_share_speedup:
+        _check_share_divisor(t, share, at_share, max(v for _, v in t.curve) / norm)
+    if at_share > 0:
+        norm = norm * at_share
+    packed, spread = packed / norm, spread / norm
+    w = t.weight  # promise: w_j O_j (TrainerSpec.weight)
+    return _fair(packed, problem, group) * w, _fair(spread, problem, group) * w
+
+
+def _slot_divisors(problem: Problem, t: TrainerSpec, share: float) -> tuple[float, float]:
+    """With slots: the metric's divisor (speedup: the rate at 1 slot, inf when it is 0,
+    so the values are 0; else 1) and step 2's (the metric at the fair share; 1 without
+    fair share)."""
     norm = 1.0
     if problem.objective == "speedup":
         one = t.value_at(1.0)
         norm = one if one > 0 else math.inf
-    if problem.fair_share_speedup:
-        at_share = t.value_at(min(max(share, t.n_min), t.n_max)) / norm
-        norm = norm * at_share if at_share > 0 else norm
-    packed, spread = packed / norm, spread / norm
-    w = t.weight  # promise: w_j O_j (TrainerSpec.weight)
-    return _fair(packed, problem, group) * w, _fair(spread, problem, group) * w
+    if not problem.fair_share_speedup:
+        return norm, 1.0
+    return norm, t.value_at(_share_count(t, share)) / norm
 
 
 def _clip_breakpoints(xs: np.ndarray, ys: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from bftrainer.common.names import MAX_SLOTS
+
 OBJECTIVES = ("throughput", "speedup", "goodput")
 # Whose shares the fairness of the objective evens out (docs/allocator.md, "Fair by").
 FAIR_BY = ("trainer", "user", "account")
@@ -184,7 +186,7 @@ class Problem:
             )
         if self.fair_weights and self.fair_by == "trainer":  # they weigh users or accounts
             raise ProblemError('fair_weights means nothing without fair_by "user" or "account"')
-        _check_int(self.slots_per_node, "slots_per_node", minimum=1)
+        _check_int(self.slots_per_node, "slots_per_node", minimum=1, maximum=MAX_SLOTS)
         ids: set[str] = set()
         for t in self.trainers:
             if t.id in ids:
@@ -192,6 +194,9 @@ class Problem:
             ids.add(t.id)
         _check_holdings(self.trainers, self.slots_per_node)
         object.__setattr__(self, "pool_set", pool_set)
+        if self.objective == "speedup":  # fair-share speedup: checked by the objective
+            for t in self.trainers:
+                check_speedup(t)
         if self.slots_per_node > 1 and any(w is not None for w in self.windows_s.values()):
             raise ProblemError(
                 'windows: not modelled with slots_per_node > 1 (docs/allocator.md, "Slots")'
@@ -486,8 +491,40 @@ def _check_number(
         )
 
 
-def _check_int(value: Any, what: str, *, minimum: int) -> None:
+def _check_int(value: Any, what: str, *, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProblemError(f"{what} is {value!r}, expected an integer")
     if value < minimum:
         raise ProblemError(f"{what} is {value!r}, expected >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ProblemError(f"{what} is {value!r}, expected {minimum} to {maximum}")
+
+
+def check_speedup(trainer: TrainerSpec) -> None:
+    """Refuse a trainer that the speedup objective cannot value: its curve over its rate
+    at 1 node would pass ``CURVE_VALUE_MAX`` (``check_divisor``). ``Problem`` runs it on
+    every trainer under that objective; a workload can run it up front."""
+    check_divisor(
+        trainer,
+        trainer.value_at(1.0),
+        "the speedup objective divides its curve by its rate at 1 node",
+    )
+
+
+def check_divisor(
+    trainer: TrainerSpec, divisor: float, what: str, top: float | None = None
+) -> None:
+    """Refuse a division of the trainer's values (their largest: ``top``, by default its
+    curve's) by ``divisor`` (``what``) that would leave one above ``CURVE_VALUE_MAX``:
+    ``top`` may be at most that many times the divisor. A divisor of 0 divides nothing
+    (docs/allocator.md, "Objectives"), so it passes."""
+    if divisor <= 0:
+        return
+    if top is None:
+        top = max(v for _, v in trainer.curve)
+    if top > CURVE_VALUE_MAX * divisor:
+        raise ProblemError(
+            f"trainer {trainer.id!r}: {what}, {divisor!r}, and its values reach {top:g}, "
+            f"more than {CURVE_VALUE_MAX:g} times that (the allocator's limits: "
+            "docs/allocator.md)"
+        )

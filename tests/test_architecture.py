@@ -79,7 +79,7 @@ ROOM_EDGES: dict[str, set[str]] = {
     "bftrainer.hpo": {"bftrainer.common", "bftrainer.state", "bftrainer.trainers"},
     "bftrainer.idle_monitor": {"bftrainer.common"},
     "bftrainer.loop": {"bftrainer.idle_monitor", "bftrainer.milp"},
-    "bftrainer.milp": set(),
+    "bftrainer.milp": {"bftrainer.common"},  # MAX_SLOTS: one limit everywhere
     "bftrainer.policies": {"bftrainer.common", "bftrainer.loop", "bftrainer.milp"},
     "bftrainer.replay": {
         "bftrainer.common",

@@ -19,7 +19,7 @@ from typing import Any
 
 from bftrainer.centre.transport import RequestRefused
 from bftrainer.loop.jobs import JobSpec, prior_curve
-from bftrainer.milp.problem import ProblemError
+from bftrainer.milp.problem import ProblemError, check_speedup
 
 # Request kinds.
 HELLO = "hello"  # an agent (or a user's command) asks for the centre's settings
@@ -177,9 +177,12 @@ class TrainerReport:
         where = f"trainer {self.id}"
         for metric, curve in {"throughput": None, **self.curves}.items():
             try:
-                self.job(self.id, "", "").trainer_spec(
+                spec = self.job(self.id, "", "").trainer_spec(
                     curve=curve or ((float(self.n_max), float(self.n_max)),), nodes=self.nodes
                 )
+                # Whatever the centre's objective: under speedup, the decision that
+                # serves every user would refuse the curve (milp's check_speedup).
+                check_speedup(spec)
             except ProblemError as e:
                 reason = str(e).split(": ", 1)[-1].replace("curve", f"{metric} curve", 1)
                 raise RequestRefused(f"{where}: {reason}") from None

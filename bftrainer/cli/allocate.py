@@ -67,6 +67,8 @@ def allocate_cmd(
         )
     except SolverError as e:
         raise click.ClickException(str(e)) from None
+    except ProblemError as e:  # what only solving finds (a fair share's divisor)
+        raise UsageError(f"{name}: {e}") from None
     if as_json:
         click.echo(strict_json.dumps(result.to_json(), indent=2))
     else:

@@ -27,6 +27,7 @@ from bftrainer.cli.replay_options import DEFAULT, FLAG_NAMES, replay_options
 from bftrainer.cli.trace import load_trace_or_log, parse_node_range, parse_time_option
 from bftrainer.idle_monitor.trace import Trace
 from bftrainer.loop.jobs import JobSpec, JobSpecError, check_workload, jobs_in_slots
+from bftrainer.milp import ProblemError
 from bftrainer.policies.config import (
     ConfigError,
     given_fields,
@@ -197,6 +198,11 @@ def replay_cmd(
             configs = policy_configs(base, policies, pollux=factory is not None)
         except ReplayError as e:
             raise UsageError(str(e)) from None
+    if any(c.policy == "milp" and c.objective == "speedup" for c in configs):
+        try:
+            check_workload(jobs, speedup=True)
+        except JobSpecError as e:
+            raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     unused = unused_by_policies(configs, set_by)
     if unused is not None:
         raise UsageError(f"{unused[0]} means nothing without --policy {unused[1]}")
@@ -247,6 +253,8 @@ def replay_cmd(
             outcomes = run_all(trace, jobs, configs, progress, factory)
     except ReplayError as e:
         raise UsageError(str(e)) from None
+    except ProblemError as e:  # what only a decision finds (a fair share's divisor)
+        raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     for config, reason, log_path in failures:
         click.echo(f"replay {run_label(config)} failed: {reason}; its log: {log_path}", err=True)
     if not outcomes:

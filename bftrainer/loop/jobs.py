@@ -155,16 +155,18 @@ class JobSpecError(ValueError):
     """A workload the replay or daemon cannot run; the message names the job."""
 
 
-def check_workload(jobs: Sequence[JobSpec]) -> None:
+def check_workload(jobs: Sequence[JobSpec], *, speedup: bool = False) -> None:
     """Refuse the whole workload up front if any job is bad, naming the first bad one.
 
     Every job must be a valid allocator trainer (``TrainerSpec``: n_min <= n_max, a
     curve that reaches n_max, costs within the allocator's limits), with positive
-    finite work, a plausible submit time, and an id no other job has. Checked once
-    before the replay starts, rather than when the job first reaches the allocator.
+    finite work, a plausible submit time, and an id no other job has; with ``speedup``
+    (a run under the speedup objective), a curve that objective can divide by its rate
+    at 1 node (``check_speedup``). Checked once before the replay starts, rather than
+    when the job first reaches the allocator.
     """
     from bftrainer.idle_monitor.trace import check_epoch_s
-    from bftrainer.milp import ProblemError
+    from bftrainer.milp import ProblemError, check_speedup
 
     seen: dict[str, int] = {}
     for i, job in enumerate(jobs):
@@ -178,7 +180,9 @@ def check_workload(jobs: Sequence[JobSpec]) -> None:
             raise JobSpecError(f"{where}: work is {job.work_samples!r} samples, expected > 0")
         try:
             check_epoch_s(job.submit_s)
-            job.trainer_spec()
+            spec = job.trainer_spec()
+            if speedup:
+                check_speedup(spec)
         except (ProblemError, ValueError) as e:
             reason = str(e).split(": ", 1)[-1] if str(e).startswith("trainer ") else str(e)
             raise JobSpecError(f"{where}: {reason}") from None

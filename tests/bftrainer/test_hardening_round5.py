@@ -238,3 +238,33 @@ def test_fresh_keeps_a_users_files_inside_the_folders_bftrainer_makes(tmp_path: 
     assert (d / "bin" / "mytool").read_text() == "my precious tool\n"
     assert not (d / "bin" / "ssh").exists() and not (d / "torchrun" / "x-3_abcd1234").exists()
     assert not (d / "spec.json").exists()
+
+
+# ---- the speedup objective's divisor ------------------------------------------------------
+def test_a_job_set_the_speedup_objective_cannot_value_is_refused_up_front(
+    tmp_path: Path, trace: Path
+) -> None:
+    """A 1-node rate of 1e-320 under --objective speedup: InfeasibleCountsError's
+    traceback after the replay began; now one line before it."""
+    tiny = CURVES.replace("j1-mlp,1,100", "j1-mlp,1,1e-320")
+    jobs = job_set(tmp_path, "s", profiles=tiny)
+    done = bftrainer(
+        "replay", trace, "--jobs", jobs, "--solver", "dp", "--objective", "speedup",
+        "--out", tmp_path / "o",
+    )  # fmt: skip
+    refused(done, "job 1 ('j1-mlp'): the speedup objective divides its curve by its rate")
+    fine = bftrainer("replay", trace, "--jobs", jobs, "--solver", "dp", "--out", tmp_path / "o")
+    assert fine.returncode == 0, fine.stderr  # throughput divides by nothing
+
+
+def test_the_centre_refuses_at_the_sync_a_curve_the_speedup_objective_cannot_value() -> None:
+    from bftrainer.centre.protocol import TrainerReport
+    from bftrainer.centre.transport import RequestRefused
+
+    report = TrainerReport(
+        id="t0001", model="m.py", submit_s=0.0, n_min=1, n_max=4, rescale_up_s=1.0,
+        rescale_down_s=1.0, work_samples=1e6,
+        curves={"throughput": ((1, 1e-300), (4, 1e12))},
+    )  # fmt: skip
+    with pytest.raises(RequestRefused, match="trainer t0001: the speedup objective divides"):
+        report.check_allocatable()
