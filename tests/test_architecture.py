@@ -102,7 +102,7 @@ ROOM_EDGES: dict[str, set[str]] = {
         "bftrainer.state",
         "bftrainer.trainers",
     },
-    "bftrainer.state": set(),
+    "bftrainer.state": {"bftrainer.common"},
     "bftrainer.trainers": {"bftrainer.common", "bftrainer.milp"},
 }
 # Folders that hold modules only inside packages: no module may sit loose in them.

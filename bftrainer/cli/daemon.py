@@ -30,6 +30,7 @@ from bftrainer.policies.registry import LIVE_POLICIES
 from bftrainer.state import (
     DaemonLock,
     DaemonRunningError,
+    DamagedRecordError,
     StateError,
     Store,
     ensure_state_dir,
@@ -221,10 +222,15 @@ def serve(
         lock.release()
         raise
     monitor = build_source(**source, read_gpus=config.gpu_slots)
+    store = None
     try:
-        # Checked at start: a newer schema, a file that is no database, a table gone.
+        # Checked at start: a newer schema, a file that is no database, a table or a
+        # column gone, a record the daemon restores from damaged.
         store = Store.open(path, wait_for_writers=True)
+        store.check_records()
     except StateError as exc:
+        if store is not None:
+            store.close()
         monitor.runner.close()
         if metrics is not None:
             metrics.close()
@@ -278,7 +284,9 @@ def serve(
         log.info("metrics: %s", metrics.where)
     try:
         daemon.run()
-    except GresError as exc:
+    except (GresError, DamagedRecordError) as exc:
+        # A record damaged since the start (by hand): the trainers (detached) and their
+        # holders (leases they renew) go on; the line names the row to repair.
         raise click.ClickException(str(exc)) from None
     except (sqlite3.Error, OSError) as exc:
         if not state_unwritable(exc):

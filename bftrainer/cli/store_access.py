@@ -95,8 +95,9 @@ def open_store(
             raise click.ClickException(_full(path, exc)) from None
         raise
     except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        # A missing table or column, bad JSON in a column, a setting of another shape:
-        # the store is not as bftrainer wrote it. Named, never changed.
+        # Tables, columns and rows are checked where they are opened and read (a
+        # StateError above, naming the row and field); this names what is left of a
+        # store that is not as bftrainer wrote it. Never changed.
         raise click.ClickException(f"{store.path} is damaged: {exc!r}") from None
     finally:
         try:

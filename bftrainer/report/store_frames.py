@@ -28,7 +28,15 @@ from bftrainer.report.frames import (
     fmt_time,
     holders_frame,
 )
-from bftrainer.state import AllocationRow, MetricRow, PoolEventRow, StateError, Store, read_again
+from bftrainer.state import (
+    DB_NAME,
+    AllocationRow,
+    MetricRow,
+    PoolEventRow,
+    StateError,
+    Store,
+    read_again,
+)
 
 _END_CHANGE = {"done": "complete", "cancelled": "cancel", "failed": "fail"}
 
@@ -65,8 +73,9 @@ def load_store(
 
     try:  # read afresh if a daemon opened or closed the store under the read
         rows, history, holders, pool_events, metrics = read_again(read)
-    except StateError as exc:
+    except StateError as exc:  # a damaged row among them: named by the store's check
         raise FramesError(str(exc)) from None
+    _check_times(d, rows, history, holders, pool_events)
     events = pd.DataFrame(
         {
             "time": epoch_times([e.time_s for e in pool_events]),
@@ -128,6 +137,44 @@ def load_store(
         end=hi,
         curves=curves_frame(limits, metrics, hi.timestamp()),
     )
+
+
+# The epoch seconds a time of the frames can hold (pandas' times: 1677 to 2262), with a
+# day to spare. The store checks that its times are finite numbers; a finite one past
+# these is named here, not by pandas' OutOfBoundsDatetime.
+_TIMES_S = (pd.Timestamp.min.timestamp() + 86400, pd.Timestamp.max.timestamp() - 86400)
+
+
+def _check_times(
+    d: Path,
+    trainers: list[dict[str, Any]],
+    history: dict[str, list[AllocationRow]],
+    holders: list[dict[str, Any]],
+    pool_events: list[PoolEventRow],
+) -> None:
+    """Every time the frames show can be shown: else ``FramesError`` naming the row."""
+    named: list[tuple[str, str, float | None]] = [
+        (f"pool_events row {e.id}", "time_s", e.time_s) for e in pool_events
+    ]
+    for r in trainers:
+        named += [
+            (f"trainers row {r['id']}", f, r[f]) for f in ("submit_s", "started_s", "finished_s")
+        ]
+        named += [
+            (f"allocations row of trainer {r['id']}", "time_s", a.time_s) for a in history[r["id"]]
+        ]
+    for h in holders:
+        named += [
+            (f"holders row of job {h['job_id']}", f, h[f])
+            for f in ("submit_s", "started_s", "ended_s")
+        ]
+    lo, hi = _TIMES_S
+    for record, field, value in named:
+        if value is not None and not lo <= value <= hi:
+            raise FramesError(
+                f"{d / DB_NAME}: {record}: {field} is {value!r}, not a time a report can "
+                "show (epoch seconds from 1677 to 2262): the store is damaged"
+            )
 
 
 def _store_changes(

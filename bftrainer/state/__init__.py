@@ -34,6 +34,7 @@ from bftrainer.state.directory import (
 )
 from bftrainer.state.errors import (
     DaemonRunningError,
+    DamagedRecordError,
     HolderConflictError,
     InvalidTrainerError,
     SchemaError,
@@ -78,6 +79,7 @@ __all__ = [
     "AllocationRow",
     "DaemonLock",
     "DaemonRunningError",
+    "DamagedRecordError",
     "HolderConflictError",
     "HolderRow",
     "InvalidTrainerError",

@@ -8,6 +8,7 @@ way to make several writes one commit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -21,6 +22,7 @@ from typing import Self, TypeVar
 from bftrainer.state.directory import (
     DB_NAME,
     blame_the_directory_if_read_only,
+    check_db_file,
     check_existing_db,
     check_state_dir,
     ensure_state_dir,
@@ -28,6 +30,7 @@ from bftrainer.state.directory import (
     read_only_uri,
 )
 from bftrainer.state.errors import (
+    DAMAGED_HINT,
     SchemaError,
     StateBusyError,
     StateDirError,
@@ -48,6 +51,32 @@ READ_ONLY_RETRIES_S = (0.01, 0.05, 0.2)
 # Pauses before ``read_again`` reads afresh a store that changed under its read.
 READ_AGAIN_S = (0.05, 0.2, 0.5, 1.0)
 SQLITE_READONLY, SQLITE_CANTOPEN = 8, 14  # SQLite's primary result codes
+
+
+def _text(data: bytes) -> str | bytes:
+    """A TEXT value as str; one that is not UTF-8 stays bytes, for the row's check to
+    name its field (SQLite's own decoding fails the whole query, naming no row)."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return data
+
+
+@functools.cache
+def expected_columns() -> dict[str, tuple[str, ...]]:
+    """Each table's columns at SCHEMA_VERSION: those of a database built afresh by the
+    migrations, in memory (once per process)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for script in MIGRATIONS:
+            for statement in statements(script):
+                conn.execute(statement)
+        return {
+            table: tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})").fetchall())
+            for table in TABLES
+        }
+    finally:
+        conn.close()
 
 
 def _raced_a_writer(exc: sqlite3.DatabaseError) -> bool:
@@ -133,6 +162,7 @@ class Database:
             # Create the file owner-only; SQLite gives its -wal and -shm files that mode.
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            check_db_file(path)
         else:
             check_state_dir(state_dir)
             check_existing_db(path, state_dir)
@@ -153,6 +183,7 @@ class Database:
                     path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
                 )
             conn.row_factory = sqlite3.Row
+            conn.text_factory = _text
             store = cls(
                 conn, path, unchanged, read_only=read_only, wait_for_writers=wait_for_writers
             )
@@ -207,8 +238,9 @@ class Database:
         self._check_tables()
 
     def _check_tables(self) -> None:
-        """Every table and view of this version is there (one line naming the first
-        missing one, instead of a traceback at the first read or write of it)."""
+        """Every table and view of this version is there, each table with its columns
+        (one line naming the first missing one, instead of a traceback at the first read
+        or write of it)."""
         have = {
             (r[0], r[1])
             for r in self._conn.execute("SELECT type, name FROM sqlite_master").fetchall()
@@ -218,8 +250,15 @@ class Database:
                 if (kind, name) not in have:
                     raise SchemaError(
                         f"{self.path} has no {kind} {name!r} (schema version "
-                        f"{SCHEMA_VERSION}): the store is damaged; move it away to start "
-                        "afresh, or restore it from a copy"
+                        f"{SCHEMA_VERSION}): {DAMAGED_HINT}"
+                    )
+        for table, columns in expected_columns().items():
+            found = {r[1] for r in self._conn.execute(f"PRAGMA table_info({table})").fetchall()}
+            for column in columns:
+                if column not in found:
+                    raise SchemaError(
+                        f"{self.path}: table {table!r} has no column {column!r} (schema "
+                        f"version {SCHEMA_VERSION}): {DAMAGED_HINT}"
                     )
 
     def _migrate(self) -> None:

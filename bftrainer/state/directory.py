@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
+from bftrainer.common.names import not_regular
 from bftrainer.state.errors import SchemaError, StateDirError
 
 DB_NAME = "state.db"
@@ -69,10 +70,25 @@ def check_existing_db(path: Path, state_dir: Path) -> None:
         raise StateDirError(f"no bftrainer state in {state_dir} (no {DB_NAME})") from None
     except OSError as exc:
         raise StateDirError(f"cannot use {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise StateDirError(f"{path} is not a regular file (a folder?): not a state database")
+    _check_regular(path, st.st_mode)
     if st.st_size == 0:
         raise SchemaError(f"{path} is empty (0 bytes): not a bftrainer state database")
+
+
+def check_db_file(path: Path) -> None:
+    """For the commands that create the database when missing (the daemon, ``submit``),
+    once it exists: a regular file, looked at before SQLite opens it (given a FIFO or a
+    folder it fails with a bare "disk I/O error" or "unable to open")."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise StateDirError(f"cannot use {path}: {exc.strerror}") from None
+    _check_regular(path, st.st_mode)
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise StateDirError(f"{not_regular(path, mode)}: not a state database")
 
 
 def blame_the_directory_if_read_only(state_dir: Path, exc: sqlite3.Error) -> None:

@@ -22,6 +22,20 @@ class SchemaError(StateError):
     """The database is not a bftrainer state database this version can read."""
 
 
+# What every "the store is damaged" line ends with: what the user can do about it.
+DAMAGED_HINT = "the store is damaged; move it away to start afresh, or restore it from a copy"
+
+
+class DamagedRecordError(StateError):
+    """A row holds what bftrainer never writes there (text for a number, a negative
+    count, JSON of another shape): named by store, table, row and field when the row is
+    read, instead of a traceback wherever the value is used later."""
+
+    def __init__(self, db: Path, table: str, record: str, field: str, problem: str) -> None:
+        self.db, self.table, self.record, self.field = db, table, record, field
+        super().__init__(f"{db}: {table} row {record}: {field} {problem}; {DAMAGED_HINT}")
+
+
 class DaemonRunningError(StateError):
     """Another daemon holds the state directory's lock; ``pid`` is its process id."""
 

@@ -10,8 +10,21 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-from bftrainer.state.rows import AllocationRow, HolderRow, TrainerRow
+from bftrainer.state.errors import DamagedRecordError
+from bftrainer.state.rows import (
+    BACKENDS,
+    HOLDER_STATES,
+    TRAINER_STATES,
+    AllocationRow,
+    HolderRow,
+    MetricRow,
+    PoolEventRow,
+    TrainerRow,
+)
 
 SCHEMA_VERSION = 8
 # What a database of SCHEMA_VERSION holds: checked when it is opened, so that a store
@@ -172,56 +185,212 @@ def to_json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def trainer_from_row(row: sqlite3.Row) -> TrainerRow:
-    return TrainerRow(
-        id=row["id"],
-        script=row["script"],
-        args=tuple(json.loads(row["args"])),
-        backend=row["backend"],
-        n_min=row["n_min"],
-        n_max=row["n_max"],
-        work_samples=math.inf if row["work_samples"] is None else row["work_samples"],
-        rescale_up_s=row["rescale_up_s"],
-        rescale_down_s=row["rescale_down_s"],
-        state=row["state"],
-        submit_s=row["submit_s"],
-        started_s=row["started_s"],
-        finished_s=row["finished_s"],
-        cancel_requested=bool(row["cancel_requested"]),
-        samples_done=row["samples_done"],
-        throughput_sps=row["throughput_sps"],
-        goodput_sps=row["goodput_sps"],
-        batch_size=row["batch_size"],
-        reason=row["reason"],
-        trainer_dir=row["trainer_dir"],
-        supervisor=row["supervisor"],
-        restarts=row["restarts"],
-        rungs=row["rungs"],
+class _Fields:
+    """One row's fields, each read with its check: a value bftrainer never writes there
+    (another type, out of range, JSON of another shape, a column gone) is a
+    ``DamagedRecordError`` naming the store, the table, the row and the field, here,
+    not a traceback wherever the value is used later."""
+
+    def __init__(self, db: Path, table: str, row: sqlite3.Row, record: str) -> None:
+        self.db, self.table, self.row, self.record = db, table, row, record
+
+    def damaged(self, field: str, problem: str) -> DamagedRecordError:
+        return DamagedRecordError(self.db, self.table, self.record, field, problem)
+
+    def bad(self, field: str, value: object, expected: str) -> DamagedRecordError:
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return self.damaged(field, f"is {shown}, expected {expected}")
+
+    def raw(self, field: str) -> object:
+        try:
+            return self.row[field]
+        except IndexError:
+            raise self.damaged(field, "is missing (no such column)") from None
+
+    def text(self, field: str, choices: Sequence[str] = ()) -> str:
+        value = self.raw(field)
+        if not isinstance(value, str) or (choices and value not in choices):
+            raise self.bad(field, value, f"one of {', '.join(choices)}" if choices else "text")
+        return value
+
+    def text_or_none(self, field: str) -> str | None:
+        return None if self.raw(field) is None else self.text(field)
+
+    def whole(self, field: str, least: int = 0, most: int | None = None) -> int:
+        value = self.raw(field)
+        if not isinstance(value, int) or value < least or (most is not None and value > most):
+            within = f">= {least}" if most is None else f"from {least} to {most}"
+            raise self.bad(field, value, f"a whole number {within}")
+        return value
+
+    def whole_or_none(self, field: str, least: int = 0) -> int | None:
+        return None if self.raw(field) is None else self.whole(field, least)
+
+    def number(
+        self, field: str, *, least: float = -math.inf, above: bool = False, finite: bool = True
+    ) -> float:
+        """A number >= ``least`` (> ``least`` when ``above``), finite unless ``finite``
+        is False."""
+        value = self.raw(field)
+        if (
+            not isinstance(value, int | float)
+            or not (value > least if above else value >= least)
+            or (finite and not math.isfinite(value))
+        ):
+            what = "a finite number" if finite else "a number"
+            if least > -math.inf:
+                what += f" {'>' if above else '>='} {least:g}"
+            raise self.bad(field, value, what)
+        return value
+
+    def number_or_none(
+        self, field: str, *, least: float = -math.inf, above: bool = False, finite: bool = True
+    ) -> float | None:
+        if self.raw(field) is None:
+            return None
+        return self.number(field, least=least, above=above, finite=finite)
+
+    def json(self, field: str, expected: str, fits: Callable[[Any], bool]) -> Any:
+        """The field's JSON text, parsed; it must parse to what ``fits``."""
+        text = self.raw(field)
+        if not isinstance(text, str):
+            raise self.bad(field, text, f"JSON text of {expected}")
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError):
+            raise self.bad(field, text, f"JSON text of {expected}") from None
+        if not fits(value):
+            raise self.bad(field, text, expected)
+        return value
+
+
+def _peek(row: sqlite3.Row, field: str) -> object:
+    """A field for naming its row, unchecked (None when the column is gone)."""
+    try:
+        return row[field]
+    except IndexError:
+        return None
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _slots(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(s, list)
+        and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in s)
+        for s in value.values()
     )
 
 
-def allocation_from_row(trainer_id: str, row: sqlite3.Row) -> AllocationRow:
-    slots = json.loads(row["slots"]) if row["slots"] else {}
+def _windows(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        w is None or (isinstance(w, int | float) and not isinstance(w, bool) and not math.isnan(w))
+        for w in value.values()
+    )
+
+
+_NAMES = "a list of names"
+
+
+def trainer_from_row(db: Path, row: sqlite3.Row) -> TrainerRow:
+    """A ``trainers`` row, each field checked (``DamagedRecordError``)."""
+    tid = _peek(row, "id")
+    label = tid if isinstance(tid, str) and tid else f"seq {_peek(row, 'seq')}"
+    f = _Fields(db, "trainers", row, label)
+    n_min = f.whole("n_min", 1)
+    work = f.raw("work_samples")
+    return TrainerRow(
+        id=f.text("id"),
+        script=f.text("script"),
+        args=tuple(f.json("args", "a list of arguments (text)", _names)),
+        backend=f.text("backend", BACKENDS),
+        n_min=n_min,
+        n_max=f.whole("n_max", n_min),
+        work_samples=math.inf if work is None else f.number("work_samples", least=0, above=True),
+        rescale_up_s=f.number("rescale_up_s", least=0),
+        rescale_down_s=f.number("rescale_down_s", least=0),
+        state=f.text("state", TRAINER_STATES),
+        submit_s=f.number("submit_s"),
+        started_s=f.number_or_none("started_s"),
+        finished_s=f.number_or_none("finished_s"),
+        cancel_requested=bool(f.whole("cancel_requested", 0, 1)),
+        samples_done=f.whole("samples_done"),
+        # Rates: inf is a rate too (status shows "-"); a negative one is not.
+        throughput_sps=f.number_or_none("throughput_sps", least=0, finite=False),
+        goodput_sps=f.number_or_none("goodput_sps", least=0, finite=False),
+        batch_size=f.whole_or_none("batch_size"),
+        reason=f.text("reason"),
+        trainer_dir=f.text_or_none("trainer_dir"),
+        supervisor=f.text_or_none("supervisor"),
+        restarts=f.whole("restarts"),
+        rungs=f.whole("rungs"),
+    )
+
+
+def allocation_from_row(db: Path, row: sqlite3.Row) -> AllocationRow:
+    """An ``allocations`` row (with its ``id``), each field checked."""
+    label = f"{_peek(row, 'id')} (trainer {_peek(row, 'trainer_id')})"
+    f = _Fields(db, "allocations", row, label)
+    kept = f.raw("slots") not in (None, "")  # NULL: one slot per node
+    slots = f.json("slots", "a map of node to slot numbers", _slots) if kept else {}
     return AllocationRow(
-        trainer_id,
-        tuple(json.loads(row["nodes"])),
-        row["time_s"],
+        f.text("trainer_id"),
+        tuple(f.json("nodes", _NAMES, _names)),
+        f.number("time_s"),
         {n: tuple(s) for n, s in slots.items()},
     )
 
 
-def holder_from_row(row: sqlite3.Row) -> HolderRow:
+def holder_from_row(db: Path, row: sqlite3.Row) -> HolderRow:
+    """A ``holders`` row, each field checked."""
+    f = _Fields(db, "holders", row, f"{_peek(row, 'seq')} (job {_peek(row, 'job_id')})")
     return HolderRow(
-        job_id=row["job_id"],
-        node=row["node"],
-        state=row["state"],
-        submit_s=row["submit_s"],
-        started_s=row["started_s"],
-        ended_s=row["ended_s"],
-        trainer_id=row["trainer_id"],
-        reason=row["reason"],
-        limit_s=row["limit_s"],
+        job_id=f.text("job_id"),
+        node=f.text("node"),
+        state=f.text("state", HOLDER_STATES),
+        submit_s=f.number("submit_s"),
+        started_s=f.number_or_none("started_s"),
+        ended_s=f.number_or_none("ended_s"),
+        trainer_id=f.text_or_none("trainer_id"),
+        reason=f.text("reason"),
+        limit_s=f.number_or_none("limit_s", least=0, above=True),
     )
+
+
+def pool_event_from_row(db: Path, row: sqlite3.Row) -> PoolEventRow:
+    """A ``pool_events`` row, each field checked."""
+    f = _Fields(db, "pool_events", row, str(_peek(row, "id")))
+    return PoolEventRow(
+        f.whole("id"),
+        f.number("time_s"),
+        tuple(f.json("joined", _NAMES, _names)),
+        tuple(f.json("left_nodes", _NAMES, _names)),
+        f.json("windows", "a map of node to seconds (or null)", _windows),
+        bool(f.whole("stale", 0, 1)),
+    )
+
+
+def metric_from_row(db: Path, row: sqlite3.Row) -> MetricRow:
+    """A ``metrics`` row, each field checked (the record's own fields are the trainer's:
+    its readers skip a record they cannot use)."""
+    label = f"{_peek(row, 'id')} (trainer {_peek(row, 'trainer_id')})"
+    f = _Fields(db, "metrics", row, label)
+    return MetricRow(
+        f.whole("id"),
+        f.text("trainer_id"),
+        f.number("time_s"),
+        f.json("record", "a JSON object", lambda v: isinstance(v, dict)),
+    )
+
+
+def setting_from_row(db: Path, row: sqlite3.Row) -> Any:
+    """A ``settings`` row's value (any JSON; its reader checks the shape)."""
+    f = _Fields(db, "settings", row, repr(_peek(row, "key")))
+    return f.json("value", "JSON", lambda v: True)
 
 
 def statements(script: str) -> list[str]:

@@ -8,7 +8,6 @@ that block's single commit.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -41,7 +40,15 @@ from bftrainer.state.rows import (
     check_states,
     trainer_id_of,
 )
-from bftrainer.state.schema import allocation_from_row, holder_from_row, to_json, trainer_from_row
+from bftrainer.state.schema import (
+    allocation_from_row,
+    holder_from_row,
+    metric_from_row,
+    pool_event_from_row,
+    setting_from_row,
+    to_json,
+    trainer_from_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +123,7 @@ class Store(Database):
         rows = self._query("SELECT * FROM trainers WHERE id = ?", (trainer_id,))
         if not rows:
             raise UnknownTrainerError(trainer_id)
-        return trainer_from_row(rows[0])
+        return trainer_from_row(self.path, rows[0])
 
     def trainers(self, states: Iterable[str] | None = None) -> list[TrainerRow]:
         """All trainers (or those in ``states``), in submission order."""
@@ -129,7 +136,7 @@ class Store(Database):
             rows = self._query(
                 f"SELECT * FROM trainers WHERE state IN ({marks}) ORDER BY seq", wanted
             )
-        return [trainer_from_row(r) for r in rows]
+        return [trainer_from_row(self.path, r) for r in rows]
 
     def trainer_counts(self) -> dict[str, int]:
         """How many trainers are in each state (every state, 0 included): one query,
@@ -273,22 +280,30 @@ class Store(Database):
 
     def current_allocations(self) -> dict[str, AllocationRow]:
         """trainer id -> its latest allocation (trainers never allocated are absent)."""
-        rows = self._query("SELECT trainer_id, time_s, nodes, slots FROM current_allocations")
-        return {r["trainer_id"]: allocation_from_row(r["trainer_id"], r) for r in rows}
+        # The view current_allocations, with each row's id (to name a damaged one).
+        rows = self._query(
+            "SELECT id, trainer_id, time_s, nodes, slots FROM allocations"
+            " WHERE id IN (SELECT MAX(id) FROM allocations GROUP BY trainer_id)"
+        )
+        allocs = [allocation_from_row(self.path, r) for r in rows]
+        return {a.trainer_id: a for a in allocs}
 
     def current_allocation(self, trainer_id: str) -> tuple[str, ...]:
         """The nodes a trainer holds now (empty if none or never allocated)."""
         rows = self._query(
-            "SELECT nodes FROM current_allocations WHERE trainer_id = ?", (trainer_id,)
+            "SELECT id, trainer_id, time_s, nodes, slots FROM allocations"
+            " WHERE trainer_id = ? ORDER BY id DESC LIMIT 1",
+            (trainer_id,),
         )
-        return tuple(json.loads(rows[0]["nodes"])) if rows else ()
+        return allocation_from_row(self.path, rows[0]).nodes if rows else ()
 
     def allocation_history(self, trainer_id: str) -> list[AllocationRow]:
         rows = self._query(
-            "SELECT time_s, nodes, slots FROM allocations WHERE trainer_id = ? ORDER BY id",
+            "SELECT id, trainer_id, time_s, nodes, slots FROM allocations"
+            " WHERE trainer_id = ? ORDER BY id",
             (trainer_id,),
         )
-        return [allocation_from_row(trainer_id, r) for r in rows]
+        return [allocation_from_row(self.path, r) for r in rows]
 
     # ------------------------------------------------------------- holders
 
@@ -339,7 +354,7 @@ class Store(Database):
 
     def holder(self, job_id: str) -> HolderRow:
         """The holder of ``job_id``: the live one, or the latest to end."""
-        return holder_from_row(self._latest_holder(job_id))
+        return holder_from_row(self.path, self._latest_holder(job_id))
 
     def _latest_holder(self, job_id: str) -> sqlite3.Row:
         rows = self._query(
@@ -353,7 +368,7 @@ class Store(Database):
         """Holders not yet ended (or all of them), oldest first."""
         where = "WHERE state != 'ended'" if live_only else ""
         rows = self._query(f"SELECT * FROM holders {where} ORDER BY submit_s, seq")
-        return [holder_from_row(r) for r in rows]
+        return [holder_from_row(self.path, r) for r in rows]
 
     def set_holder_state(
         self, job_id: str, state: str, *, reason: str = "", now_s: float | None = None
@@ -364,7 +379,7 @@ class Store(Database):
         now = time.time() if now_s is None else now_s
         with self.transaction():
             found = self._latest_holder(job_id)
-            row = holder_from_row(found)
+            row = holder_from_row(self.path, found)
             if state == row.state:
                 return row
             if state not in HOLDER_NEXT[row.state]:
@@ -414,17 +429,7 @@ class Store(Database):
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [
-            PoolEventRow(
-                r["id"],
-                r["time_s"],
-                tuple(json.loads(r["joined"])),
-                tuple(json.loads(r["left_nodes"])),
-                json.loads(r["windows"]),
-                bool(r["stale"]),
-            )
-            for r in self._query(sql, params)
-        ]
+        return [pool_event_from_row(self.path, r) for r in self._query(sql, params)]
 
     def last_pool_event(self) -> PoolEventRow | None:
         rows = self._query("SELECT max(id) FROM pool_events")
@@ -477,15 +482,25 @@ class Store(Database):
             "SELECT * FROM metrics WHERE trainer_id = ? AND id > ? ORDER BY id",
             (trainer_id, after_id),
         )
-        return [
-            MetricRow(r["id"], r["trainer_id"], r["time_s"], json.loads(r["record"])) for r in rows
-        ]
+        return [metric_from_row(self.path, r) for r in rows]
+
+    # ------------------------------------------------------------- checks
+
+    def check_records(self) -> None:
+        """Read every record a daemon restores from (the trainers, the live holders, the
+        current allocations, the settings, the last pool event): a damaged one is named
+        when the daemon starts (``DamagedRecordError``), not by a traceback at a step."""
+        self.trainers()
+        self.holders(live_only=True)
+        self.current_allocations()
+        self.settings()
+        self.last_pool_event()
 
     # ------------------------------------------------------------- settings
 
     def get_setting(self, key: str, default: Any = None) -> Any:
-        rows = self._query("SELECT value FROM settings WHERE key = ?", (key,))
-        return json.loads(rows[0]["value"]) if rows else default
+        rows = self._query("SELECT key, value FROM settings WHERE key = ?", (key,))
+        return setting_from_row(self.path, rows[0]) if rows else default
 
     def set_setting(self, key: str, value: Any) -> None:
         """Store a JSON-serialisable daemon setting."""
@@ -497,4 +512,5 @@ class Store(Database):
             )
 
     def settings(self) -> dict[str, Any]:
-        return {r["key"]: json.loads(r["value"]) for r in self._query("SELECT * FROM settings")}
+        rows = self._query("SELECT key, value FROM settings")
+        return {r["key"]: setting_from_row(self.path, r) for r in rows}

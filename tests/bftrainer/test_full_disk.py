@@ -34,7 +34,11 @@ def test_submit_and_cancel_on_a_full_disk_say_the_disk_is_full(
     slurm = FakeSlurm(tmp_path / "slurm", ["n1", "n2"])
     daemon = FakeDaemon(slurm, tiny_fs / "state", tmp_path / "daemon.log")
     try:
-        daemon.start(poll_s=3600)  # one poll: the daemon writes nothing more meanwhile
+        # One poll: the daemon writes nothing more meanwhile (a poll of an hour needs a
+        # holder lease of two at least: leases are renewed at the polls).
+        config = tmp_path / "daemon.toml"
+        config.write_text("[daemon]\nholder_lease_s = 7200.0\n")
+        daemon.start("--config", str(config), poll_s=3600)
         first = daemon.submit(TRAINER)
         db = tiny_fs / "state" / "state.db"
         fill(tiny_fs)
