@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
+from bftrainer.common.limits import CURVE_VALUE_MAX
 from bftrainer.common.names import MAX_SLOTS
 
 OBJECTIVES = ("throughput", "speedup", "goodput")
@@ -28,7 +29,6 @@ DEFAULT_MAX_TRAINERS = 10
 # per-count tables (one entry per node count) stay finite and small.
 RESCALE_MAX_S = 1e6
 T_FWD_MAX_S = 1e7
-CURVE_VALUE_MAX = 1e12
 NODES_MAX = 1_000_000
 # Counts tabulated over all admitted trainers (about 8 bytes each, a few tables each).
 TABLE_CELLS_MAX = 20_000_000

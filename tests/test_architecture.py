@@ -103,7 +103,7 @@ ROOM_EDGES: dict[str, set[str]] = {
         "bftrainer.trainers",
     },
     "bftrainer.state": {"bftrainer.common"},
-    "bftrainer.trainers": {"bftrainer.common", "bftrainer.milp"},
+    "bftrainer.trainers": {"bftrainer.common"},
 }
 # Folders that hold modules only inside packages: no module may sit loose in them.
 NO_LOOSE_MODULES = {"bftrainer": {"__init__.py", "__main__.py"}}

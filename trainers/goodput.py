@@ -30,12 +30,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from bftrainer.trainers.efficiency import efficiency
+from bftrainer.trainers.learned_curve import EXPLORATION_GROWTH
 from bftrainer.trainers.throughput import ThroughputModel, ThroughputParams, predict_step_time
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ACCUM_STEPS = 15
-EXPLORATION_GROWTH = 2  # Pollux: at most twice the largest allocation seen so far.
 # Re-tuning between rescales: move to the best batch only when the model promises this
 # much more goodput (AdaptDL's 5%; the step-time model errs by about 5-9%, and every new
 # configuration costs warm-up steps and a refit).

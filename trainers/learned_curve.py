@@ -32,13 +32,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bftrainer.milp.problem import CURVE_VALUE_MAX
-from bftrainer.trainers.goodput import EXPLORATION_GROWTH
+from bftrainer.common.limits import CURVE_VALUE_MAX
 
 if TYPE_CHECKING:
     from bftrainer.trainers.metrics import MetricsRecord
 
 MEASURED, PRIOR = "measured", "prior"
+# Pollux: at most twice the largest allocation seen so far (goodput.py applies it too).
+EXPLORATION_GROWTH = 2
 # A growth of this much or more is no cap at all (a setting's finite spelling of inf).
 NO_CAP = 1e9
 # A trainer on its prior is told of a new best rate per node when it rose by 1%.
@@ -180,6 +181,26 @@ def measured_rate_sps(record: MetricsRecord) -> float | None:
     return record.batch_size / step_s if step_s is not None and step_s > 0 else None
 
 
+def _stored_rate_sps(record: Mapping[str, Any]) -> tuple[int, float] | None:
+    """(count, rate) of a metrics record as the store keeps it (the daemon stores only
+    records that parse, ``MetricsRecord.to_dict``): :func:`measured_rate_sps` read from
+    its fields, without building its models (numpy, which ``bftrainer status`` does
+    without). None before its first timed step, or for a record of another shape."""
+    counts: list[int] = []
+    for name in ("nodes", "replicas_per_node", "local_bsz", "accum_steps"):
+        value = record.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return None
+        counts.append(value)
+    step_s = record.get("mean_step_time_s")
+    if isinstance(step_s, bool) or not isinstance(step_s, int | float):
+        return None
+    nodes, replicas, local_bsz, accum = counts
+    if nodes < 1 or not (0 < step_s < math.inf):
+        return None
+    return nodes, nodes * replicas * local_bsz * (accum + 1) / step_s
+
+
 def live_curve(
     records: Iterable[Mapping[str, Any]], n_max: int, n_min: int = 1
 ) -> list[dict[str, Any]] | None:
@@ -188,22 +209,17 @@ def live_curve(
 
     ``records`` are the trainer's metrics records (trainers/metrics.py), oldest first: a
     node count is measured once a record at it carries a measured step time, its point
-    the latest such record's rate (:func:`measured_rate_sps`); the curve is
+    the latest such record's rate (:func:`measured_rate_sps`, read from the stored
+    fields); the curve is
     :func:`learned_curve` of those points, as ``bftrainer.service.curves`` gives the loop.
     None before the first measured step (the daemon then plans on the prior of a
     trainer with nothing measured, which needs every trainer's rates).
     """
-    from bftrainer.trainers.metrics import MetricsRecord, MetricsRecordError
-
     rates: dict[int, float] = {}
     for rec in records:
-        try:
-            record = MetricsRecord.from_dict(rec)
-        except MetricsRecordError:
-            continue
-        rate = measured_rate_sps(record)
-        if rate is not None:
-            rates[record.nodes] = rate
+        measured = _stored_rate_sps(rec)
+        if measured is not None:
+            rates[measured[0]] = measured[1]
     if not rates:
         return None
     curve = learned_curve(rates, min(n_min, n_max), n_max, unmeasured_sps=1.0)

@@ -6,6 +6,7 @@ imports nothing of bftrainer (tests/test_architecture.py checks both):
 
 - :mod:`names`: the host, trainer and file names that reach a command line or the disk;
 - :mod:`strict_json`: JSON without NaN or infinities, both ways;
+- :mod:`limits`: the allocator's input limits that code outside ``milp/`` applies too;
 - :mod:`squeue`: Slurm's ``squeue`` reply, parsed once for the daemon and the trainers;
 - :mod:`promise`: a search trial's promise (rungs passed) as milp's weight, for the
   replay and the daemon;

@@ -40,12 +40,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from bftrainer.common.limits import CURVE_VALUE_MAX
 from bftrainer.loop import Arrival, CurveReport, Input, Polled, Progress, TimedSource, TrainerState
 from bftrainer.loop.jobs import JobSpec
-from bftrainer.milp.problem import CURVE_VALUE_MAX
 from bftrainer.replay.simulator import SimulatedDriver, capped_cost
-from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (
+    EXPLORATION_GROWTH,
     LEVEL_STEP,
     NO_CAP,
     LearnedCurve,

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from bftrainer.loop import Curve, CurveReport
 from bftrainer.loop.jobs import JobSpec
 from bftrainer.state import Store
-from bftrainer.trainers.goodput import EXPLORATION_GROWTH
 from bftrainer.trainers.learned_curve import (
+    EXPLORATION_GROWTH,
     LEVEL_STEP,
     Measurements,
     learned_curve,

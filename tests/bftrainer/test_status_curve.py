@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -11,7 +13,8 @@ from bftrainer.cli import cli
 from bftrainer.state import Store, ensure_state_dir
 from bftrainer.trainers.agent import PolluxAgent
 from bftrainer.trainers.goodput import BatchLimits
-from bftrainer.trainers.learned_curve import MEASURED, PRIOR, live_curve
+from bftrainer.trainers.learned_curve import MEASURED, PRIOR, live_curve, measured_rate_sps
+from bftrainer.trainers.metrics import MetricsRecord
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
 
@@ -54,3 +57,30 @@ def test_status_shows_measured_and_prior_points(tmp_path: Path) -> None:
     assert trainers[waiting]["curve"] is None  # no fit yet: the allocator's prior
     text = CliRunner().invoke(cli, ["status", "--state-dir", str(state)]).output
     assert "measured 1,2;" in text
+
+
+def test_the_shown_rates_are_the_daemons_without_numpy(tmp_path: Path) -> None:
+    """status reads the rates from the stored records' fields: the same as the daemon's
+    (measured_rate_sps of the parsed record), and numpy is never imported for them (it
+    was, through the records' models: 0.25 s for a status with running trainers)."""
+    records = records_of_a_trainer_run_at([1, 2, 4])
+    parsed = [MetricsRecord.from_dict(r) for r in records]
+    curve = live_curve(records, 8)
+    assert curve is not None
+    shown = {p["nodes"]: p["throughput_sps"] for p in curve if p["source"] == MEASURED}
+    assert shown == {r.nodes: measured_rate_sps(r) for r in parsed}
+    state = ensure_state_dir(tmp_path / "state")
+    with Store.open(state) as store:
+        ran = store.submit(str(EXAMPLE), n_max=8, backend="torchrun")
+        store.set_trainer_state(ran, "running")
+        for rec in records:
+            store.add_metric(ran, rec, now_s=1.0)
+    code = (
+        "import sys; from bftrainer.cli import main; sys.argv = ['bftrainer', 'status', "
+        f"'--state-dir', {str(state)!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('numpy' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and "measured 1,2,4;" in done.stdout, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False", done.stdout

@@ -11,7 +11,8 @@ import numpy as np
 from bftrainer.loop import Curve, TrainerState
 from bftrainer.replay.pollux.app import PolluxSimError
 from bftrainer.replay.pollux.trainer import PolluxSimOptions, SimTrainer
-from bftrainer.trainers.goodput import EXPLORATION_GROWTH, GoodputConfig, GoodputModel
+from bftrainer.trainers.goodput import GoodputConfig, GoodputModel
+from bftrainer.trainers.learned_curve import EXPLORATION_GROWTH
 from bftrainer.trainers.throughput import predict_step_time
 
 
