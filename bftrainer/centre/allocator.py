@@ -176,6 +176,16 @@ class RemoteDriver:
 # ---------------------------------------------------------------------- agents
 
 
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd
+    field); None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 @dataclass
 class AgentRecord:
     """What the allocator knows of one user's agent (keyed by the kernel's uid)."""
@@ -185,6 +195,8 @@ class AgentRecord:
     account: str
     last_s: float
     pid: int  # the agent's process, as the kernel said at its last sync
+    # Its start time (process_start): with the pid, the process's identity.
+    started: int | None = None
     ids: dict[str, str] = field(default_factory=dict)  # local id -> the loop's id
     curves: dict[str, dict[str, Curve]] = field(default_factory=dict)  # loop id -> metric
     cancels: set[str] = field(default_factory=set)  # local ids whose cancel was asked
@@ -388,9 +400,11 @@ class Allocator(LiveService):
 
     # ---- requests ----------------------------------------------------------------------
     @staticmethod
-    def alive(pid: int) -> bool:
-        """Whether a process ``pid`` exists (of any user: /proc shows them all)."""
-        return Path(f"/proc/{pid}").exists()
+    def alive(pid: int, started: int | None) -> bool:
+        """Whether the agent that synced as ``pid`` still runs: that pid is a live
+        process (not a zombie) that started when the agent did (a recycled pid has
+        another start time, and a dead agent must not lock its user's next one out)."""
+        return started is not None and process_start(pid) == started
 
     def handle(self, peer: Peer, request: Request) -> Mapping[str, Any]:
         if request.kind == protocol.HELLO:
@@ -411,17 +425,22 @@ class Allocator(LiveService):
             rec = self._agents.get(peer.uid)
             if rec is None:
                 rec = self._agents[peer.uid] = AgentRecord(
-                    peer.uid, peer.user, account_of(peer.gid), now_s, peer.pid
+                    peer.uid,
+                    peer.user,
+                    account_of(peer.gid),
+                    now_s,
+                    peer.pid,
+                    started=process_start(peer.pid),
                 )
                 log.info("agent of uid %d (%s) registered (pid %d)", peer.uid, peer.user, peer.pid)
             elif rec.pid != peer.pid:
-                if self.alive(rec.pid):
+                if self.alive(rec.pid, rec.started):
                     raise RequestRefused(
                         f"{peer.user} has an agent already (pid {rec.pid}): one agent per "
                         "user (stop the other, or use its state directory)"
                     )
                 log.info("agent of uid %d (%s) is now pid %d", peer.uid, peer.user, peer.pid)
-                rec.pid = peer.pid
+                rec.pid, rec.started = peer.pid, process_start(peer.pid)
             rec.last_s = now_s
             if self.loop is None:
                 self._restore_held[rec.user] = frozenset(request.held or ())

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from bftrainer.centre.transport import RequestRefused
 from bftrainer.loop.jobs import JobSpec, prior_curve
@@ -260,9 +260,13 @@ def _nodes(value: object, what: str) -> tuple[str, ...]:
     """``what`` (a field, with where it is) checked as a list of node names."""
     if not isinstance(value, list) or len(value) > MAX_NODES:
         raise RequestRefused(f"{what} is not a list of node names")
+    seen: set[str] = set()
     for n in value:
         if not isinstance(n, str) or not NODE.fullmatch(n):
             raise RequestRefused(f"{what}: node {str(n)[:80]!r} is not a node name")
+        if n in seen:  # one trainer twice on a node: the restore took it for two holders
+            raise RequestRefused(f"{what}: node {n!r} appears twice")
+        seen.add(n)
     return tuple(value)
 
 
@@ -286,9 +290,20 @@ def _int(d: Mapping[str, Any], key: str, where: str, lo: int) -> int:
     return v
 
 
+def _finite(v: object) -> TypeGuard[int | float]:
+    """A JSON number that is a finite float (an integer of 400 digits is not one: its
+    float overflows)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def _num(d: Mapping[str, Any], key: str, where: str, lo: float) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < lo:
+    if not _finite(v) or float(v) < lo:
         raise RequestRefused(f"{where}: '{key}' is {v!r:.40}, expected a finite number >= {lo:g}")
     return float(v)
 
@@ -298,14 +313,7 @@ def _curve(points: object, where: str) -> tuple[tuple[float, float], ...]:
         raise RequestRefused(f"{where}: expected 1 to {MAX_CURVE_POINTS} points")
     out: list[tuple[float, float]] = []
     for p in points:
-        if (
-            not isinstance(p, list)
-            or len(p) != 2
-            or not all(
-                isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                for x in p
-            )
-        ):
+        if not isinstance(p, list) or len(p) != 2 or not all(_finite(x) for x in p):
             raise RequestRefused(f"{where}: a point is {str(p)[:40]!r}, expected [nodes, value]")
         out.append((float(p[0]), float(p[1])))
     return tuple(out)

@@ -16,7 +16,8 @@ What the server drops, each with one log line, closing that connection and servi
 others: a peer uid with no account, a message over ``max_message_bytes``, one that is
 not JSON or not such an object, one of another protocol version, a peer that stalls in
 the middle of a message, and requests past a uid's rate (a token bucket per uid; the
-log says so once per ``RATE_LOG_EVERY_S`` while the flood lasts). A handler that raises
+log says so once per ``RATE_LOG_EVERY_S`` while the flood lasts; so it does of a uid's
+malformed messages and of its connections past the cap, with how many went unlogged). A handler that raises
 :class:`RequestRefused` sends its one-line reason; any other exception is logged and
 answered ``internal error``: never a crash.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pwd
 import socket
@@ -159,11 +161,11 @@ def check_request(value: Any) -> Request:
         raise ProtocolError(f"expected a JSON object, got {type(value).__name__}")
     version = value.get("v")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise ProtocolError(f"no protocol version ('v' is {version!r})")
+        raise ProtocolError(f"no protocol version ('v' is {version!r:.40})")
     if version != PROTOCOL_VERSION:
         age = "an old" if version < PROTOCOL_VERSION else "a newer"
         raise ProtocolError(
-            f"{age} protocol version {version} (this server speaks {PROTOCOL_VERSION}): "
+            f"{age} protocol version {str(version)[:20]} (this server speaks {PROTOCOL_VERSION}): "
             "use the bftrainer of the centre's version"
         )
     unknown = set(value) - {"v", "kind", "body"}
@@ -235,6 +237,10 @@ class Server:
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _buckets: dict[int, _Bucket] = field(default_factory=dict, init=False, repr=False)
+    # (uid, kind of drop) -> when last logged, how many unlogged since (_warn_now_and_then)
+    _warned: dict[tuple[int, str], tuple[float, int]] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _open: dict[int, int] = field(default_factory=dict, init=False, repr=False)
     _conns: set[socket.socket] = field(default_factory=set, init=False, repr=False)
     _closing: bool = field(default=False, init=False, repr=False)
@@ -349,7 +355,11 @@ class Server:
                     self._conns.add(conn)
                     self._open[uid] = self._open.get(uid, 0) + 1
             if too_many:
-                log.warning("uid %d (pid %d): too many connections open; dropped one", uid, pid)
+                self._warn_now_and_then(
+                    uid,
+                    "connections",
+                    f"uid {uid} (pid {pid}): too many connections open; dropped one",
+                )
                 self._count("too_many_connections")
                 conn.close()
                 continue
@@ -370,7 +380,7 @@ class Server:
                 try:
                     value = read_message(conn, self.max_message_bytes, None)
                 except ProtocolError as e:
-                    log.warning("%s: dropped: %s", _who(peer), e)
+                    self._warn_now_and_then(uid, "malformed", f"{_who(peer)}: dropped: {e}")
                     self._count("malformed")
                     return
                 except OSError:
@@ -383,7 +393,7 @@ class Server:
                 try:
                     request = check_request(value)
                 except ProtocolError as e:
-                    log.warning("%s: dropped: %s", _who(peer), e)
+                    self._warn_now_and_then(uid, "malformed", f"{_who(peer)}: dropped: {e}")
                     self._count("malformed")
                     return
                 reply = self._handle(peer, request)
@@ -403,15 +413,31 @@ class Server:
             reply = encode({"v": PROTOCOL_VERSION, "ok": True, "body": dict(body)})
         except RequestRefused as e:
             reason = " ".join(str(e).split())
-            log.info("%s: %s refused: %s", _who(peer), request.kind, reason)
+            log.info("%s: %r refused: %s", _who(peer), request.kind, reason)
             self._count("refused")
             return encode({"v": PROTOCOL_VERSION, "ok": False, "error": reason})
         except Exception as e:
-            log.error("%s: %s failed: %s: %s", _who(peer), request.kind, type(e).__name__, e)
+            log.error("%s: %r failed: %s: %s", _who(peer), request.kind, type(e).__name__, e)
             self._count("failed")
             return encode({"v": PROTOCOL_VERSION, "ok": False, "error": "internal error"})
         self._count("answered")
         return reply
+
+    def _warn_now_and_then(self, uid: int, what: str, message: str) -> None:
+        """Log ``message`` once per ``RATE_LOG_EVERY_S`` per uid and kind of drop, with
+        how many like it went unlogged since: a peer that sends garbage or opens
+        connections in a loop must not flood the centre's log (1,000 lines in 0.5 s)."""
+        now = time.monotonic()
+        with self._lock:
+            last_s, unlogged = self._warned.get((uid, what), (-math.inf, 0))
+            if now - last_s < RATE_LOG_EVERY_S:
+                self._warned[(uid, what)] = (last_s, unlogged + 1)
+                return
+            self._warned[(uid, what)] = (now, 0)
+        more = (
+            f" (and {unlogged} more like it in the last {RATE_LOG_EVERY_S:g} s)" if unlogged else ""
+        )
+        log.warning("%s%s", message, more)
 
     def _admit(self, peer: Peer) -> bool:
         """The uid's token bucket: False (and the connection is closed) past its rate."""

@@ -11,16 +11,20 @@ carried out after the commit through the one cancel path. Nothing here acts.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bftrainer.daemon.hold_orders import EndHolders, HoldOrder
-from bftrainer.holders.base import Holders, HolderStatus
+from bftrainer.holders.base import Holders, HolderStatus, HolderStatusError
 from bftrainer.holders.failures import HolderBackoff, failed_to_hold
 from bftrainer.service.reading import HoldCounts
 from bftrainer.state import HolderRow, Store, TransitionError
 
 log = logging.getLogger("bftrainer.daemon.held_pool")  # the daemon log's name, as before
+
+# How long a scheduler lists a job it took, at least, ended or not (Slurm's MinJobAge).
+LISTED_FOR_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,12 @@ class HolderRecords:
         # The holders the last step submitted are ours too, recorded at the coming poll.
         known = {**{j: h.node for j, h in rows.items()}, **submitted}
         result = self.holders.survey(known)
+        if (
+            known
+            and not (result.live or result.cancelled)
+            and all(s.reason == "not listed" for s in result.gone.values())
+        ):
+            _refuse_an_empty_listing(self.holders.status_argv()[0], rows, submitted, time.time())
         causes = {
             job_id: self.holders.why_failed(job_id, status)
             for job_id, status in result.gone.items()
@@ -159,3 +169,24 @@ class HolderRecords:
         if reason == "completed" and holder.state == "running":
             return "ended by itself"
         return f"ended ({reason or 'no reason given'})"
+
+
+def _refuse_an_empty_listing(
+    command: str, rows: Mapping[str, HolderRow], submitted: Mapping[str, str], now_s: float
+) -> None:
+    """A listing with none of our holders, when one of them was submitted too recently
+    to be gone from it, is no answer: a scheduler lists a job it took, ended or not, for
+    ``LISTED_FOR_S`` at least (Slurm's MinJobAge, 300 s by default; LSF's CLEAN_PERIOD,
+    3,600 s). Taken as an answer, an empty reply (exit 0, nothing printed) ended every
+    holder: a running trainer lost its nodes, and a holder was submitted again at every
+    poll. The last known holders stand instead (``HolderStatusError``). After a long
+    outage every holder is older than that, and an empty listing is believed."""
+    recent = sorted(
+        [j for j in submitted] + [j for j, h in rows.items() if now_s - h.submit_s < LISTED_FOR_S]
+    )
+    if recent:
+        raise HolderStatusError(
+            f"{command} listed none of our {len(rows) + len(submitted)} holder(s), though "
+            f"{', '.join(recent[:5])} {'was' if len(recent) == 1 else 'were'} submitted less "
+            f"than {LISTED_FOR_S:.0f} s ago: an empty reply, taken as no answer"
+        )

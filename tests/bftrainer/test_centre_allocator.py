@@ -368,6 +368,6 @@ def test_one_agent_per_user_a_dead_ones_successor_takes_over(tmp_path) -> None:
     with pytest.raises(RequestRefused, match=r"alice has an agent already \(pid \d+\)"):
         sync(allocator, second, report("t0002"))
     # The first one dies (kill -9): its successor (same uid) is the agent now.
-    allocator.alive = lambda pid: False  # type: ignore[method-assign]
+    allocator.alive = lambda pid, started: False  # type: ignore[method-assign]
     assert sync(allocator, second, report("t0001")) == {}
     assert allocator.status(second, {})["queued"] == ["alice/t0001"]

@@ -272,7 +272,7 @@ def test_a_handler_error_or_refusal_is_one_line_to_the_client(
     with pytest.raises(RequestRefused, match=r"^internal error$"):
         call(server.path, "boom")
     (error,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert error.endswith(f"pid {os.getpid()}): boom failed: RuntimeError: the handler broke")
+    assert error.endswith(f"pid {os.getpid()}): 'boom' failed: RuntimeError: the handler broke")
     assert call(server.path, "whoami")["pid"] == os.getpid()
 
 

@@ -7,7 +7,9 @@ failed before its fix."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import MAX_STOP_GRACE_S, stop_grace_s
 from bftrainer.trainers.launch.own_files import remove_own_files
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 
 BOUNDS = "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\n"
 PROFILES = "job,nodes,throughput_samples_per_s\n"
@@ -268,3 +270,129 @@ def test_the_centre_refuses_at_the_sync_a_curve_the_speedup_objective_cannot_val
     )  # fmt: skip
     with pytest.raises(RequestRefused, match="trainer t0001: the speedup objective divides"):
         report.check_allocatable()
+
+
+# ---- the centre: one user's sync, one user's flood -----------------------------------------
+def _report(**fields: object) -> dict[str, object]:
+    from bftrainer.centre.protocol import TrainerReport
+
+    body = TrainerReport(
+        id="t0001", model="m.py", submit_s=0.0, n_min=1, n_max=2, rescale_up_s=1.0,
+        rescale_down_s=1.0, work_samples=1e6,
+    ).to_dict()  # fmt: skip
+    return {**body, **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"nodes": ["n1", "n1"]}, "node 'n1' appears twice"),
+        ({"rescale_up_s": 10**400}, "'rescale_up_s' is"),
+        ({"work_samples": 10**400}, "'work_samples' is"),
+        ({"curves": {"throughput": [[1, 10**400]]}}, "a point is"),
+        ({"curves": {"throughput": [[10**400, 1]]}}, "a point is"),
+    ],
+)
+def test_a_sync_the_allocator_could_not_use_is_refused_to_its_user(
+    fields: dict[str, object], says: str
+) -> None:
+    """A node named twice in one trainer's sync was taken, and ended the allocator for
+    every user at its restore (LoopError: held by both); a 400-digit integer was an
+    OverflowError answered 'internal error'."""
+    from bftrainer.centre.protocol import SyncRequest
+    from bftrainer.centre.transport import RequestRefused
+
+    with pytest.raises(RequestRefused, match=re.escape(says)):
+        SyncRequest.from_dict({"trainers": [_report(**fields)], "held": ["n1"]})
+
+
+def test_a_requests_kind_is_logged_as_data_and_drops_are_logged_now_and_then(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bftrainer.centre.transport import (
+        RATE_LOG_EVERY_S,
+        Peer,
+        Request,
+        RequestRefused,
+        Server,
+    )
+
+    def refuse(peer: Peer, request: Request) -> dict[str, object]:
+        raise RequestRefused("no")
+
+    server = Server(tmp_path, refuse)
+    peer = Peer(uid=50001, gid=50001, pid=1, user="alice")
+    with caplog.at_level(logging.INFO, logger="bftrainer.centre.transport"):
+        server._handle(peer, Request("x\n1 ERROR FORGED line", {}))
+        for _ in range(1000):  # garbage in a loop: one line now, the count later
+            server._warn_now_and_then(peer.uid, "malformed", "alice: dropped: not JSON")
+    lines = [r.getMessage() for r in caplog.records]
+    assert all("\n" not in line for line in lines), lines
+    assert sum("dropped: not JSON" in line for line in lines) == 1, lines
+    assert RATE_LOG_EVERY_S > 0
+
+
+def test_a_dead_agents_pid_is_alive_only_while_the_same_process_runs() -> None:
+    """The allocator took a zombie (or a recycled pid) for the user's agent: its next
+    agent was refused 'has an agent already' until the lease ran out."""
+    from bftrainer.centre.allocator import Allocator, process_start
+
+    me = process_start(os.getpid())
+    assert me is not None and Allocator.alive(os.getpid(), me)
+    assert not Allocator.alive(os.getpid(), me + 1)  # the pid, another process's start
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        # It exits and, not waited for, stays a zombie: its pid is no agent.
+        wait_until(lambda: process_start(child.pid) is None, 30, "the child a zombie")
+        assert os.waitpid(child.pid, os.WNOHANG)[0] == child.pid  # it was one, till now
+    finally:
+        child.poll()
+
+
+# ---- a supervisor.pid that is not a file ---------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_supervisor_pid_that_is_no_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A FIFO there hung status and the daemon at start (which then ignored SIGTERM);
+    /dev/zero was read without end."""
+    from bftrainer.trainers.launch.base import Launcher, LaunchError
+
+    pid_file = tmp_path / "supervisor.pid"
+    if kind == "fifo":
+        os.mkfifo(pid_file)
+    else:
+        pid_file.symlink_to("/dev/zero")
+    with pytest.raises(LaunchError, match="no supervisor pid"):
+        Launcher.attach(tmp_path)
+    assert Launcher.running_in(tmp_path) is None
+
+
+# ---- an empty holder listing ---------------------------------------------------------------
+def test_an_empty_listing_ends_no_holder_submitted_minutes_ago(tmp_path: Path) -> None:
+    """squeue answering nothing (exit 0) ended every holder: a running trainer lost its
+    node and a holder was submitted again at every poll. A scheduler lists a job for
+    minutes after it took it: an empty reply then is no answer. After a long outage (the
+    holders older than that) it is believed."""
+    import time
+
+    from bftrainer.daemon import HeldPool
+    from bftrainer.holders import SlurmHolders
+    from bftrainer.holders.base import HolderStatusError
+    from bftrainer.idle_monitor.runner import ReplayRunner, recorded
+    from bftrainer.state import Store, ensure_state_dir
+
+    partition = "PartitionName=bf AllowGroups=ALL Default=NO MaxTime=UNLIMITED State=UP\n"
+    with Store.open(ensure_state_dir(tmp_path / "state")) as store:
+        store.add_holder("11", "node1", now_s=time.time() - 20)
+        store.set_holder_state("11", "running")
+        runner = ReplayRunner({"scontrol": [recorded(partition)], "squeue": [recorded("")]})
+        pool = HeldPool(None, SlurmHolders(runner), store, 10.0)  # type: ignore[arg-type]
+        with pytest.raises(HolderStatusError, match="listed none of our 1 holder"):
+            pool.records.read({})
+        store.add_holder("12", "node2", now_s=100.0)  # long ago
+        store.set_holder_state("12", "running", now_s=101.0)
+        with pytest.raises(HolderStatusError):
+            pool.records.read({})  # 11 is still recent
+        with store.transaction():
+            store.set_holder_state("11", "ended", reason="released")
+        read = pool.records.read({})
+        assert read.gone["12"].reason == "not listed"  # only old holders: believed

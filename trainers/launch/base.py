@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bftrainer.common.names import BadNameError, check_trainer_id
+from bftrainer.common.names import BadNameError, check_trainer_id, open_regular
 from bftrainer.trainers import channel, lifeline
 from bftrainer.trainers.launch import remote
 
@@ -179,9 +179,14 @@ class Launcher:
     def attach(cls, trainer_dir: Path) -> Launcher:
         path = Path(trainer_dir) / channel.SUPERVISOR_PID
         try:
-            pid = int(path.read_text().strip())
+            # A FIFO or a device in its place is refused, never waited on or read
+            # without end; a pid is a few digits.
+            with open_regular(path) as f:
+                pid = int(f.read(32).strip())
         except (OSError, ValueError) as e:
             raise LaunchError(f"{path}: no supervisor pid ({e})") from None
+        if pid < 1:
+            raise LaunchError(f"{path}: no supervisor pid ({pid} is not a process)")
         return cls(Path(trainer_dir), pid)
 
     @classmethod
