@@ -17,9 +17,9 @@ others: a peer uid with no account, a message over ``max_message_bytes``, one th
 not JSON or not such an object, one of another protocol version, a peer that stalls in
 the middle of a message, and requests past a uid's rate (a token bucket per uid; the
 log says so once per ``RATE_LOG_EVERY_S`` while the flood lasts; so it does of a uid's
-malformed messages and of its connections past the cap, with how many went unlogged). A handler that raises
-:class:`RequestRefused` sends its one-line reason; any other exception is logged and
-answered ``internal error``: never a crash.
+malformed messages and of its connections past the cap, with how many went unlogged). A
+handler that raises :class:`RequestRefused` sends its one-line reason; any other
+exception is logged and answered ``internal error``: never a crash.
 
 Use::
 
