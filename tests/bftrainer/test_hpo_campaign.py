@@ -8,11 +8,11 @@ test_hpo_e2e.py."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from bftrainer.hpo.campaign import STORAGE_ERRORS, DaemonWatch, storage_busy
 from bftrainer.state import Store
 from bftrainer.state.lock import DaemonLock
 from bftrainer.trainers import channel
+from tests.conftest import wait_until
 
 SPACE = {"x": FloatDistribution(0.0, 1.0)}
 STEPS = (100, 200, 300, 400)
@@ -254,14 +255,30 @@ def test_a_campaign_outlasts_another_program_locking_its_study(
             while not stop.wait(0.02):
                 scripted.step()
 
+    busy = threading.Event()  # the campaign said it waits: the lock has been met
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "storage is busy" in record.getMessage():
+                busy.set()
+
+    def trials() -> int:
+        with contextlib.closing(sqlite3.connect(tmp_path / "hpo.db", timeout=5)) as db:
+            return int(db.execute("SELECT count(*) FROM trials").fetchone()[0])
+
     def lock() -> None:
-        time.sleep(0.3)
+        # Once the campaign asked for its first trial (it needs the study for the rest),
+        # until it has met the lock: events, not a clock (it was 0.3 s then 1 s, which
+        # a loaded machine outran: the campaign touched no storage meanwhile).
+        wait_until(lambda: trials() >= 1, 60, "the campaign's first trial")
         other = sqlite3.connect(tmp_path / "hpo.db")
         other.execute("BEGIN EXCLUSIVE")  # readers and writers wait, then fail
-        time.sleep(1.0)
+        busy.wait(60)
         other.rollback()
         other.close()
 
+    said = Said()
+    logging.getLogger("bftrainer.hpo.campaign").addHandler(said)
     threads = [threading.Thread(target=f, daemon=True) for f in (daemon, lock)]
     for t in threads:
         t.start()
@@ -269,10 +286,11 @@ def test_a_campaign_outlasts_another_program_locking_its_study(
         with caplog.at_level(logging.WARNING, logger="bftrainer.hpo.campaign"):
             campaign.run(poll_s=0.02, timeout_s=60)
     finally:
+        logging.getLogger("bftrainer.hpo.campaign").removeHandler(said)
         stop.set()
         for t in threads:
             t.join(timeout=10)
-    assert any("storage is busy" in r.getMessage() for r in caplog.records)
+    assert busy.is_set()
     check_ends(s, store)
 
 
