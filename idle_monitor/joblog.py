@@ -27,6 +27,7 @@ from bftrainer.idle_monitor.joblog_model import (
     JobRecord,
     log_count,
     log_time,
+    node_names,
     open_lines,
 )
 from bftrainer.idle_monitor.joblog_pool import (
@@ -69,10 +70,14 @@ _DETECTORS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
     ("pbs", joblog_pbs.looks_like),
 )
 _SNIFF_LINES = 20
+# A down list's NODES that starts with a digit or one of these is a count of nodes (a
+# number), not a hostlist.
+_COUNT_SIGNS = frozenset("+-.")
 
 
 def _first_lines(path: Path) -> list[str]:
-    return [line for _, line in islice(open_lines(path), _SNIFF_LINES) if line.strip()]
+    lines = islice(open_lines(path, ends_lines=False), _SNIFF_LINES)  # a cut is read's to name
+    return [line for _, line in lines if line.strip()]
 
 
 def detect_format(path: Path) -> str | None:
@@ -137,14 +142,16 @@ class LogPool:
 
 
 def read_node_list(path: Path) -> tuple[str, ...]:
-    """The machine's nodes: one hostlist expression (``nid[00001-04392]``) per line."""
+    """The machine's nodes: one hostlist expression (``nid[00001-04392]``) per line, each
+    a name a trace can hold (``node_names``). Written by hand: a last line may lack its
+    newline."""
     names: list[str] = []
-    for number, line in open_lines(path):
+    for number, line in open_lines(path, ends_lines=False):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            names.extend(expand_hostlist(text))
+            names.extend(node_names(expand_hostlist(text), f"{path}:{number}"))
         except HostlistError as exc:
             raise JobLogError(f"{path}:{number}: {exc}") from None
         if len(names) > MAX_MACHINE_NODES:
@@ -157,9 +164,12 @@ def read_node_list(path: Path) -> tuple[str, ...]:
 
 def read_down(path: Path) -> list[JobRecord]:
     """Down or drained intervals: ``START,END,NODES`` per line, NODES a hostlist or a
-    count of nodes; ``#`` starts a comment."""
+    count of nodes; ``#`` starts a comment. NODES that a number would start (a digit, a
+    sign, a point) is a count, a whole one: ``-3`` or ``1e3`` is no host's name. Written
+    by hand: a last line may lack its newline. ``_machine`` checks the names against the
+    machine."""
     out: list[JobRecord] = []
-    for number, line in open_lines(path):
+    for number, line in open_lines(path, ends_lines=False):
         where = f"{path}:{number}"
         text = line.split("#", 1)[0].strip()
         if not text:
@@ -172,11 +182,12 @@ def read_down(path: Path) -> list[JobRecord]:
         if end_s <= start_s:
             raise JobLogError(f"{where}: the down interval ends before it starts")
         nodes: tuple[str, ...] | None = None
-        if parts[2].isdigit():
+        first = parts[2][:1]
+        if first.isdigit() or first in _COUNT_SIGNS:
             count = log_count(parts[2], where, "down node count")
         else:
             try:
-                nodes = tuple(dict.fromkeys(expand_hostlist(parts[2])))
+                nodes = node_names(expand_hostlist(parts[2]), where)
             except HostlistError as exc:
                 raise JobLogError(f"{where}: {exc}") from None
             count = len(nodes)
@@ -190,13 +201,58 @@ def _machine(
     log: JobLog, nodes: int | None, node_list: Path | None, down: Sequence[JobRecord]
 ) -> Machine:
     """The machine: a node list, else ``nodes``, else the log's header, else (named logs
-    only) the nodes the log names."""
-    named = sorted({n for r in [*log.records, *down] if r.nodes for n in r.nodes})
-    if node_list is not None:
+    only) the nodes the log names, at most ``MAX_MACHINE_NODES`` as ``--nodes`` and
+    ``--node-list``. A down node must be one of the machine's: the down list marks nodes
+    down, it does not add any (a count such as ``-3`` or a node no job names made one)."""
+    machine = _log_machine(log, nodes, node_list)
+    names = set(machine.names)
+    for r in down:
+        if r.node_count > len(names):
+            raise JobLogError(
+                f"{r.where}: {r.node_count:,} down nodes, more than the machine's {len(names):,}"
+            )
+        outside = next((n for n in r.nodes or () if n not in names), None)
+        if outside is None:
+            continue
+        if node_list is not None:
+            why = f"not in the node list {node_list}"
+        elif any(rec.nodes for rec in log.records):
+            why = (
+                "not in the machine: no job in the log ran on it (give --node-list FILE with "
+                "every node to mark nodes that no job used)"
+            )
+        else:
+            why = (
+                f"not in the machine: this {log.format} log counts nodes and names none "
+                "(give a count of nodes)"
+            )
+        raise JobLogError(f"{r.where}: down node {outside!r} is {why}")
+    return machine
+
+
+def _log_named(log: JobLog) -> list[str]:
+    """The nodes the log names, sorted; past ``MAX_MACHINE_NODES`` of them, the record
+    that passes the bound is refused."""
+    seen: dict[str, None] = {}
+    for r in log.records:
+        if r.nodes:
+            seen.update(dict.fromkeys(r.nodes))
+            if len(seen) > MAX_MACHINE_NODES:
+                raise JobLogError(
+                    f"{r.where}: job {r.job_id}: the log names more than "
+                    f"{MAX_MACHINE_NODES:,} nodes by this record (the most a machine can have, "
+                    "as for --nodes and --node-list)"
+                )
+    return sorted(seen)
+
+
+def _log_machine(log: JobLog, nodes: int | None, node_list: Path | None) -> Machine:
+    if node_list is not None:  # a job on a node outside it is refused (build_pool)
         names = read_node_list(node_list)
         if nodes is not None and nodes != len(names):
             raise JobLogError(f"--nodes {nodes} but {node_list} names {len(names):,} nodes")
         return Machine(names)
+    named = _log_named(log)
     size = nodes if nodes is not None else log.header_nodes
     if named:
         if size is not None and size < len(named):

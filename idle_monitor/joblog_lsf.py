@@ -4,8 +4,10 @@ Fields are blank-separated, strings double-quoted (a quote inside doubled). Read
 position: 3 jobId, 7 submitTime, 9 termTime, 10 startTime, 22 numAskedHosts (then that
 many asked hosts), numExHosts, then the execution hosts, one per slot, so a host repeats
 once per slot it held. termTime is 0 when LSF did not log it; the record's event time
-(field 2), when it was written, stands in. lsb.acct's run limit sits behind fields of
-varying count and is not read: an LSF log states no windows.
+(field 2), when it was written, stands in. The two fields after the hosts, exitStatus and
+hostFactor, are numbers: anything else means numExHosts does not count the hosts (a
+damaged record, or a quote left open that swallowed the fields after it). lsb.acct's run
+limit sits behind fields of varying count and is not read: an LSF log states no windows.
 """
 
 from __future__ import annotations
@@ -19,9 +21,17 @@ from bftrainer.idle_monitor.joblog_model import (
     JobRecord,
     check_span,
     log_number,
+    node_names,
+    short_text,
 )
 
 _EVENT = '"JOB_FINISH"'
+# What csv's messages mean in a one-line record.
+_CSV_ERRORS = {
+    "unexpected end of data": "a quoted string is not closed (a cut record, or a newline in it)",
+    "field larger than field limit (131072)": "a field longer than 131,072 characters",
+    "' ' expected after '\"'": "text after a closing quote (a quote left open or stray)",
+}
 
 
 def looks_like(lines: list[str]) -> bool:
@@ -38,7 +48,13 @@ def parse(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:
         if not line.startswith(_EVENT):
             log.skipped.add("records other than JOB_FINISH")
             continue
-        fields = next(csv.reader([line], delimiter=" ", quotechar='"', doublequote=True))
+        try:  # strict: a quote left open, or text after a closing one, is not a record
+            fields = next(
+                csv.reader([line], delimiter=" ", quotechar='"', doublequote=True, strict=True)
+            )
+        except csv.Error as exc:  # also a field past csv's limit (128 KiB)
+            why = _CSV_ERRORS.get(str(exc), str(exc))
+            raise JobLogError(f"{where}: not a readable lsb.acct record: {why}") from None
         record = _record(fields, where)
         if isinstance(record, str):
             log.skipped.add(record)
@@ -66,7 +82,15 @@ def _record(fields: list[str], where: str) -> JobRecord | str:
     count = _int(fields, at, where, "numExHosts")
     if count < 0 or at + 1 + count > len(fields):
         raise JobLogError(f"{where}: job {job_id}: numExHosts {count} runs past the record")
-    hosts = tuple(dict.fromkeys(h for h in fields[at + 1 : at + 1 + count] if h))
+    after = fields[at + 1 + count : at + 3 + count]
+    if len(after) < 2 or not all(_is_number(f) for f in after):
+        shown = " ".join(repr(short_text(f)) for f in after) or "nothing"
+        raise JobLogError(
+            f"{where}: job {job_id}: its {count} execution hosts are followed by {shown}, "
+            "not exitStatus and hostFactor: numExHosts does not count the hosts (a damaged "
+            "record or an unclosed quote)"
+        )
+    hosts = node_names((h for h in fields[at + 1 : at + 1 + count] if h), f"{where}: job {job_id}")
     if start_s <= 0:
         return "never started"
     if not hosts:
@@ -85,3 +109,11 @@ def _record(fields: list[str], where: str) -> JobRecord | str:
         requested_s=None,
         where=where,
     )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

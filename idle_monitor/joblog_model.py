@@ -12,11 +12,12 @@ import gzip
 import math
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bftrainer.idle_monitor.text_lines import line_not_text
+from bftrainer.idle_monitor.trace_reader import node_name_problem
 from bftrainer.idle_monitor.trace_time import check_epoch_s, parse_time_s
 
 # Formats, by the name `--format` takes.
@@ -79,13 +80,17 @@ class JobLog:
     skipped: Skipped = field(default_factory=Skipped)
 
 
-def open_lines(path: Path) -> Iterator[tuple[int, str]]:
+def open_lines(path: Path, *, ends_lines: bool = True) -> Iterator[tuple[int, str]]:
     """The lines of a text or gzip file, numbered from 1, without their newline.
 
     A FIFO, device or folder is refused from stat alone, before it is opened; a line cut
     by the end of a gzip stream, bytes that are not text, or a damaged stream raise
     ``JobLogError`` naming the file (and line). A UTF-8 byte-order mark (a file saved by
     a Windows editor) is dropped: it made the first line's first name another name.
+
+    ``ends_lines``: the file's writer ends every line (every scheduler's does), so a last
+    line without its newline is a record cut short (``NodeList=n1`` of ``n10``), refused
+    before it is read. A file written by hand (a node list, a down list) may lack it.
     """
     try:
         if not stat.S_ISREG(path.stat().st_mode):
@@ -102,6 +107,11 @@ def open_lines(path: Path) -> Iterator[tuple[int, str]]:
             stream = path.open("rt", encoding="utf-8-sig", newline="")
         with stream as text:
             for number, line in enumerate(text, start=1):
+                if ends_lines and not line.endswith(("\n", "\r")) and line.strip():
+                    raise JobLogError(
+                        f"{path}:{number}: the last line ends without a newline: the log is "
+                        "cut short mid-record (or was still being written)"
+                    )
                 yield number, line.rstrip("\r\n")
     except (OSError, EOFError, zlib.error) as exc:
         raise JobLogError(
@@ -119,9 +129,9 @@ def log_number(text: str, where: str, what: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a number") from None
+        raise JobLogError(f"{where}: {what} {short_text(text)!r} is not a number") from None
     if not math.isfinite(value):
-        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a finite number")
+        raise JobLogError(f"{where}: {what} {short_text(text)!r} is not a finite number")
     return value
 
 
@@ -131,13 +141,28 @@ def log_count(text: str, where: str, what: str) -> int:
     magnitude before ``int()`` (which refuses past 4,300 digits) sees it."""
     text = text.strip()
     if not (text.isascii() and text.isdigit()):
-        raise JobLogError(f"{where}: {what} {_short(text)!r} is not a whole number")
+        raise JobLogError(f"{where}: {what} {short_text(text)!r} is not a whole number")
     if len(text) > _COUNT_DIGITS:
         raise JobLogError(f"{where}: {what} of {len(text):,} digits is not a plausible count")
     return int(text)
 
 
-def _short(text: str) -> str:
+def node_names(names: Iterable[str], where: str) -> tuple[str, ...]:
+    """A record's nodes, each once, in order; one that a trace cannot hold is refused
+    naming ``where``: an empty name, the trace reader's own check (``node_name_problem``: a
+    control character), and what the trace's CSV, written unquoted, cannot carry (a ``,`` or
+    ``"``, a blank at either end)."""
+    unique = tuple(dict.fromkeys(names))
+    for name in unique:
+        problem = node_name_problem(name) if name else "is an empty name"
+        if problem is None and ("," in name or '"' in name or name != name.strip()):
+            problem = "holds a ',', a '\"' or a blank at an end, which a trace cannot hold"
+        if problem is not None:
+            raise JobLogError(f"{where}: node {short_text(name)!r} {problem}")
+    return unique
+
+
+def short_text(text: str) -> str:
     """A value for a message: a field of thousands of characters is cut."""
     return text if len(text) <= 40 else f"{text[:20]}...({len(text):,} characters)"
 

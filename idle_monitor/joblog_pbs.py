@@ -21,6 +21,7 @@ from bftrainer.idle_monitor.joblog_model import (
     JobRecord,
     check_span,
     log_number,
+    node_names,
 )
 
 _LINE = re.compile(r"^(\d\d/\d\d/\d{4} \d\d:\d\d:\d\d);([A-Za-z]);([^;]*);(.*)$")
@@ -90,7 +91,7 @@ def _hosts(fields: dict[str, str], where: str, job_id: str) -> tuple[str, ...] |
     for name in names:
         if not _HOST.match(name):
             raise JobLogError(f"{where}: job {job_id}: bad host name {name!r} in its node list")
-    return tuple(dict.fromkeys(names)) or None
+    return node_names(names, f"{where}: job {job_id}") or None
 
 
 def _add(log: JobLog, job_id: str, fields: dict[str, str], where: str, *, ended: bool) -> None:

@@ -26,6 +26,7 @@ from bftrainer.idle_monitor.joblog_model import (
     check_span,
     log_count,
     log_time,
+    node_names,
 )
 from bftrainer.idle_monitor.slurm import HostlistError, expand_hostlist
 
@@ -68,7 +69,7 @@ def _nodes(text: str, where: str, job_id: str) -> tuple[str, ...] | None:
         names = expand_hostlist(text)
     except HostlistError as exc:
         raise JobLogError(f"{where}: job {job_id}: {exc}") from None
-    return tuple(dict.fromkeys(names)) or None
+    return node_names(names, f"{where}: job {job_id}") or None
 
 
 def _record(

@@ -33,6 +33,16 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _PARQUET_MAGIC = b"PAR1"
 
 
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a trace's node, or ``None``: a control character (a NUL, a
+    newline) makes another node of the same host. One check, for the traces read here
+    and for the node names of a job log (``joblog_model.node_names``), so that no trace
+    ``trace from-log`` writes is refused when it is read back."""
+    if not name.isprintable():
+        return "is not a printable name"
+    return None
+
+
 def load_trace(
     path: str | os.PathLike[str],
     *,
@@ -163,8 +173,9 @@ def parse_rows(
         nonlocal snapshot_idle, snapshot_windows, start_s
         if not nodes:  # the first time: the snapshot (every later node is one of its)
             for node, (_, _, line) in group.items():
-                if not node.isprintable():  # a NUL or a newline made another node
-                    raise TraceFormatError(f"{where(line)}: node {node!r} is not a printable name")
+                problem = node_name_problem(node)
+                if problem:
+                    raise TraceFormatError(f"{where(line)}: node {node!r} {problem}")
             nodes.extend(group)
             for node, (idle, _, _) in group.items():
                 state[node] = idle

@@ -223,7 +223,7 @@ BAD = {
     "cut line": (
         "log.swf",
         lambda: b"; MaxNodes: 4\n1 0 0 10 2 -1 -1 2 60 -1 1 -1 -1 -1 -1 -1 -1 0\n2 5 0 10",
-        "log.swf:3: 4 fields where SWF has 18",
+        "log.swf:3: the last line ends without a newline",
     ),
     "node outside the node list": (
         "sacct.txt",
