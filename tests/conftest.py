@@ -117,6 +117,31 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(min(max(0.25, 2 * (now - started)), deadline - now))
 
 
+def bftrainer(
+    *args: str | Path, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m bftrainer ARGS`` as a user runs it, this checkout's code (PYTHONPATH),
+    its output as text, whatever its exit. The timeout only stops a hang: ``report``
+    draws with matplotlib, which took over 60 s on 2 cores at load 16."""
+    return subprocess.run(
+        [sys.executable, "-m", "bftrainer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def one_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The one ``Error`` line of a command that failed without a traceback."""
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
+    return line
+
+
 # ---------------------------------------------------------------------- Slurm
 
 

@@ -7,36 +7,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from bftrainer.state import DB_NAME, DamagedRecordError, Store, ensure_state_dir
+from tests.conftest import bftrainer, one_error
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_mlp.py"
 T0 = 1_700_000_000.0
-
-
-def bftrainer(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
-def one_error(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
-    return line
 
 
 def build_store(state: Path) -> Path:

@@ -31,25 +31,9 @@ from bftrainer.state import DB_NAME, SCHEMA_VERSION, StateBusyError, Store, ensu
 from bftrainer.trainers.channel import ChannelError, parse_hosts, read_exit, read_hosts
 from bftrainer.trainers.launch.base import LaunchSpec
 from bftrainer.trainers.launch.own_files import is_trainer_dir, remove_own_files
+from tests.conftest import bftrainer, one_error
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
-
-
-def bftrainer(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def one_error(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
-    return line
 
 
 # ---------------------------------------------------------------------- status

@@ -19,7 +19,7 @@ import pytest
 from bftrainer.trainers import channel
 from bftrainer.trainers.launch.base import MAX_STOP_GRACE_S, stop_grace_s
 from bftrainer.trainers.launch.own_files import remove_own_files
-from tests.conftest import REPO, wait_until
+from tests.conftest import bftrainer, wait_until
 
 BOUNDS = "job,Tcup,Tcdw,Jmin,Jmax,Pmax,Tsub\n"
 PROFILES = "job,nodes,throughput_samples_per_s\n"
@@ -27,18 +27,6 @@ JOBS = BOUNDS + "".join(f"j{i}-mlp,18,12,1,4,100000,2021-02-10T00:0{i}:00Z\n" fo
 CURVES = PROFILES + "".join(
     f"j{i}-mlp,{n},{r}\n" for i in (1, 2) for n, r in ((1, 100), (2, 190), (4, 340))
 )
-
-
-def bftrainer(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=cwd,
-    )
 
 
 def refused(done: subprocess.CompletedProcess[str], says: str) -> str:

@@ -7,24 +7,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import bftrainer
+
 pytest.importorskip("pyarrow")
-
-
-def bftrainer(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=300,
-        check=False,
-    )
 
 
 def one_line_naming(done: subprocess.CompletedProcess[str], name: str) -> None:

@@ -4,8 +4,6 @@ any departure of one of their nodes, losing the training since their last checkp
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from bftrainer.replay.rigid import CheckpointRestartDriver, RigidJobError
 from bftrainer.replay.run import ReplayConfig, ReplayError, replay
 from bftrainer.replay.simulator import SimulatedDriver
 from bftrainer.replay.workload import hpo_workload, read_paper_jobs
+from tests.conftest import bftrainer
 from tests.shared_data import SHARED
 
 RATE_PER_NODE = 10.0
@@ -255,10 +254,6 @@ def test_the_scavenger_policy_refuses_an_elastic_driver() -> None:
 
 
 # ---- the command line -------------------------------------------------------------------
-def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args], capture_output=True, text=True, timeout=300
-    )
 
 
 def test_cli_prints_scavenger_beside_milp_and_equal(tmp_path: Path) -> None:

@@ -15,27 +15,9 @@ import pytest
 
 from bftrainer.state import DB_NAME, DaemonLock, Store, ensure_state_dir, read_again
 from bftrainer.state.errors import StateError
+from tests.conftest import bftrainer, one_error
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_mlp.py"
-
-
-def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
-    # The timeout only stops a hang: `report` draws its charts with matplotlib, which took
-    # over 60 s on 2 cores at load 16 (a fresh clone's suite beside other work).
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def one_error(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode != 0, done.stdout
-    assert "Traceback" not in done.stderr, done.stderr
-    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("Error")]
-    return line
 
 
 def state_with_a_trainer(tmp_path: Path) -> tuple[Path, str]:

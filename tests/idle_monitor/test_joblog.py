@@ -8,24 +8,16 @@ import dataclasses
 import gzip
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bftrainer.idle_monitor.trace import Trace, load_trace
+from tests.conftest import bftrainer
 from tests.idle_monitor import joblog_writers as w
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = 12
-
-
-def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True, text=True, check=False, cwd=REPO, timeout=300,
-    )  # fmt: skip
 
 
 def convert(log: Path, out: Path, *extra: str) -> Trace:

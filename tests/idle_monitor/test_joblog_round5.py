@@ -6,27 +6,17 @@ nothing written (docs/traces.md, "Bad logs")."""
 from __future__ import annotations
 
 import gzip
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bftrainer.idle_monitor import joblog_model, trace_reader
 from bftrainer.idle_monitor.joblog import JobLogError, pool_from_log
+from tests.conftest import bftrainer
 from tests.idle_monitor import joblog_writers as w
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINE = 12
-
-
-def bftrainer(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", *args],
-        capture_output=True, text=True, check=False, cwd=REPO, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
 
 
 def refused(log: Path, message: str, *extra: str) -> None:
