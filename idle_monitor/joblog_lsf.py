@@ -20,6 +20,7 @@ from bftrainer.idle_monitor.joblog_model import (
     JobLogError,
     JobRecord,
     check_span,
+    is_number,
     log_number,
     node_names,
     short_text,
@@ -83,7 +84,7 @@ def _record(fields: list[str], where: str) -> JobRecord | str:
     if count < 0 or at + 1 + count > len(fields):
         raise JobLogError(f"{where}: job {job_id}: numExHosts {count} runs past the record")
     after = fields[at + 1 + count : at + 3 + count]
-    if len(after) < 2 or not all(_is_number(f) for f in after):
+    if len(after) < 2 or not all(is_number(f) for f in after):
         shown = " ".join(repr(short_text(f)) for f in after) or "nothing"
         raise JobLogError(
             f"{where}: job {job_id}: its {count} execution hosts are followed by {shown}, "
@@ -109,11 +110,3 @@ def _record(fields: list[str], where: str) -> JobRecord | str:
         requested_s=None,
         where=where,
     )
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

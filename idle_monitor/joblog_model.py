@@ -147,6 +147,15 @@ def log_count(text: str, where: str, what: str) -> int:
     return int(text)
 
 
+def is_number(text: str) -> bool:
+    """Whether ``text`` reads as a float (a format's sniffing; a field's check)."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def node_names(names: Iterable[str], where: str) -> tuple[str, ...]:
     """A record's nodes, each once, in order; one that a trace cannot hold is refused
     naming ``where``: an empty name, the trace reader's own check (``node_name_problem``: a

@@ -22,6 +22,7 @@ from bftrainer.idle_monitor.joblog_model import (
     JobLogError,
     JobRecord,
     check_span,
+    is_number,
     log_number,
 )
 
@@ -35,16 +36,8 @@ def looks_like(lines: list[str]) -> bool:
         if line.startswith(";"):
             return True
         fields = line.split()
-        return len(fields) == _FIELDS and all(_is_number(f) for f in fields)
+        return len(fields) == _FIELDS and all(is_number(f) for f in fields)
     return False
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def parse(log: JobLog, lines: Iterable[tuple[int, str]]) -> None:

@@ -6,13 +6,13 @@ or exit 0 with a trainer starved or a null objective."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import bftrainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,16 +55,7 @@ CASES = {
 
 
 def allocate(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "bftrainer", "allocate", str(path), "--json", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    return bftrainer("allocate", path, "--json", *args, cwd=ROOT, timeout=120)
 
 
 @pytest.mark.parametrize("solver", ["dp", "highs"])
