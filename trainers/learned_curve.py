@@ -187,18 +187,22 @@ def _stored_rate_sps(record: Mapping[str, Any]) -> tuple[int, float] | None:
     its fields, without building its models (numpy, which ``bftrainer status`` does
     without). None before its first timed step, or for a record of another shape."""
     counts: list[int] = []
-    for name in ("nodes", "replicas_per_node", "local_bsz", "accum_steps"):
+    for name, least in (
+        ("nodes", 1),
+        ("replicas_per_node", 1),
+        ("local_bsz", 1),
+        ("accum_steps", 0),
+    ):
         value = record.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            return None  # as MetricsRecord.from_dict refuses it
         counts.append(value)
     step_s = record.get("mean_step_time_s")
     if isinstance(step_s, bool) or not isinstance(step_s, int | float):
         return None
     nodes, replicas, local_bsz, accum = counts
-    if nodes < 1 or not (0 < step_s < math.inf):
-        return None
-    return nodes, nodes * replicas * local_bsz * (accum + 1) / step_s
+    rate = nodes * replicas * local_bsz * (accum + 1) / step_s if 0 < step_s < math.inf else 0
+    return (nodes, rate) if 0 < rate < math.inf else None
 
 
 def live_curve(

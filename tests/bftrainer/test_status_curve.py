@@ -84,3 +84,19 @@ def test_the_shown_rates_are_the_daemons_without_numpy(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and "measured 1,2,4;" in done.stdout, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "False", done.stdout
+
+
+def test_a_stored_record_the_daemon_would_not_have_parsed_measures_nothing() -> None:
+    good = {"nodes": 2, "replicas_per_node": 1, "local_bsz": 64, "accum_steps": 0}
+    for bad in (
+        {"local_bsz": 0},
+        {"replicas_per_node": 0},
+        {"nodes": True},
+        {"accum_steps": -1},
+        {"mean_step_time_s": 0.0},
+        {"mean_step_time_s": 5e-324},  # a rate past every float
+        {"mean_step_time_s": "0.1"},
+    ):
+        record = {**good, "mean_step_time_s": 0.1, **bad}
+        assert live_curve([record], 4) is None, bad
+    assert live_curve([{**good, "mean_step_time_s": 0.1}], 4) is not None
