@@ -306,7 +306,9 @@ def test_a_real_daemon_s_metrics_agree_with_status_and_squeue(
     textfile = textfile_dir / "bftrainer.prom"
     port = free_port()
     service.start("equal", extra=["--metrics-textfile", str(textfile), "--metrics-port", str(port)])
-    assert "metrics: " in service.logs()[-1]
+    # Said once the store is checked and the endpoint bound, which may come after the
+    # daemon shows as up in status (it did, by a few milliseconds, under load).
+    wait_until(lambda: "metrics: " in service.logs()[-1], 30, "the daemon's metrics line")
     t = service.submit("torchrun", 10_000_000, 4, "--step-delay-s", "0.1", "--max-batch", "128")
     wait_until(lambda: len(service.trainer(t)["nodes"]) == 4, 120, "the trainer on 4 nodes")
     wait_until(lambda: service.trainer(t)["samples_done"] > 0, 240, "the trainer training")
