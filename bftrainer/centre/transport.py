@@ -218,8 +218,6 @@ def check_socket_dir(path: Path) -> None:
 class _Bucket:
     tokens: float
     at_s: float
-    dropped: int = 0
-    logged_s: float = -float("inf")
 
 
 @dataclass
@@ -451,17 +449,11 @@ class Server:
             if b.tokens >= 1.0:
                 b.tokens -= 1.0
                 return True
-            b.dropped += 1
-            if now - b.logged_s < RATE_LOG_EVERY_S:
-                return False
-            dropped, b.dropped, b.logged_s = b.dropped, 0, now
-        log.warning(
-            "%s: over %g requests/s (burst %d): dropped %d request(s); next report in %g s",
-            _who(peer),
-            self.rate_per_s,
-            self.rate_burst,
-            dropped,
-            RATE_LOG_EVERY_S,
+        self._warn_now_and_then(
+            peer.uid,
+            "rate",
+            f"{_who(peer)}: over {self.rate_per_s:g} requests/s (burst {self.rate_burst}): "
+            "dropped 1 request(s)",
         )
         return False
 
