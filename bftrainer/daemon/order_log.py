@@ -75,9 +75,9 @@ def decode(record: str) -> Orders:
         orders = _decode(json.loads(record))
     except json.JSONDecodeError as exc:
         raise OrderRecordError(f"not JSON ({exc.msg} at character {exc.pos})") from None
+    except OrderRecordError:
+        raise
     except (TypeError, ValueError, KeyError) as exc:
-        if isinstance(exc, OrderRecordError):
-            raise
         raise OrderRecordError(f"an order that does not read ({exc})") from None
     if not isinstance(orders, Orders):
         raise OrderRecordError(f"a {type(orders).__name__}, not a step's orders")

@@ -187,7 +187,7 @@ def to_json(value: object) -> str:
 
 class _Fields:
     """One row's fields, each read with its check: a value bftrainer never writes there
-    (another type, out of range, JSON of another shape, a column gone) is a
+    (another type, out of range, JSON of another shape) is a
     ``DamagedRecordError`` naming the store, the table, the row and the field, here,
     not a traceback wherever the value is used later."""
 
@@ -204,10 +204,7 @@ class _Fields:
         return self.damaged(field, f"is {shown}, expected {expected}")
 
     def raw(self, field: str) -> object:
-        try:
-            return self.row[field]
-        except IndexError:
-            raise self.damaged(field, "is missing (no such column)") from None
+        return self.row[field]  # every column is there: checked when the store opened
 
     def text(self, field: str, choices: Sequence[str] = ()) -> str:
         value = self.raw(field)
@@ -266,14 +263,6 @@ class _Fields:
         return value
 
 
-def _peek(row: sqlite3.Row, field: str) -> object:
-    """A field for naming its row, unchecked (None when the column is gone)."""
-    try:
-        return row[field]
-    except IndexError:
-        return None
-
-
 def _names(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
@@ -298,8 +287,8 @@ _NAMES = "a list of names"
 
 def trainer_from_row(db: Path, row: sqlite3.Row) -> TrainerRow:
     """A ``trainers`` row, each field checked (``DamagedRecordError``)."""
-    tid = _peek(row, "id")
-    label = tid if isinstance(tid, str) and tid else f"seq {_peek(row, 'seq')}"
+    tid = row["id"]
+    label = tid if isinstance(tid, str) and tid else f"seq {row['seq']}"
     f = _Fields(db, "trainers", row, label)
     n_min = f.whole("n_min", 1)
     work = f.raw("work_samples")
@@ -333,7 +322,7 @@ def trainer_from_row(db: Path, row: sqlite3.Row) -> TrainerRow:
 
 def allocation_from_row(db: Path, row: sqlite3.Row) -> AllocationRow:
     """An ``allocations`` row (with its ``id``), each field checked."""
-    label = f"{_peek(row, 'id')} (trainer {_peek(row, 'trainer_id')})"
+    label = f"{row['id']} (trainer {row['trainer_id']})"
     f = _Fields(db, "allocations", row, label)
     kept = f.raw("slots") not in (None, "")  # NULL: one slot per node
     slots = f.json("slots", "a map of node to slot numbers", _slots) if kept else {}
@@ -347,7 +336,7 @@ def allocation_from_row(db: Path, row: sqlite3.Row) -> AllocationRow:
 
 def holder_from_row(db: Path, row: sqlite3.Row) -> HolderRow:
     """A ``holders`` row, each field checked."""
-    f = _Fields(db, "holders", row, f"{_peek(row, 'seq')} (job {_peek(row, 'job_id')})")
+    f = _Fields(db, "holders", row, f"{row['seq']} (job {row['job_id']})")
     return HolderRow(
         job_id=f.text("job_id"),
         node=f.text("node"),
@@ -363,7 +352,7 @@ def holder_from_row(db: Path, row: sqlite3.Row) -> HolderRow:
 
 def pool_event_from_row(db: Path, row: sqlite3.Row) -> PoolEventRow:
     """A ``pool_events`` row, each field checked."""
-    f = _Fields(db, "pool_events", row, str(_peek(row, "id")))
+    f = _Fields(db, "pool_events", row, str(row["id"]))
     return PoolEventRow(
         f.whole("id"),
         f.number("time_s"),
@@ -377,7 +366,7 @@ def pool_event_from_row(db: Path, row: sqlite3.Row) -> PoolEventRow:
 def metric_from_row(db: Path, row: sqlite3.Row) -> MetricRow:
     """A ``metrics`` row, each field checked (the record's own fields are the trainer's:
     its readers skip a record they cannot use)."""
-    label = f"{_peek(row, 'id')} (trainer {_peek(row, 'trainer_id')})"
+    label = f"{row['id']} (trainer {row['trainer_id']})"
     f = _Fields(db, "metrics", row, label)
     return MetricRow(
         f.whole("id"),
@@ -389,7 +378,7 @@ def metric_from_row(db: Path, row: sqlite3.Row) -> MetricRow:
 
 def setting_from_row(db: Path, row: sqlite3.Row) -> Any:
     """A ``settings`` row's value (any JSON; its reader checks the shape)."""
-    f = _Fields(db, "settings", row, repr(_peek(row, "key")))
+    f = _Fields(db, "settings", row, repr(row["key"]))
     return f.json("value", "JSON", lambda v: True)
 
 
