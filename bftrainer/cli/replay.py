@@ -185,10 +185,6 @@ def replay_cmd(
                 raise UsageError("--shift-arrivals moves a --jobs job set: give --jobs")
             jobs, arrival_shift_s = _shifted(jobs, shift_arrivals, trace)
         jobs = jobs_in_slots(jobs, base.slots_per_node)
-    try:
-        check_workload(jobs)  # the whole workload, before any replay starts
-    except JobSpecError as e:
-        raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     if sweep:
         if policies is not None and policies.strip() != "milp":
             raise UsageError(f"--sweep runs the milp policy only; drop --policy {policies!r}")
@@ -198,11 +194,11 @@ def replay_cmd(
             configs = policy_configs(base, policies, pollux=factory is not None)
         except ReplayError as e:
             raise UsageError(str(e)) from None
-    if any(c.policy == "milp" and c.objective == "speedup" for c in configs):
-        try:
-            check_workload(jobs, speedup=True)
-        except JobSpecError as e:
-            raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
+    try:  # the whole workload, before any replay starts, as its runs value it
+        speedup = any(c.policy == "milp" and c.objective == "speedup" for c in configs)
+        check_workload(jobs, speedup=speedup)
+    except JobSpecError as e:
+        raise UsageError(f"{jobs_path or 'workload'}: {e}") from None
     unused = unused_by_policies(configs, set_by)
     if unused is not None:
         raise UsageError(f"{unused[0]} means nothing without --policy {unused[1]}")
