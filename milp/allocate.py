@@ -200,7 +200,11 @@ def allocate(
         # Nodes leave within the horizon: refine by the window model (milp/windows.py),
         # from the current map and the window-free optimum; Eq. 16's optimum bounds it.
         free_counts = {t.id: len(nodes.get(t.id, ())) for t in terms}
-        nodes, window_value = allocate_windows(problem, terms, [current_counts(terms), free_counts])
+        # (Eq. 16's optimum bounds V at one slot a node: a map worth it is the answer.)
+        top = bound if status == "optimal" and not slots else None
+        nodes, window_value = allocate_windows(
+            problem, terms, [current_counts(terms), free_counts], top
+        )
         status = "windows" if status == "optimal" else status
     all_nodes = {t.id: nodes.get(t.id, ()) for t in problem.trainers}
     broken = violations(problem, all_nodes)

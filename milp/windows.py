@@ -42,7 +42,9 @@ exactly by V (milp/window_value.py):
    time come first; between maps of equal V, fewer scale-downs for departures known
    past the horizon win. Never worse by V than the current map.
 
-V for the same counts is at most Eq. 16's, so the window-free optimum bounds it. The
+V for the same counts is at most Eq. 16's, so the window-free optimum bounds it: when
+a candidate's map of step 1 is worth that bound (every node it gives stays past the
+horizon), it is the answer, and steps 2 and 3 do not run. The
 error against an exhaustive search over node maps is measured in
 ``tests/milp/test_windows.py`` (docs/allocator.md gives the figures).
 """
@@ -81,6 +83,7 @@ STARTS = 1
 _MAP_ONCE = True  # a count vector's map, once per allocation
 _REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
 _RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
+_AT_THE_BOUND = True  # a candidate's map worth Eq. 16's optimum is the answer
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -257,12 +260,15 @@ def allocate_windows(
     problem: Problem,
     terms: list[TrainerTerms],
     candidates: Sequence[Mapping[str, int]],
+    bound: float | None = None,
 ) -> tuple[dict[str, tuple[str, ...]], float]:
     """The window-aware allocation (steps 1-3 of the module docstring) and its V.
 
     ``candidates``: count vectors to consider besides the DP's rounds (the window-free
     optimum, the current map); the first of equals wins, so list the current map first
-    to move only when it pays.
+    to move only when it pays. ``bound``: Eq. 16's optimum (the window-free DP's), which
+    no map exceeds: a candidate's map worth it (its nodes all stay past the horizon)
+    is taken as it is, without the rounds and the search (``_AT_THE_BOUND``).
     """
     t_fwd = float(problem.t_fwd_s)
     w = node_windows(problem)
@@ -295,6 +301,13 @@ def allocate_windows(
 
     for counts in candidates:
         consider(counts)
+    if bound is not None and _AT_THE_BOUND:
+        # Nothing can raise V: the search would only break ties on departures past the
+        # horizon, which are decided again when they come within it. (The best start
+        # as the search orders them.)
+        (v, _), nodes = min(maps, key=_start_order)
+        if v >= bound - 1e-9 * max(1.0, abs(bound)):
+            return nodes, v
     # Round 0: every trainer grows from the head of the free list, then, past the free
     # nodes, from what the others release: their shortest windows, or their longest.
     held = {n for t in terms for n in t.current}
@@ -316,7 +329,7 @@ def allocate_windows(
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
-    maps.sort(key=lambda m: (-m[0][0], m[0][1]))
+    maps.sort(key=_start_order)
     best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
     for _, nodes in maps[:STARTS]:
         found = improve_by_swaps(terms, nodes, pool, raw, t_fwd)
@@ -324,6 +337,11 @@ def allocate_windows(
             best = found
     assert best is not None
     return best[0], best[1][0]
+
+
+def _start_order(m: tuple[tuple[float, float], object]) -> tuple[float, float]:
+    """Maps by V, most first, then by later scale-downs, fewest first."""
+    return -m[0][0], m[0][1]
 
 
 def _pair_value(
@@ -414,7 +432,9 @@ def improve_by_swaps(
     seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
     # change()'s answers per holder, while its set stays as it is: the search starts
     # over after each improvement, which changes two sets, and asks the others' again.
-    asked: dict[str, dict[tuple[str | None, str | None], tuple | None]] = {t: {} for t in sets}
+    # An answer reads only the windows of the nodes out and in and whether the holder
+    # has them now: nodes alike in that share it (most of a swap's pairs).
+    asked: dict[str, dict[tuple, tuple | None]] = {t: {} for t in sets}
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
@@ -422,11 +442,18 @@ def improve_by_swaps(
         if tid is None:
             return (None, out, into, [], (0.0, 0.0), 0, 0)
         mine = asked[tid]
-        key = (out, into)
-        if key in mine and _REMEMBER_CHANGES:
-            return mine[key]
-        found = mine[key] = _change(tid, out, into)
-        return found
+        cur = current[tid]
+        key = (
+            None if out is None else w[out],
+            out in cur,
+            None if into is None else w[into],
+            into in cur,
+        )
+        if _REMEMBER_CHANGES and key in mine:
+            found = mine[key]
+        else:
+            found = mine[key] = _change(tid, out, into)
+        return None if found is None else (tid, out, into, *found)
 
     def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
@@ -448,7 +475,7 @@ def improve_by_swaps(
         v = seen.get(key)
         if v is None:
             v = seen[key] = sorted_value(by_id[tid], o[tid], ws, t_fwd_s)
-        return (tid, out, into, ws, v, e, m)
+        return (ws, v, e, m)
 
     holders: list[str | None] = [None, *sets]
 

@@ -324,3 +324,76 @@ def test_has_windows_by_a_loop_is_any_over_the_windows(seed: int) -> None:
         t = wv.departure_horizon_s(problem.t_fwd_s)
         want = any(w is not None and w < t for w in problem.windows_s.values())
         assert win.has_windows(problem) is want
+
+
+def roomy_problem(free_short: int, free_long: int) -> Problem:
+    """Three trainers of n_max 8 holding two long-staying nodes each; free nodes that
+    stay (no window) and free nodes that leave in 30 s."""
+    held = [f"h{i}" for i in range(6)]
+    long = [f"l{i:02d}" for i in range(free_long)]
+    short = [f"s{i:02d}" for i in range(free_short)]
+    curve = ((1.0, 100.0), (8.0, 700.0))
+    trainers = tuple(
+        TrainerSpec(f"t{k}", 1, 8, 18.0, 12.0, curve, tuple(held[2 * k : 2 * k + 2]))
+        for k in range(3)
+    )
+    windows: dict[str, float | None] = {n: 30.0 for n in short}
+    windows.update(dict.fromkeys(held + long))
+    return Problem(tuple(held + short + long), trainers, t_fwd_s=120.0, windows_s=windows)
+
+
+def test_a_map_worth_eq16s_optimum_is_taken_without_the_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Enough nodes stay past the horizon for the window-free optimum: its map is worth
+    Eq. 16's optimum, which bounds every map, so neither the rounds nor the local search
+    run; the long path finds that V too."""
+    problem = roomy_problem(free_short=10, free_long=20)
+    long_path = allocate(problem, solver="dp")
+
+    def not_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("searched a map already worth the bound")
+
+    monkeypatch.setattr(win, "_rounds", not_run)
+    monkeypatch.setattr(win, "improve_by_swaps", not_run)
+    got = allocate(problem, solver="dp")
+    assert got.status == "windows"
+    assert got.bound is not None
+    assert got.objective == pytest.approx(got.bound, rel=1e-12)
+    assert got.objective == pytest.approx(long_path.objective, rel=1e-12)
+    assert all(len(got.nodes[t.id]) == 8 for t in problem.trainers)
+    assert not any(n.startswith("s") for ns in got.nodes.values() for n in ns)
+
+
+def test_a_map_below_the_bound_is_still_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Too few nodes stay: some trainer must take leaving nodes, V is below Eq. 16's
+    optimum, and the rounds and the search run as before."""
+    problem = roomy_problem(free_short=10, free_long=6)
+    searched: list[int] = []
+    search = win.improve_by_swaps
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searched.append(1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(win, "improve_by_swaps", counted)
+    got = allocate(problem, solver="dp")
+    assert searched
+    assert got.bound is not None and got.objective < got.bound
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_taking_a_map_at_the_bound_never_loses_v(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problem = queue_problem(seed)
+    short = allocate(problem, solver="dp")
+    monkeypatch.setattr(win, "_AT_THE_BOUND", False)
+    long = allocate(problem, solver="dp")
+    tol = 1e-9 * max(1.0, abs(long.objective))
+    assert short.objective >= long.objective - tol
+    if short.objective >= short.bound - tol:  # type: ignore[operator]
+        assert long.objective == pytest.approx(short.objective, rel=1e-9)
+    else:  # not at the bound: the same path, to the bit
+        assert dict(short.nodes) == dict(long.nodes)
+        assert short.objective == long.objective
