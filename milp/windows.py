@@ -301,13 +301,8 @@ def allocate_windows(
 
     for counts in candidates:
         consider(counts)
-    if bound is not None and _AT_THE_BOUND:
-        # Nothing can raise V: the search would only break ties on departures past the
-        # horizon, which are decided again when they come within it. (The best start
-        # as the search orders them.)
-        (v, _), nodes = min(maps, key=_start_order)
-        if v >= bound - 1e-9 * max(1.0, abs(bound)):
-            return nodes, v
+    if (found := _at_the_bound(maps, bound)) is not None:
+        return found
     # Round 0: every trainer grows from the head of the free list, then, past the free
     # nodes, from what the others release: their shortest windows, or their longest.
     held = {n for t in terms for n in t.current}
@@ -329,6 +324,8 @@ def allocate_windows(
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     # The local search from each start, the best start first (the first of equals wins).
+    if (found := _at_the_bound(maps, bound)) is not None:  # a round's map
+        return found
     maps.sort(key=_start_order)
     best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
     for _, nodes in maps[:STARTS]:
@@ -337,6 +334,18 @@ def allocate_windows(
             best = found
     assert best is not None
     return best[0], best[1][0]
+
+
+def _at_the_bound(
+    maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]], bound: float | None
+) -> tuple[dict[str, tuple[str, ...]], float] | None:
+    """The best map (as the search orders them) and its V if it is worth ``bound``:
+    nothing can raise V, and the search would only break ties on departures past the
+    horizon, which are decided again when they come within it."""
+    if bound is None or not _AT_THE_BOUND:
+        return None
+    (v, _), nodes = min(maps, key=_start_order)
+    return (nodes, v) if v >= bound - 1e-9 * max(1.0, abs(bound)) else None
 
 
 def _start_order(m: tuple[tuple[float, float], object]) -> tuple[float, float]:
