@@ -323,15 +323,15 @@ def allocate_windows(
     for released in variants:
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
-    # The local search from each start, the best start first (the first of equals wins).
     if (found := _at_the_bound(maps, bound)) is not None:  # a round's map
         return found
+    # The local search from each start, the best start first (the first of equals wins).
     maps.sort(key=_start_order)
     best: tuple[dict[str, tuple[str, ...]], tuple[float, float]] | None = None
     for _, nodes in maps[:STARTS]:
-        found = improve_by_swaps(terms, nodes, pool, raw, t_fwd)
-        if best is None or better(found[1], best[1]):
-            best = found
+        searched = improve_by_swaps(terms, nodes, pool, raw, t_fwd)
+        if best is None or better(searched[1], best[1]):
+            best = searched
     assert best is not None
     return best[0], best[1][0]
 
