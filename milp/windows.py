@@ -85,6 +85,13 @@ _REMEMBER_CHANGES = True  # the local search's change() answers, per holder's se
 _RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
 _AT_THE_BOUND = True  # a candidate's map worth Eq. 16's optimum is the answer
 
+# The local search: a move (holder a, node out, node in; holder b, node out, node in),
+# a holder's change to its set (windows, (V, later), extra, missing), the change of no
+# holder, and the mark of a change not yet asked for.
+Move = tuple[str | None, str, str | None, str | None, str | None, str]
+_NO_CHANGE: tuple = ([], (0.0, 0.0), 0, 0)
+_UNASKED: tuple = ()
+
 
 def node_windows(problem: Problem) -> dict[str, float]:
     """Each pool node's window in seconds; inf when open-ended, unknown, or past the
@@ -445,12 +452,9 @@ def improve_by_swaps(
     # has them now: nodes alike in that share it (most of a swap's pairs).
     asked: dict[str, dict[tuple, tuple | None]] = {t: {} for t in sets}
 
-    def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
-        """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
-        if that would migrate."""
-        if tid is None:
-            return (None, out, into, [], (0.0, 0.0), 0, 0)
-        mine = asked[tid]
+    def change(tid: str, out: str | None, into: str | None) -> tuple | None:
+        """``tid``'s set without ``out`` and with ``into``: (windows, (V, later), extra,
+        missing), or None if that would migrate."""
         cur = current[tid]
         key = (
             None if out is None else w[out],
@@ -458,11 +462,11 @@ def improve_by_swaps(
             None if into is None else w[into],
             into in cur,
         )
-        if _REMEMBER_CHANGES and key in mine:
-            found = mine[key]
-        else:
+        mine = asked[tid]
+        found = mine.get(key, _UNASKED) if _REMEMBER_CHANGES else _UNASKED
+        if found is _UNASKED:
             found = mine[key] = _change(tid, out, into)
-        return None if found is None else (tid, out, into, *found)
+        return found
 
     def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
@@ -499,12 +503,13 @@ def improve_by_swaps(
         classes.setdefault((str(h), w[n], h is not None and n in current[h]), {})[n] = None
     trials = 0
     improved = True
-    while improved and trials < MAX_SWAP_TRIALS:
+    cap = MAX_SWAP_TRIALS
+    while improved and trials < cap:
         improved = False
         reps = [next(iter(members)) for members in classes.values() if members]
         nodes_ = sorted(reps, key=lambda n: (str(owner[n]), w[n], n))
 
-        def candidates(nodes_: list[str]) -> Iterator[tuple[tuple | None, tuple | None]]:
+        def candidates(nodes_: list[str]) -> Iterator[Move]:
             # First the swaps that match a node to a holder that already has nodes
             # leaving at its time (so that they leave together), then any move or swap.
             leaving: dict[str | None, set[float]] = {h: set() for h in holders}
@@ -520,53 +525,55 @@ def improve_by_swaps(
                 for when in instants[owner[x]]:
                     for y in at[when]:
                         if owner[x] != owner[y] and w[x] != w[y]:
-                            a = change(owner[x], x, y)
-                            yield a, (change(owner[y], y, x) if a is not None else None)
+                            yield owner[x], x, y, owner[y], y, x
             for x in nodes_:  # a move of x to another holder (or to none)
                 for h in holders:
                     if h != owner[x]:
-                        a = change(owner[x], x, None)
-                        yield a, (change(h, None, x) if a is not None else None)
+                        yield owner[x], x, None, h, None, x
             for x, y in itertools.combinations(nodes_, 2):  # a swap
                 if owner[x] != owner[y] and w[x] != w[y]:
-                    a = change(owner[x], x, y)
-                    yield a, (change(owner[y], y, x) if a is not None else None)
+                    yield owner[x], x, y, owner[y], y, x
 
-        for a, b in candidates(nodes_):
+        for ha, a_out, a_in, hb, b_out, b_in in candidates(nodes_):
             trials += 1
-            if trials > MAX_SWAP_TRIALS:
+            if trials > cap:
                 break
-            if a is None or b is None:
+            # Holder a's change, then (if it does not migrate) b's; no holder: no change.
+            a = _NO_CHANGE if ha is None else change(ha, a_out, a_in)
+            if a is None:
+                continue
+            b = _NO_CHANGE if hb is None else change(hb, b_out, b_in)
+            if b is None:
                 continue
             # sum()'s additions, in its order, without a generator or a loop: a's, b's.
             delta = later = 0.0
-            if a[0] is not None:
-                was = val[a[0]]
-                delta += a[4][0] - was[0]
-                later += a[4][1] - was[1]
-            if b[0] is not None:
-                was = val[b[0]]
-                delta += b[4][0] - was[0]
-                later += b[4][1] - was[1]
+            if ha is not None:
+                was = val[ha]
+                delta += a[1][0] - was[0]
+                later += a[1][1] - was[1]
+            if hb is not None:
+                was = val[hb]
+                delta += b[1][0] - was[0]
+                later += b[1][1] - was[1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
-            for tid, out, into, ws, v, e, m in (a, b):
+            for tid, gone, came, (ws, v, e, m) in ((ha, a_out, a_in, a), (hb, b_out, b_in, b)):
                 if tid is None:
                     continue
-                if out is not None:
-                    sets[tid].remove(out)
-                if into is not None:
-                    sets[tid].append(into)
+                if gone is not None:
+                    sets[tid].remove(gone)
+                if came is not None:
+                    sets[tid].append(came)
                 wins[tid], val[tid], extra[tid], missing[tid] = ws, v, e, m
                 asked[tid] = {}
-            moved = [n for n in (a[1], a[2]) if n is not None]
+            moved = [n for n in (a_out, a_in) if n is not None]
             for n in moved:
                 del classes[alike(n)][n]
-            for tid, out, into, *_ in (a, b):
-                if into is not None:
-                    owner[into] = tid
-                elif out is not None and owner[out] == tid:
-                    owner[out] = None
+            for tid, gone, came in ((ha, a_out, a_in), (hb, b_out, b_in)):
+                if came is not None:
+                    owner[came] = tid
+                elif gone is not None and owner[gone] == tid:
+                    owner[gone] = None
             for n in moved:
                 classes.setdefault(alike(n), {})[n] = None
             improved = True
