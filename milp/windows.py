@@ -83,6 +83,7 @@ STARTS = 1
 _MAP_ONCE = True  # a count vector's map, once per allocation
 _REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
 _RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
+_VARIANTS = 2
 _AT_THE_BOUND = True  # a candidate's map worth Eq. 16's optimum is the answer
 
 # The local search: a move (holder a, node out, node in; holder b, node out, node in),
@@ -313,7 +314,9 @@ def allocate_windows(
     # Round 0: every trainer grows from the head of the free list, then, past the free
     # nodes, from what the others release: their shortest windows, or their longest.
     held = {n for t in terms for n in t.current}
-    free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
+    # Read off the pool in window order: w caps the raw windows it is sorted by, which
+    # keeps their order (the same values as sorting them again, longest first).
+    free = np.array([w[n] for n in ordered if n not in held])
     own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
     # The windows the others hold, per trainer, shortest first: all held windows less
     # the trainer's own (the same sorted values as sorting the others' afresh). Only for
@@ -327,7 +330,7 @@ def allocate_windows(
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
     cache = TableCache(t_fwd)
-    for released in variants:
+    for released in variants[:_VARIANTS]:
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     if (found := _at_the_bound(maps, bound)) is not None:  # a round's map
