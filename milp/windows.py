@@ -501,9 +501,14 @@ def improve_by_swaps(
         return (str(h), w[n], h is not None and n in current[h])
 
     classes: dict[tuple[str, float, bool], dict[str, None]] = {}  # ordered sets
-    for n in pool:  # alike(n), inline: a call per pool node was most of this setup
+    for n in [n for n in pool if owner[n] is not None]:  # alike(n), inline
         h = owner[n]
-        classes.setdefault((str(h), w[n], h is not None and n in current[h]), {})[n] = None
+        classes.setdefault((str(h), w[n], n in current[h]), {})[n] = None
+    # The free nodes (most of a large pool) by window, each class in pool order: a
+    # stable sort and a group per window, not a class lookup per node.
+    free = sorted((n for n in pool if owner[n] is None), key=w.__getitem__)
+    for window, alike_free in itertools.groupby(free, key=w.__getitem__):
+        classes[(str(None), window, False)] = dict.fromkeys(alike_free)
     trials = 0
     improved = True
     cap = MAX_SWAP_TRIALS
