@@ -309,7 +309,7 @@ def allocate_windows(
 
     for counts in candidates:
         consider(counts)
-    if (found := _at_the_bound(maps, bound)) is not None:
+    if (found := _at_the_bound(maps, bound, terms)) is not None:
         return found
     # Round 0: every trainer grows from the head of the free list, then, past the free
     # nodes, from what the others release: their shortest windows, or their longest.
@@ -333,7 +333,7 @@ def allocate_windows(
     for released in variants[:_VARIANTS]:
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
-    if (found := _at_the_bound(maps, bound)) is not None:  # a round's map
+    if (found := _at_the_bound(maps, bound, terms)) is not None:  # a round's map
         return found
     # The local search from each start, the best start first (the first of equals wins).
     maps.sort(key=_start_order)
@@ -347,15 +347,22 @@ def allocate_windows(
 
 
 def _at_the_bound(
-    maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]], bound: float | None
+    maps: list[tuple[tuple[float, float], dict[str, tuple[str, ...]]]],
+    bound: float | None,
+    terms: list[TrainerTerms],
 ) -> tuple[dict[str, tuple[str, ...]], float] | None:
     """The best map (as the search orders them) and its V if it is worth ``bound``:
     nothing can raise V, and the search would only break ties on departures past the
-    horizon, which are decided again when they come within it."""
+    horizon, which are decided again when they come within it. Only where V <= Eq. 16
+    holds: no trainer's value falls with more nodes (a node leaving would raise it)."""
     if bound is None or not _AT_THE_BOUND:
         return None
     (v, _), nodes = min(maps, key=_start_order)
-    return (nodes, v) if v >= bound - 1e-9 * max(1.0, abs(bound)) else None
+    if v < bound - 1e-9 * max(1.0, abs(bound)):
+        return None
+    if any((np.diff(t.count_values()) < 0).any() for t in terms):
+        return None
+    return nodes, v
 
 
 def _start_order(m: tuple[tuple[float, float], object]) -> tuple[float, float]:

@@ -411,3 +411,26 @@ def test_free_windows_read_in_raw_order_are_the_capped_ones_sorted(seed: int) ->
         held = {n for t in p.trainers for n in t.nodes}
         read = [w[n] for n in ordered if n not in held]
         assert read == sorted((w[n] for n in p.pool if n not in held), reverse=True)
+
+
+def test_a_falling_curve_is_searched_even_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a value that falls past some count, a node leaving raises it: V may pass
+    Eq. 16's optimum, which then bounds nothing, so the search runs."""
+    problem = roomy_problem(free_short=10, free_long=20)
+    falling = ((1.0, 100.0), (4.0, 400.0), (8.0, 300.0))
+    trainers = tuple(
+        TrainerSpec(t.id, t.n_min, t.n_max, 18.0, 12.0, falling if k == 0 else t.curve, t.nodes)
+        for k, t in enumerate(problem.trainers)
+    )
+    problem = Problem(problem.pool, trainers, t_fwd_s=120.0, windows_s=problem.windows_s)
+    searched: list[int] = []
+    search = win.improve_by_swaps
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searched.append(1)
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(win, "improve_by_swaps", counted)
+    got = allocate(problem, solver="dp")
+    assert got.status == "windows"
+    assert searched
