@@ -123,13 +123,12 @@ def score_table(t: TrainerTerms, own: np.ndarray, growth: np.ndarray, t_fwd_s: f
     ks = np.arange(kmax + 1)
     cols = np.arange(kmax)
     m = np.where(cols[None, :] < ks[:, None], row[None, :], -1.0)  # -1: no node
-    m = np.sort(m, axis=1)[:, ::-1]  # each count's windows, longest first
+    m = -np.sort(-m, axis=1)  # each count's windows, longest first
     o = t.count_values()
-    held = np.minimum(np.maximum(m, 0.0), t_fwd_s)  # 0 where no node (-1)
+    held = np.where(m >= 0, np.minimum(m, t_fwd_s), 0.0)
     value = held @ (o[1:] - o[:-1])
     nxt = np.concatenate([m[:, 1:], np.full((kmax + 1, 1), -1.0)], axis=1)
-    # (No node, -1, is followed by none: never a departure.)
-    leaves = (m < departure_horizon_s(t_fwd_s)) & (nxt < m)
+    leaves = (m >= 0) & (m < departure_horizon_s(t_fwd_s)) & (nxt < m)
     weight = t_fwd_s / np.maximum(m, t_fwd_s)  # 1 within T_fwd, T_fwd / w past it
     value -= t.rescale_down_s * ((leaves * weight) @ o[1:])
     # Eq. 16's rescale-now term, as in the window-free table: base = T O(k) - that term.

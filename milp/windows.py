@@ -83,15 +83,7 @@ STARTS = 1
 _MAP_ONCE = True  # a count vector's map, once per allocation
 _REMEMBER_CHANGES = True  # the local search's change() answers, per holder's set
 _RELEASED_ALWAYS = False  # the others' windows also for trainers that cannot reach them
-_VARIANTS = 2
 _AT_THE_BOUND = True  # a candidate's map worth Eq. 16's optimum is the answer
-
-# The local search: a move (holder a, node out, node in; holder b, node out, node in),
-# a holder's change to its set (windows, (V, later), extra, missing), the change of no
-# holder, and the mark of a change not yet asked for.
-Move = tuple[str | None, str, str | None, str | None, str | None, str]
-_NO_CHANGE: tuple = ([], (0.0, 0.0), 0, 0)
-_UNASKED: tuple = ()
 
 
 def node_windows(problem: Problem) -> dict[str, float]:
@@ -314,9 +306,7 @@ def allocate_windows(
     # Round 0: every trainer grows from the head of the free list, then, past the free
     # nodes, from what the others release: their shortest windows, or their longest.
     held = {n for t in terms for n in t.current}
-    # Read off the pool in window order: w caps the raw windows it is sorted by, which
-    # keeps their order (the same values as sorting them again, longest first).
-    free = np.array([w[n] for n in ordered if n not in held])
+    free = np.array(sorted((w[n] for n in pool if n not in held), reverse=True))
     own = {t.id: np.array(sorted((w[n] for n in t.current), reverse=True)) for t in terms}
     # The windows the others hold, per trainer, shortest first: all held windows less
     # the trainer's own (the same sorted values as sorting the others' afresh). Only for
@@ -330,7 +320,7 @@ def allocate_windows(
     if all(t.n_max - t.c <= len(free) for t in terms):
         variants = variants[:1]
     cache = TableCache(t_fwd)
-    for released in variants[:_VARIANTS]:
+    for released in variants:
         growth = {t.id: _growth(free, released.get(t.id)) for t in terms}
         _rounds(terms, ordered, raw, cache, own, growth, consider)
     if (found := _at_the_bound(maps, bound, terms)) is not None:  # a round's map
@@ -462,9 +452,12 @@ def improve_by_swaps(
     # has them now: nodes alike in that share it (most of a swap's pairs).
     asked: dict[str, dict[tuple, tuple | None]] = {t: {} for t in sets}
 
-    def change(tid: str, out: str | None, into: str | None) -> tuple | None:
-        """``tid``'s set without ``out`` and with ``into``: (windows, (V, later), extra,
-        missing), or None if that would migrate."""
+    def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
+        """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
+        if that would migrate."""
+        if tid is None:
+            return (None, out, into, [], (0.0, 0.0), 0, 0)
+        mine = asked[tid]
         cur = current[tid]
         key = (
             None if out is None else w[out],
@@ -472,11 +465,11 @@ def improve_by_swaps(
             None if into is None else w[into],
             into in cur,
         )
-        mine = asked[tid]
-        found = mine.get(key, _UNASKED) if _REMEMBER_CHANGES else _UNASKED
-        if found is _UNASKED:
+        if _REMEMBER_CHANGES and key in mine:
+            found = mine[key]
+        else:
             found = mine[key] = _change(tid, out, into)
-        return found
+        return None if found is None else (tid, out, into, *found)
 
     def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
@@ -508,23 +501,17 @@ def improve_by_swaps(
         return (str(h), w[n], h is not None and n in current[h])
 
     classes: dict[tuple[str, float, bool], dict[str, None]] = {}  # ordered sets
-    for n in [n for n in pool if owner[n] is not None]:  # alike(n), inline
+    for n in pool:  # alike(n), inline: a call per pool node was most of this setup
         h = owner[n]
-        classes.setdefault((str(h), w[n], n in current[h]), {})[n] = None
-    # The free nodes (most of a large pool) by window, each class in pool order: a
-    # stable sort and a group per window, not a class lookup per node.
-    free = sorted((n for n in pool if owner[n] is None), key=w.__getitem__)
-    for window, alike_free in itertools.groupby(free, key=w.__getitem__):
-        classes[(str(None), window, False)] = dict.fromkeys(alike_free)
+        classes.setdefault((str(h), w[n], h is not None and n in current[h]), {})[n] = None
     trials = 0
     improved = True
-    cap = MAX_SWAP_TRIALS
-    while improved and trials < cap:
+    while improved and trials < MAX_SWAP_TRIALS:
         improved = False
         reps = [next(iter(members)) for members in classes.values() if members]
         nodes_ = sorted(reps, key=lambda n: (str(owner[n]), w[n], n))
 
-        def candidates(nodes_: list[str]) -> Iterator[Move]:
+        def candidates(nodes_: list[str]) -> Iterator[tuple[tuple | None, tuple | None]]:
             # First the swaps that match a node to a holder that already has nodes
             # leaving at its time (so that they leave together), then any move or swap.
             leaving: dict[str | None, set[float]] = {h: set() for h in holders}
@@ -540,55 +527,53 @@ def improve_by_swaps(
                 for when in instants[owner[x]]:
                     for y in at[when]:
                         if owner[x] != owner[y] and w[x] != w[y]:
-                            yield owner[x], x, y, owner[y], y, x
+                            a = change(owner[x], x, y)
+                            yield a, (change(owner[y], y, x) if a is not None else None)
             for x in nodes_:  # a move of x to another holder (or to none)
                 for h in holders:
                     if h != owner[x]:
-                        yield owner[x], x, None, h, None, x
+                        a = change(owner[x], x, None)
+                        yield a, (change(h, None, x) if a is not None else None)
             for x, y in itertools.combinations(nodes_, 2):  # a swap
                 if owner[x] != owner[y] and w[x] != w[y]:
-                    yield owner[x], x, y, owner[y], y, x
+                    a = change(owner[x], x, y)
+                    yield a, (change(owner[y], y, x) if a is not None else None)
 
-        for ha, a_out, a_in, hb, b_out, b_in in candidates(nodes_):
+        for a, b in candidates(nodes_):
             trials += 1
-            if trials > cap:
+            if trials > MAX_SWAP_TRIALS:
                 break
-            # Holder a's change, then (if it does not migrate) b's; no holder: no change.
-            a = _NO_CHANGE if ha is None else change(ha, a_out, a_in)
-            if a is None:
-                continue
-            b = _NO_CHANGE if hb is None else change(hb, b_out, b_in)
-            if b is None:
+            if a is None or b is None:
                 continue
             # sum()'s additions, in its order, without a generator or a loop: a's, b's.
             delta = later = 0.0
-            if ha is not None:
-                was = val[ha]
-                delta += a[1][0] - was[0]
-                later += a[1][1] - was[1]
-            if hb is not None:
-                was = val[hb]
-                delta += b[1][0] - was[0]
-                later += b[1][1] - was[1]
+            if a[0] is not None:
+                was = val[a[0]]
+                delta += a[4][0] - was[0]
+                later += a[4][1] - was[1]
+            if b[0] is not None:
+                was = val[b[0]]
+                delta += b[4][0] - was[0]
+                later += b[4][1] - was[1]
             if not (delta > scale or (delta >= -scale and later < -scale)):
                 continue
-            for tid, gone, came, (ws, v, e, m) in ((ha, a_out, a_in, a), (hb, b_out, b_in, b)):
+            for tid, out, into, ws, v, e, m in (a, b):
                 if tid is None:
                     continue
-                if gone is not None:
-                    sets[tid].remove(gone)
-                if came is not None:
-                    sets[tid].append(came)
+                if out is not None:
+                    sets[tid].remove(out)
+                if into is not None:
+                    sets[tid].append(into)
                 wins[tid], val[tid], extra[tid], missing[tid] = ws, v, e, m
                 asked[tid] = {}
-            moved = [n for n in (a_out, a_in) if n is not None]
+            moved = [n for n in (a[1], a[2]) if n is not None]
             for n in moved:
                 del classes[alike(n)][n]
-            for tid, gone, came in ((ha, a_out, a_in), (hb, b_out, b_in)):
-                if came is not None:
-                    owner[came] = tid
-                elif gone is not None and owner[gone] == tid:
-                    owner[gone] = None
+            for tid, out, into, *_ in (a, b):
+                if into is not None:
+                    owner[into] = tid
+                elif out is not None and owner[out] == tid:
+                    owner[out] = None
             for n in moved:
                 classes.setdefault(alike(n), {})[n] = None
             improved = True

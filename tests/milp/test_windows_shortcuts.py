@@ -399,20 +399,6 @@ def test_taking_a_map_at_the_bound_never_loses_v(
         assert short.objective == long.objective
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_free_windows_read_in_raw_order_are_the_capped_ones_sorted(seed: int) -> None:
-    """The free nodes' capped windows, read off the pool in raw-window order, are the
-    same values, in the same order, as sorting them longest first."""
-    problem = queue_problem(seed)
-    for t_fwd in (60.0, 120.0, 3000.0, 7200.0):  # horizons below and above the windows
-        p = Problem(problem.pool, problem.trainers, t_fwd_s=t_fwd, windows_s=problem.windows_s)
-        w, raw = win.node_windows(p), win.raw_windows(p)
-        ordered = sorted(p.pool, key=raw.__getitem__, reverse=True)
-        held = {n for t in p.trainers for n in t.nodes}
-        read = [w[n] for n in ordered if n not in held]
-        assert read == sorted((w[n] for n in p.pool if n not in held), reverse=True)
-
-
 def test_a_falling_curve_is_searched_even_at_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a value that falls past some count, a node leaving raises it: V may pass
     Eq. 16's optimum, which then bounds nothing, so the search runs."""
