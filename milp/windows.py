@@ -42,9 +42,10 @@ exactly by V (milp/window_value.py):
    time come first; between maps of equal V, fewer scale-downs for departures known
    past the horizon win. Never worse by V than the current map.
 
-V for the same counts is at most Eq. 16's, so the window-free optimum bounds it: when
-a candidate's map of step 1 is worth that bound (every node it gives stays past the
-horizon), it is the answer, and steps 2 and 3 do not run. The
+V for the same counts is at most Eq. 16's (when no trainer's value falls with more
+nodes), so the window-free optimum bounds it: a map of step 1 or 2 worth that bound
+(every node it gives stays past the horizon) is the answer, and what is left of steps
+2 and 3 does not run. The
 error against an exhaustive search over node maps is measured in
 ``tests/milp/test_windows.py`` (docs/allocator.md gives the figures).
 """
@@ -448,9 +449,7 @@ def improve_by_swaps(
     seen: dict[tuple[str, tuple[float, ...]], tuple[float, float]] = {}
     # change()'s answers per holder, while its set stays as it is: the search starts
     # over after each improvement, which changes two sets, and asks the others' again.
-    # An answer reads only the windows of the nodes out and in and whether the holder
-    # has them now: nodes alike in that share it (most of a swap's pairs).
-    asked: dict[str, dict[tuple, tuple | None]] = {t: {} for t in sets}
+    asked: dict[str, dict[tuple[str | None, str | None], tuple | None]] = {t: {} for t in sets}
 
     def change(tid: str | None, out: str | None, into: str | None) -> tuple | None:
         """``tid``'s set without ``out`` and with ``into``: (tid, ..., new V), or None
@@ -458,18 +457,11 @@ def improve_by_swaps(
         if tid is None:
             return (None, out, into, [], (0.0, 0.0), 0, 0)
         mine = asked[tid]
-        cur = current[tid]
-        key = (
-            None if out is None else w[out],
-            out in cur,
-            None if into is None else w[into],
-            into in cur,
-        )
-        if _REMEMBER_CHANGES and key in mine:
-            found = mine[key]
-        else:
-            found = mine[key] = _change(tid, out, into)
-        return None if found is None else (tid, out, into, *found)
+        key = (out, into)
+        if key in mine and _REMEMBER_CHANGES:
+            return mine[key]
+        found = mine[key] = _change(tid, out, into)
+        return found
 
     def _change(tid: str, out: str | None, into: str | None) -> tuple | None:
         cur = current[tid]
@@ -491,7 +483,7 @@ def improve_by_swaps(
         v = seen.get(key)
         if v is None:
             v = seen[key] = sorted_value(by_id[tid], o[tid], ws, t_fwd_s)
-        return (ws, v, e, m)
+        return (tid, out, into, ws, v, e, m)
 
     holders: list[str | None] = [None, *sets]
 
