@@ -28,6 +28,10 @@ Default: the synthetic stand-in, ``bftrainer trace synth --nodes 4360 --hours 70
 --seed 0`` (45,956 pool events), written to benchmarks/results/ when absent.
 ``--command`` times another ``bftrainer`` (e.g. a copy of the code before a change) in
 the same session: figures from one session only are comparable on shared cores.
+``--vs CMD`` runs CMD's replay at the same time as each of ``--command``'s, one a core:
+both see the same load, and ``cpu_ratio`` (the command's CPU seconds over CMD's) is
+the figure to read. Runs one after the other on these shared cores differed by 10-20%
+with the same code (docs/benchmarks.md, "A year at 4,360 nodes").
 Figures, not a timed test: JSON on stdout and in benchmarks/results/replay_year.json.
 """
 
@@ -37,7 +41,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -78,6 +81,7 @@ def main() -> None:
         default=f"{shlex.quote(sys.executable)} -m bftrainer",
         help="the bftrainer command to time",
     )
+    ap.add_argument("--vs", help="another bftrainer command, run alongside each replay")
     ap.add_argument("--hours", type=float, help="stream: replay only the trace's first H hours")
     ap.add_argument(
         "--interval", type=float, default=STREAM_INTERVAL_S, help="stream: s between trials"
@@ -109,12 +113,20 @@ def main() -> None:
             options += ["--end", end.strftime("%Y-%m-%dT%H:%M:%S")]
         for p in (int(x) for x in args.trainers.split(",")):
             name = f"{workload}-P{p}"
-            runs[name] = run_once(command, args.path, options, p)
+            if args.vs is None:
+                runs[name] = run_once([command], args.path, options, p)[0]
+            else:
+                runs[name], runs[f"{name}-vs"] = run_once(
+                    [command, shlex.split(args.vs)], args.path, options, p
+                )
+                runs[name]["cpu_ratio"] = runs[name]["cpu_s"] / runs[f"{name}-vs"]["cpu_s"]  # type: ignore[operator]
+                print(f"{name}-vs", json.dumps(runs[f"{name}-vs"]), flush=True)
             print(name, json.dumps(runs[name]), flush=True)
     result = {
         "label": args.label,
         "path": str(args.path),
         "command": args.command,
+        "vs": args.vs,
         "trace": {k: stats.get(k) for k in ("nodes", "duration_h", "events", "eq_nodes")},
         "hours": args.hours,
         "interval_s": args.interval,
@@ -145,32 +157,40 @@ def workload_options(
     raise SystemExit(f"--workloads: unknown workload {workload!r} (paper, stream)")
 
 
-def run_once(command: list[str], path: Path, options: list[str], p: int) -> dict[str, object]:
-    """One ``bftrainer replay`` (milp, dp), timed; its summary's figures."""
+def run_once(
+    commands: list[list[str]], path: Path, options: list[str], p: int
+) -> list[dict[str, object]]:
+    """Each command's ``bftrainer replay`` (milp, dp), all started at once, each timed
+    (wall time to its own end, its own CPU seconds); their summaries' figures."""
     with tempfile.TemporaryDirectory(prefix="replay-year-") as tmp:
-        out = Path(tmp) / "out"
-        argv = [*command, "replay", str(path), *options, "--policy", "milp", "--solver", "dp"]
-        argv += ["--max-parallel", str(p), "--no-progress", "--out", str(out)]
         load = os.getloadavg()[0]
-        cpu0 = _children_cpu_s()
-        t0 = time.perf_counter()
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
-        command_s = time.perf_counter() - t0
-        cpu_s = _children_cpu_s() - cpu0
-        summary = json.loads((out / "summary.json").read_text())
-    row: dict[str, object] = {k: summary.get(k) for k in FIELDS}
-    row["command_s"] = command_s
-    # The cores are shared: CPU seconds are the figure the load moves least.
-    row["cpu_s"] = cpu_s
-    row["load_before"], row["load_after"] = load, os.getloadavg()[0]
-    row["goal_s"] = GOAL_S.get(p)
-    return row
-
-
-def _children_cpu_s() -> float:
-    """User and system CPU seconds of the finished child processes so far."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+        started: dict[int, tuple[int, subprocess.Popen[bytes], Path, float]] = {}
+        for i, command in enumerate(commands):
+            out = Path(tmp) / f"out{i}"
+            argv = [*command, "replay", str(path), *options, "--policy", "milp", "--solver", "dp"]
+            argv += ["--max-parallel", str(p), "--no-progress", "--out", str(out)]
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            started[proc.pid] = (i, proc, out, time.perf_counter())
+        rows: list[dict[str, object]] = [{} for _ in commands]
+        while started:
+            # Whichever ends first, with its own CPU seconds (RUSAGE_CHILDREN sums all).
+            pid, status, usage = os.wait4(-1, 0)
+            if pid not in started:
+                continue
+            i, proc, out, t0 = started.pop(pid)
+            command_s = time.perf_counter() - t0
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode:
+                raise SystemExit(f"{' '.join(commands[i])}: replay exited {proc.returncode}")
+            summary = json.loads((out / "summary.json").read_text())
+            row: dict[str, object] = {k: summary.get(k) for k in FIELDS}
+            row["command_s"] = command_s
+            # The cores are shared: CPU seconds are the figure the load moves least.
+            row["cpu_s"] = usage.ru_utime + usage.ru_stime
+            row["load_before"], row["load_after"] = load, os.getloadavg()[0]
+            row["goal_s"] = GOAL_S.get(p)
+            rows[i] = row
+    return rows
 
 
 if __name__ == "__main__":
