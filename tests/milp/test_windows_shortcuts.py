@@ -365,10 +365,8 @@ def test_a_map_worth_eq16s_optimum_is_taken_without_the_search(
     assert not any(n.startswith("s") for ns in got.nodes.values() for n in ns)
 
 
-def test_a_map_below_the_bound_is_still_searched(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Too few nodes stay: some trainer must take leaving nodes, V is below Eq. 16's
-    optimum, and the rounds and the search run as before."""
-    problem = roomy_problem(free_short=10, free_long=6)
+def count_searches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each local search the allocator runs."""
     searched: list[int] = []
     search = win.improve_by_swaps
 
@@ -377,6 +375,14 @@ def test_a_map_below_the_bound_is_still_searched(monkeypatch: pytest.MonkeyPatch
         return search(*args, **kwargs)
 
     monkeypatch.setattr(win, "improve_by_swaps", counted)
+    return searched
+
+
+def test_a_map_below_the_bound_is_still_searched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Too few nodes stay: some trainer must take leaving nodes, V is below Eq. 16's
+    optimum, and the rounds and the search run as before."""
+    problem = roomy_problem(free_short=10, free_long=6)
+    searched = count_searches(monkeypatch)
     got = allocate(problem, solver="dp")
     assert searched
     assert got.bound is not None and got.objective < got.bound
@@ -409,14 +415,7 @@ def test_a_falling_curve_is_searched_even_at_the_bound(monkeypatch: pytest.Monke
         for k, t in enumerate(problem.trainers)
     )
     problem = Problem(problem.pool, trainers, t_fwd_s=120.0, windows_s=problem.windows_s)
-    searched: list[int] = []
-    search = win.improve_by_swaps
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        searched.append(1)
-        return search(*args, **kwargs)
-
-    monkeypatch.setattr(win, "improve_by_swaps", counted)
+    searched = count_searches(monkeypatch)
     got = allocate(problem, solver="dp")
     assert got.status == "windows"
     assert searched
