@@ -113,15 +113,11 @@ def main() -> None:
             options += ["--end", end.strftime("%Y-%m-%dT%H:%M:%S")]
         for p in (int(x) for x in args.trainers.split(",")):
             name = f"{workload}-P{p}"
-            if args.vs is None:
-                runs[name] = run_once([command], args.path, options, p)[0]
-            else:
-                runs[name], runs[f"{name}-vs"] = run_once(
-                    [command, shlex.split(args.vs)], args.path, options, p
-                )
-                runs[name]["cpu_ratio"] = runs[name]["cpu_s"] / runs[f"{name}-vs"]["cpu_s"]  # type: ignore[operator]
-                print(f"{name}-vs", json.dumps(runs[f"{name}-vs"]), flush=True)
-            print(name, json.dumps(runs[name]), flush=True)
+            vs = [] if args.vs is None else [shlex.split(args.vs)]
+            rows = run_once([command, *vs], args.path, options, p)
+            for suffix, row in zip(("", "-vs"), rows, strict=False):
+                runs[name + suffix] = row
+                print(name + suffix, json.dumps(row), flush=True)
     result = {
         "label": args.label,
         "path": str(args.path),
@@ -161,35 +157,43 @@ def run_once(
     commands: list[list[str]], path: Path, options: list[str], p: int
 ) -> list[dict[str, object]]:
     """Each command's ``bftrainer replay`` (milp, dp), all started at once, each timed
-    (wall time to its own end, its own CPU seconds); their summaries' figures."""
+    (wall time to its own end, its own CPU seconds); their summaries' figures. With two
+    commands, the first's row has ``cpu_ratio``: its CPU seconds over the second's."""
     with tempfile.TemporaryDirectory(prefix="replay-year-") as tmp:
         load = os.getloadavg()[0]
         started: dict[int, tuple[int, subprocess.Popen[bytes], Path, float]] = {}
-        for i, command in enumerate(commands):
-            out = Path(tmp) / f"out{i}"
-            argv = [*command, "replay", str(path), *options, "--policy", "milp", "--solver", "dp"]
-            argv += ["--max-parallel", str(p), "--no-progress", "--out", str(out)]
-            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-            started[proc.pid] = (i, proc, out, time.perf_counter())
         rows: list[dict[str, object]] = [{} for _ in commands]
-        while started:
-            # Whichever ends first, with its own CPU seconds (RUSAGE_CHILDREN sums all).
-            pid, status, usage = os.wait4(-1, 0)
-            if pid not in started:
-                continue
-            i, proc, out, t0 = started.pop(pid)
-            command_s = time.perf_counter() - t0
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            if proc.returncode:
-                raise SystemExit(f"{' '.join(commands[i])}: replay exited {proc.returncode}")
-            summary = json.loads((out / "summary.json").read_text())
-            row: dict[str, object] = {k: summary.get(k) for k in FIELDS}
-            row["command_s"] = command_s
-            # The cores are shared: CPU seconds are the figure the load moves least.
-            row["cpu_s"] = usage.ru_utime + usage.ru_stime
-            row["load_before"], row["load_after"] = load, os.getloadavg()[0]
-            row["goal_s"] = GOAL_S.get(p)
-            rows[i] = row
+        cpu_s = [0.0 for _ in commands]
+        try:
+            for i, command in enumerate(commands):
+                out = Path(tmp) / f"out{i}"
+                argv = [*command, "replay", str(path), *options, "--policy", "milp"]
+                argv += ["--solver", "dp", "--max-parallel", str(p), "--no-progress"]
+                proc = subprocess.Popen([*argv, "--out", str(out)], stdout=subprocess.DEVNULL)
+                started[proc.pid] = (i, proc, out, time.perf_counter())
+            while started:
+                # Whichever ends first, with its own CPU seconds (RUSAGE_CHILDREN sums all).
+                pid, status, usage = os.wait4(-1, 0)
+                i, proc, out, t0 = started.pop(pid)
+                command_s = time.perf_counter() - t0
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                if proc.returncode:
+                    raise SystemExit(f"{' '.join(commands[i])}: replay exited {proc.returncode}")
+                summary = json.loads((out / "summary.json").read_text())
+                row: dict[str, object] = {k: summary.get(k) for k in FIELDS}
+                row["command_s"] = command_s
+                # The cores are shared: CPU seconds are the figure the load moves least.
+                cpu_s[i] = usage.ru_utime + usage.ru_stime
+                row["cpu_s"] = cpu_s[i]
+                row["load_before"], row["load_after"] = load, os.getloadavg()[0]
+                row["goal_s"] = GOAL_S.get(p)
+                rows[i] = row
+        finally:
+            for _, proc, _, _ in started.values():  # a failed or interrupted pair's other
+                proc.kill()
+                proc.wait()
+    if len(commands) == 2:
+        rows[0]["cpu_ratio"] = cpu_s[0] / cpu_s[1]
     return rows
 
 
