@@ -119,8 +119,14 @@ def bounds_by_count(tables: list[np.ndarray], capacity: int) -> list[np.ndarray]
     all_w = np.concatenate(([0.0], np.cumsum(weight)))
     all_v = np.concatenate(([0.0], np.cumsum(value)))
     total_base = float(base.sum())
-    out = []
+    # Trainers of one table (alike trials: most of a queue of a hundred) have one bound:
+    # the others' segments are the same multiset whichever of them is left out.
+    first_of = _first_alike(tables)
+    out: list[np.ndarray] = []
     for j, s in enumerate(tables):
+        if first_of[j] != j:
+            out.append(out[first_of[j]])
+            continue
         mine = owner == j
         w = all_w - np.concatenate(([0.0], np.cumsum(np.where(mine, weight, 0.0))))
         v = all_v - np.concatenate(([0.0], np.cumsum(np.where(mine, value, 0.0))))
@@ -148,8 +154,13 @@ def _lp_segments(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.n
     """Every trainer's hull segments (owner, nodes, value), the steepest first: the
     order in which the LP relaxation buys them."""
     owner_parts, weight_parts, value_parts = [], [], []
+    hulls: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}  # one per distinct table
     for j, s in enumerate(tables):
-        dn, dv = _hull_segments(s)
+        key = _table_key(s)
+        found = hulls.get(key)
+        if found is None:
+            found = hulls[key] = _hull_segments(s)
+        dn, dv = found
         owner_parts.append(np.full(len(dn), j))
         weight_parts.append(dn)
         value_parts.append(dv)
@@ -199,6 +210,17 @@ def _hull_segments(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         dn.append(float(xs[b] - xs[a]))
         dv.append(ys[b] - ys[a])
     return np.array(dn), np.array(dv)
+
+
+def _first_alike(tables: list[np.ndarray]) -> list[int]:
+    """Per table, the index of the first table equal to it (itself if none before)."""
+    first: dict[tuple[str, bytes], int] = {}
+    return [first.setdefault(_table_key(s), j) for j, s in enumerate(tables)]
+
+
+def _table_key(table: np.ndarray) -> tuple[str, bytes]:
+    """What makes two tables the same: their type and their entries."""
+    return table.dtype.str, table.tobytes()
 
 
 def _flatten(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
