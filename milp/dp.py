@@ -323,9 +323,11 @@ def _step(
         gains = scores[options]
         found = np.flatnonzero(options == current)
         at_current = int(found[0]) if found.size else -1
+    # The cells a block holds at once: many kept counts are read over the range they span.
+    width = k if options is None or k <= KEPT_SLICES else int(options[-1] - options[0]) + 1
     new_best = np.empty(capacity + 1)
     pick = np.empty(capacity + 1, dtype=np.int32)
-    rows = max(1, BLOCK_CELLS // max(k, 1))
+    rows = max(1, BLOCK_CELLS // max(width, 1))
     for lo in range(first, last + 1, rows):
         if deadline is not None and lo > first and time.perf_counter() > deadline:
             raise DeadlineError(f"the DP passed its deadline (capacity {lo} of {capacity})")

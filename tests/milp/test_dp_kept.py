@@ -33,9 +33,13 @@ def reference(
     return value, pick
 
 
+@pytest.mark.parametrize("block_cells", [dp.BLOCK_CELLS, 64])  # 64: many blocks
 @pytest.mark.parametrize("kept", [1, 2, 5, dp.KEPT_SLICES, dp.KEPT_SLICES + 1, 20, 41])
 @pytest.mark.parametrize("seed", range(6))
-def test_a_step_over_kept_counts_is_its_definition(seed: int, kept: int) -> None:
+def test_a_step_over_kept_counts_is_its_definition(
+    seed: int, kept: int, block_cells: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dp, "BLOCK_CELLS", block_cells)
     rng = np.random.default_rng(100 * kept + seed)
     capacity, n_max = int(rng.integers(45, 90)), 44
     # Small integers: many exact ties, between counts and with the current one.
