@@ -150,7 +150,8 @@ def stop(signum, frame):
     (out / "committed").write_text("")
     os._exit(143)
 signal.signal(signal.SIGTERM, stop)
-(out / "ready").write_text(str(os.getpid()))
+(out / "ready.tmp").write_text(str(os.getpid()))
+os.replace(out / "ready.tmp", out / "ready")  # whole: the test reads it once it exists
 while True:
     time.sleep(0.05)
 """
