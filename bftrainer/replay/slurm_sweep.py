@@ -121,8 +121,10 @@ def run_array(
             params["partition"] = options.partition
         if options.account:
             params["account"] = options.account
-        if options.extra:
-            params["additional_parameters"] = dict(options.extra)
+        # Held until submitit has made every task's folder (it makes them once sbatch
+        # has answered): a task Slurm started before had nowhere to write its log and
+        # died at once (seen on a loaded machine: signal 53, "Could not open stdout").
+        params["additional_parameters"] = {**options.extra, "hold": True}
         executor.update_parameters(**params)
         n = len(configs)
         try:
@@ -140,6 +142,7 @@ def run_array(
         ]
         log.info("submitted %d replays as Slurm job array %s", n, _array_id(jobs))
         try:
+            _release(_array_id(jobs))
             _wait(jobs, progress)
         except BaseException:
             subprocess.run(["scancel", _array_id(jobs)], check=False, capture_output=True)
@@ -177,6 +180,14 @@ def _outcome(index: int, job: Any) -> Any:
         else:
             reason = f"ended {job.state} without a result"
         return TaskFailure(index, reason, job.paths.stderr)
+
+
+def _release(array_id: str) -> None:
+    """Let the held array run (its tasks' folders are made)."""
+    done = subprocess.run(["scontrol", "release", array_id], capture_output=True, text=True)
+    if done.returncode:
+        said = _one_line(done.stderr.strip() or f"exit status {done.returncode}")
+        raise SlurmSweepError(f"scontrol release {array_id} failed: {said}")
 
 
 def _array_id(jobs: Sequence[Any]) -> str:

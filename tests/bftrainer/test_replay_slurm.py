@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,31 @@ def test_the_slurm_executor_without_sbatch_says_so(tmp_path: Path) -> None:
     assert code == 2
     assert "sbatch is not on PATH" in err.strip().splitlines()[-1]
     assert not (tmp_path / "o").exists()
+
+
+def test_tasks_wait_for_their_folders_however_slow_the_submitter(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit makes each task's folder (its log's) only once sbatch has answered; a
+    task Slurm starts before then cannot open its log and dies. A submitter slowed at
+    exactly that point (a loaded login node): every task still runs and answers."""
+    import operator
+
+    import submitit.core.utils as submitit_utils
+
+    from bftrainer.replay import slurm_sweep
+
+    for name, value in slurm.env.items():
+        monkeypatch.setenv(name, value)
+    move = submitit_utils.JobPaths.move_temporary_file
+
+    def slowly(self: object, *args: object, **kwargs: object) -> None:
+        time.sleep(0.5)  # twelve tasks: 6 s, several of Slurm's scheduling passes
+        move(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(submitit_utils.JobPaths, "move_temporary_file", slowly)
+    options = slurm_sweep.SlurmOptions(tmp_path / "sweep", time_min=5)
+    got = slurm_sweep.run_array(operator.add, 100, list(range(12)), options)
+    assert got == [100 + i for i in range(12)], [
+        (g.reason, g.log) for g in got if isinstance(g, slurm_sweep.TaskFailure)
+    ]
