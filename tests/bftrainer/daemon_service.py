@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from bftrainer.cli.status import status_json
-from bftrainer.cli.store_access import open_store
+from bftrainer.cli.store_access import read_store
 from bftrainer.common import strict_json
 from bftrainer.state import Store
 from bftrainer.trainers import channel
@@ -170,9 +170,13 @@ class Service:
     def status(self) -> dict[str, Any]:
         """What ``bftrainer status --json`` prints, read in this process through the
         command's own code (waits poll it: a subprocess each time cost 1 s of CPU on 2
-        cores, taken from the trainers waited on)."""
-        with open_store(self.state_dir, need_daemon=False, read_only=True) as store:
+        cores, taken from the trainers waited on). Read as the command reads: afresh when
+        the daemon opened or closed the store right then."""
+
+        def read(store: Store) -> dict[str, Any]:
             return dict(json.loads(strict_json.dumps(status_json(store, self.state_dir))))
+
+        return read_store(self.state_dir, read)
 
     def status_cli(self) -> dict[str, Any]:
         """``bftrainer status --json`` as a user runs it: a subprocess, its stdout parsed."""
