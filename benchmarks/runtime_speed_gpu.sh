@@ -105,10 +105,11 @@ else
   echo "dry run: device tests skipped" >"$DEST/tests.txt"
 fi
 
-"$PY" - "$DEST" "$(($(date +%s) - START))" <<'EOF'
+"$PY" - "$DEST" "$(($(date +%s) - START))" "$GPUS" <<'EOF'
 import json, sys
 from pathlib import Path
-dest, took = Path(sys.argv[1]), int(sys.argv[2])
+# procs: one a GPU; on the CPU, the two processes that stand for them
+dest, took, procs = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 speed = json.loads((dest / "runtime_speed.json").read_text())
 runs = {p.stem: json.loads(p.read_text()) for p in sorted(dest.glob("*.json"))
         if p.stem not in ("runtime_speed", "summary")}
@@ -118,7 +119,7 @@ summary = {"device": speed["device"], "gpu": speed["gpu"], "gpus": speed["gpus"]
                     for k, v in runs.items()},
            "tests": (dest / "tests.txt").read_text().strip().splitlines()[-1:]}
 (dest / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-print(f"== GPU check on {speed['gpu'] or speed['device']} x {speed['gpus']}, {took} s ==")
+print(f"== GPU check on {speed['gpu'] or speed['device']} x {procs}, {took} s ==")
 for line in speed["summary"]:
     print(line)
 for k, v in summary["runs"].items():
