@@ -115,13 +115,13 @@ def bounds_by_count(tables: list[np.ndarray], capacity: int) -> list[np.ndarray]
     counts where that kept 250-400.
     """
     base = np.array([float(s[0]) for s in tables])
-    owner, weight, value = _lp_segments(tables)
+    # Trainers of one table (alike trials: most of a queue of a hundred) have one hull
+    # and one bound: the others' segments are the same multiset whichever is left out.
+    first_of = _first_alike(tables)
+    owner, weight, value = _lp_segments(tables, first_of)
     all_w = np.concatenate(([0.0], np.cumsum(weight)))
     all_v = np.concatenate(([0.0], np.cumsum(value)))
     total_base = float(base.sum())
-    # Trainers of one table (alike trials: most of a queue of a hundred) have one bound:
-    # the others' segments are the same multiset whichever of them is left out.
-    first_of = _first_alike(tables)
     out: list[np.ndarray] = []
     for j, s in enumerate(tables):
         if first_of[j] != j:
@@ -144,23 +144,25 @@ def lp_rounded_counts(tables: list[np.ndarray], capacity: int) -> np.ndarray:
     vertex of its hull, the counts within ``capacity``. A start for ``grow_greedily``:
     where the greedy from the current map is far from the optimum (a map that must
     shrink some trainers to grow others), this one is close to the LP's value."""
-    owner, weight, _ = _lp_segments(tables)
+    owner, weight, _ = _lp_segments(tables, _first_alike(tables))
     fits = int(np.searchsorted(np.cumsum(weight), capacity, side="right"))
     taken = np.bincount(owner[:fits], weights=weight[:fits], minlength=len(tables))
     return np.rint(taken).astype(np.int64)
 
 
-def _lp_segments(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _lp_segments(
+    tables: list[np.ndarray], first_of: list[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every trainer's hull segments (owner, nodes, value), the steepest first: the
-    order in which the LP relaxation buys them."""
+    order in which the LP relaxation buys them. A hull is made once per distinct table
+    (``first_of``: ``_first_alike(tables)``)."""
     owner_parts, weight_parts, value_parts = [], [], []
-    hulls: dict[tuple[str, bytes], tuple[np.ndarray, np.ndarray]] = {}  # one per distinct table
+    hulls: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for j, s in enumerate(tables):
-        key = _table_key(s)
-        found = hulls.get(key)
-        if found is None:
-            found = hulls[key] = _hull_segments(s)
-        dn, dv = found
+        first = first_of[j]
+        if first not in hulls:
+            hulls[first] = _hull_segments(s)
+        dn, dv = hulls[first]
         owner_parts.append(np.full(len(dn), j))
         weight_parts.append(dn)
         value_parts.append(dv)
@@ -213,14 +215,10 @@ def _hull_segments(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _first_alike(tables: list[np.ndarray]) -> list[int]:
-    """Per table, the index of the first table equal to it (itself if none before)."""
+    """Per table, the index of the first table equal to it (same type and entries;
+    itself if none before)."""
     first: dict[tuple[str, bytes], int] = {}
-    return [first.setdefault(_table_key(s), j) for j, s in enumerate(tables)]
-
-
-def _table_key(table: np.ndarray) -> tuple[str, bytes]:
-    """What makes two tables the same: their type and their entries."""
-    return table.dtype.str, table.tobytes()
+    return [first.setdefault((s.dtype.str, s.tobytes()), j) for j, s in enumerate(tables)]
 
 
 def _flatten(tables: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -5,6 +5,7 @@ prints; a task that fails is named with its log, and the others' results are kep
 from __future__ import annotations
 
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -130,8 +131,6 @@ def test_tasks_wait_for_their_folders_however_slow_the_submitter(
     """submitit makes each task's folder (its log's) only once sbatch has answered; a
     task Slurm starts before then cannot open its log and dies. A submitter slowed at
     exactly that point (a loaded login node): every task still runs and answers."""
-    import operator
-
     import submitit.core.utils as submitit_utils
 
     from bftrainer.replay import slurm_sweep
